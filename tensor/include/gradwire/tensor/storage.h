@@ -1,0 +1,75 @@
+// Storage: a reference-counted block of memory on one device that tensors view.
+//
+// Several tensors (views) may share one Storage; it is freed when the last one goes away.
+// Memory is either owned (allocated by gradwire: 64-byte aligned on the host, cudaMalloc
+// on a device) or borrowed through from_blob with a deleter that runs when the last
+// reference drops. A storage also carries a version counter that every in-place write
+// through any view bumps, so that autograd can detect a saved tensor modified later.
+//
+// Thread-safety: the handle may be copied across threads. The bytes themselves are not
+// synchronised: concurrent writes to one storage are the caller's race.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "gradwire/tensor/device.h"
+
+namespace gradwire {
+
+class StorageImpl {
+ public:
+  using Deleter = std::function<void(void*)>;
+  // Borrows `data` (nbytes long, on `device`); `deleter` (may be empty) runs on release.
+  StorageImpl(void* data, size_t nbytes, Device device, Deleter deleter);
+  ~StorageImpl();
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_acq_rel); }
+
+ private:
+  void* data_;
+  size_t nbytes_;
+  Device device_;
+  Deleter deleter_;
+  std::atomic<uint64_t> version_{0};
+};
+
+class Storage {
+ public:
+  Storage() = default;
+  explicit Storage(std::shared_ptr<StorageImpl> impl) : impl_(std::move(impl)) {}
+
+  // Allocates nbytes of uninitialised memory on `device`. Throws InvalidArgument for a
+  // CUDA device in a build without CUDA or an ordinal out of range, Error when the
+  // allocation fails (the message names the size and device).
+  static Storage allocate(size_t nbytes, Device device);
+  // Wraps memory the caller owns; `deleter` runs when the last reference drops.
+  static Storage borrow(void* data, size_t nbytes, Device device,
+                        StorageImpl::Deleter deleter);
+
+  bool defined() const { return impl_ != nullptr; }
+  void* data() const { return impl_ ? impl_->data() : nullptr; }
+  size_t nbytes() const { return impl_ ? impl_->nbytes() : 0; }
+  Device device() const { return impl_ ? impl_->device() : Device::cpu(); }
+  uint64_t version() const { return impl_ ? impl_->version() : 0; }
+  void bump_version() const {
+    if (impl_) impl_->bump_version();
+  }
+  long use_count() const { return impl_.use_count(); }
+  const std::shared_ptr<StorageImpl>& impl() const { return impl_; }
+  bool is_same(const Storage& other) const { return impl_ == other.impl_; }
+
+ private:
+  std::shared_ptr<StorageImpl> impl_;
+};
+
+}  // namespace gradwire
