@@ -68,6 +68,15 @@ template <typename T>
 Tensor tensor(const std::vector<T>& values) {
   return tensor<T>(values, Shape{static_cast<int64_t>(values.size())});
 }
+extern template Tensor tensor<float>(const std::vector<float>&, const Shape&);
+extern template Tensor tensor<double>(const std::vector<double>&, const Shape&);
+extern template Tensor tensor<Half>(const std::vector<Half>&, const Shape&);
+extern template Tensor tensor<BFloat16>(const std::vector<BFloat16>&, const Shape&);
+extern template Tensor tensor<int32_t>(const std::vector<int32_t>&, const Shape&);
+extern template Tensor tensor<int64_t>(const std::vector<int64_t>&, const Shape&);
+extern template Tensor tensor<uint8_t>(const std::vector<uint8_t>&, const Shape&);
+extern template Tensor tensor<bool>(const std::vector<bool>&, const Shape&);
+
 // A zero-dimensional tensor holding `value` (dtype from the scalar, or the given one).
 Tensor scalar_tensor(Scalar value, TensorOptions options);
 Tensor scalar_tensor(Scalar value);

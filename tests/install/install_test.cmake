@@ -1,0 +1,16 @@
+# Run by CTest (cmake -P): install, then build and run an out-of-tree consumer.
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install consumer check: ${what} failed (${rc}):\n${out}")
+  endif()
+endfunction()
+run_step("cmake --install" ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+run_step("consumer configure" ${CMAKE_COMMAND} -S "${CONSUMER_SRC}" -B "${WORK_DIR}/build"
+         -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+         -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+run_step("consumer build" ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+run_step("consumer run" "${WORK_DIR}/build/consumer")
+message(STATUS "install consumer check passed")
