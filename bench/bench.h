@@ -1,0 +1,61 @@
+// gradwire-bench plumbing: a registry of named metrics, timing helpers, and the one JSON
+// line per figure that DESIGN.md (Performance) prescribes:
+//   {"metric": "...", "value": ..., "unit": "...", "params": {...}}
+// Baselines are measured in the same run and go in params, with the ratio and its target.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace gradwire::bench {
+
+// A params value: number or text.
+using ParamValue = std::variant<double, std::string>;
+using Params = std::vector<std::pair<std::string, ParamValue>>;
+
+struct Figure {
+  std::string metric;
+  double value;
+  std::string unit;
+  Params params;
+};
+
+// A benchmark produces one or more figures (their metric names are listed up front so that
+// --list and --filter work without running anything).
+struct Benchmark {
+  std::vector<std::string> metrics;
+  std::function<void(const std::function<void(const Figure&)>& emit)> run;
+};
+
+std::vector<Benchmark>& registry();
+
+struct Register {
+  Register(std::vector<std::string> metrics,
+           std::function<void(const std::function<void(const Figure&)>&)> run) {
+    registry().push_back(Benchmark{std::move(metrics), std::move(run)});
+  }
+};
+
+std::string to_json(const Figure& f);
+
+// Seconds taken by one call of fn.
+template <typename F>
+double time_once(F&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Runs `measured` and `baseline` alternately `rounds` times after one warm-up each, and
+// returns the median seconds of each. Alternating keeps slow drift of a shared machine
+// from favouring either side.
+std::pair<double, double> time_interleaved(const std::function<void()>& measured,
+                                           const std::function<void()>& baseline, int rounds);
+
+double median(std::vector<double> values);
+
+}  // namespace gradwire::bench

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Configures and builds gradwire into build/ (or $GRADWIRE_BUILD_DIR) with Ninja.
+# Extra arguments go to cmake's configure step, e.g. -DGRADWIRE_SANITIZE="address;undefined".
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${GRADWIRE_BUILD_DIR:-$root/build}
+jobs=${GRADWIRE_JOBS:-$(nproc)}
+"$root/scripts/install-deps.sh"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=${GRADWIRE_BUILD_TYPE:-RelWithDebInfo} \
+  "$@" >/dev/null
+cmake --build "$build" -j "$jobs"
