@@ -101,8 +101,7 @@ void emit_log_line(LogLevel level, const char* file, int line, std::string_view 
 }  // namespace gradwire
 
 // `level` is the bare enumerator name: GRADWIRE_LOG(kWarning) << ...;
-#define GRADWIRE_LOG(level)                                                          \
-  if (!::gradwire::log_enabled(::gradwire::LogLevel::level)) {                       \
-  } else                                                                             \
-    ::gradwire::detail::LogMessage(::gradwire::LogLevel::level, __FILE__, __LINE__) \
-        .stream()
+#define GRADWIRE_LOG(level)                                    \
+  if (!::gradwire::log_enabled(::gradwire::LogLevel::level)) { \
+  } else                                                       \
+    ::gradwire::detail::LogMessage(::gradwire::LogLevel::level, __FILE__, __LINE__).stream()

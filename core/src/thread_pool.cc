@@ -1,0 +1,168 @@
+#include "gradwire/core/thread_pool.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "gradwire/core/check.h"
+#include "gradwire/core/logging.h"
+#include "gradwire/core/mutex.h"
+
+namespace gradwire {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+// Linux limits thread names to 16 bytes including the terminating NUL.
+constexpr size_t kMaxThreadNameLength = 15;
+
+std::string worker_name(const std::string& pool_name, int index) {
+  const std::string suffix = "-" + std::to_string(index);
+  const size_t room = kMaxThreadNameLength - std::min(suffix.size(), kMaxThreadNameLength);
+  return pool_name.substr(0, room) + suffix;
+}
+
+}  // namespace
+
+// Shared by the ThreadPool object and every worker, so that a worker that outlives the
+// ThreadPool (detached because it dropped the last reference) still has a valid queue.
+struct ThreadPool::Impl {
+  Impl(std::string name, int num_threads) : name(std::move(name)), num_threads(num_threads) {}
+
+  ~Impl() {
+    // Only reached once no ThreadPool and no worker refers to this state. Threads that
+    // nobody joined (the pool was dropped on one of its own workers) are already on their
+    // way out; detach them so std::thread's destructor does not terminate the process.
+    MutexLock lock(join_mutex);
+    for (std::thread& thread : threads) {
+      if (thread.joinable()) thread.detach();
+    }
+  }
+
+  bool is_worker_thread() GRADWIRE_EXCLUDES(mutex) {
+    MutexLock lock(mutex);
+    return std::find(worker_ids.begin(), worker_ids.end(), std::this_thread::get_id()) !=
+           worker_ids.end();
+  }
+
+  void stop() GRADWIRE_EXCLUDES(mutex) {
+    {
+      MutexLock lock(mutex);
+      stopping = true;
+    }
+    cv.notify_all();
+  }
+
+  void join_all() GRADWIRE_EXCLUDES(join_mutex) {
+    MutexLock lock(join_mutex);
+    for (std::thread& thread : threads) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+
+  static void run(const std::shared_ptr<Impl>& impl, int index);
+
+  const std::string name;
+  const int num_threads;
+
+  Mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue GRADWIRE_GUARDED_BY(mutex);
+  bool stopping GRADWIRE_GUARDED_BY(mutex) = false;
+  std::vector<std::thread::id> worker_ids GRADWIRE_GUARDED_BY(mutex);
+
+  // Separate from `mutex` so that joining never blocks workers taking tasks.
+  Mutex join_mutex;
+  std::vector<std::thread> threads GRADWIRE_GUARDED_BY(join_mutex);
+};
+
+void ThreadPool::Impl::run(const std::shared_ptr<Impl>& impl, int index) {
+  const std::string thread_name = worker_name(impl->name, index);
+  pthread_setname_np(pthread_self(), thread_name.c_str());
+  while (true) {
+    std::function<void()> task;
+    {
+      MutexLock lock(impl->mutex);
+      while (!impl->stopping && impl->queue.empty())
+        lock.wait(impl->cv);
+      // Stopping only ends the loop once the queue is drained.
+      if (impl->queue.empty()) return;
+      task = std::move(impl->queue.front());
+      impl->queue.pop_front();
+    }
+    try {
+      task();
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "thread pool '" << impl->name << "': a task threw: " << e.what();
+    } catch (...) {
+      GRADWIRE_LOG(kError) << "thread pool '" << impl->name
+                           << "': a task threw a non-std::exception";
+    }
+    // Release the task's captures before waiting for the next one, so that what they own
+    // (possibly the last reference to this pool) is freed now, not when the next task
+    // arrives.
+    task = nullptr;
+  }
+}
+
+ThreadPool::ThreadPool(ThreadPoolOptions options) {
+  GRADWIRE_CHECK_ARG(options.num_threads >= 1 && options.num_threads <= kMaxThreads)
+      << "ThreadPoolOptions.num_threads must be in [1, " << kMaxThreads << "], got "
+      << options.num_threads;
+  GRADWIRE_CHECK_ARG(!options.name.empty()) << "ThreadPoolOptions.name must not be empty";
+  impl_ = std::make_shared<Impl>(std::move(options.name), options.num_threads);
+  try {
+    MutexLock join_lock(impl_->join_mutex);
+    for (int i = 0; i < impl_->num_threads; ++i) {
+      // The thread's copy of impl_ keeps the state alive for as long as it runs.
+      impl_->threads.emplace_back([impl = impl_, i] { Impl::run(impl, i); });
+      MutexLock lock(impl_->mutex);
+      impl_->worker_ids.push_back(impl_->threads.back().get_id());
+    }
+  } catch (...) {
+    impl_->stop();
+    impl_->join_all();
+    throw;
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kError) << "thread pool '" << impl_->name << "': shutdown failed: " << e.what();
+  }
+}
+
+void ThreadPool::execute(std::function<void()> task) {
+  GRADWIRE_CHECK_ARG(task != nullptr) << "thread pool '" << impl_->name << "': empty task";
+  {
+    MutexLock lock(impl_->mutex);
+    if (impl_->stopping) {
+      GRADWIRE_THROW(Error) << "thread pool '" << impl_->name << "' is shut down";
+    }
+    impl_->queue.push_back(std::move(task));
+  }
+  impl_->cv.notify_one();
+}
+
+void ThreadPool::shutdown() {
+  impl_->stop();
+  // A worker cannot wait for itself, nor for the queue it is part of draining; it
+  // leaves the joining to a shutdown from outside, or to Impl's destructor.
+  if (impl_->is_worker_thread()) return;
+  impl_->join_all();
+}
+
+const std::string& ThreadPool::name() const {
+  return impl_->name;
+}
+
+int ThreadPool::num_threads() const {
+  return impl_->num_threads;
+}
+
+}  // namespace gradwire
