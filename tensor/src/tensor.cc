@@ -106,17 +106,32 @@ TensorImpl& Tensor::impl() const {
 }
 
 int64_t Tensor::wrap_dim(int64_t d, const char* op, bool for_insert) const {
-  const int64_t n = dim() + (for_insert ? 1 : 0);
+  // A 0-dim tensor accepts dim 0 and -1, as PyTorch.
+  const int64_t n = std::max<int64_t>(dim() + (for_insert ? 1 : 0), 1);
   const int64_t wrapped = d < 0 ? d + n : d;
-  if (wrapped < 0 || wrapped >= std::max<int64_t>(n, 1)) {
+  if (wrapped < 0 || wrapped >= n) {
     GRADWIRE_THROW(InvalidArgument) << op << ": dim " << d << " is out of range for a tensor of "
                                     << dim() << " dims (shape " << shape_string() << ")";
   }
   return wrapped;
 }
 
-int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim(d, "size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, "stride")]; }
+namespace {
+// wrap_dim accepts dim 0 of a 0-dim tensor (as PyTorch does for reductions), but ops that
+// index sizes() need at least one real dim.
+void require_dims(const Tensor& t, const char* op) {
+  GRADWIRE_CHECK_ARG(t.dim() > 0) << op << ": expects a tensor with at least 1 dim, got a 0-dim tensor";
+}
+}  // namespace
+
+int64_t Tensor::size(int64_t d) const {
+  require_dims(*this, "size");
+  return sizes()[wrap_dim(d, "size")];
+}
+int64_t Tensor::stride(int64_t d) const {
+  require_dims(*this, "stride");
+  return strides()[wrap_dim(d, "stride")];
+}
 
 void* Tensor::data_ptr() const {
   return static_cast<char*>(storage().data()) + storage_offset() * element_size();
@@ -210,7 +225,8 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides,
                                   const Shape& new_sizes) {
   Shape out(new_sizes.size());
   int64_t numel = shape_numel(sizes);
-  if (numel == 0) return contiguous_strides(new_sizes);
+  // No elements, or the single element of a 0-dim tensor: any layout addresses them.
+  if (numel == 0 || sizes.empty()) return contiguous_strides(new_sizes);
   int64_t view_d = static_cast<int64_t>(new_sizes.size()) - 1;
   int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();
   int64_t tensor_numel = 1, view_numel = 1;
@@ -284,6 +300,7 @@ Tensor Tensor::permute(const Shape& dims) const {
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  require_dims(*this, "slice");
   int64_t w = wrap_dim(d, "slice");
   GRADWIRE_CHECK_ARG(step > 0) << "slice: step must be positive, got " << step;
   const int64_t n = sizes()[w];
@@ -300,7 +317,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
-  GRADWIRE_CHECK_ARG(dim() > 0) << "select: cannot select from a 0-dim tensor";
+  require_dims(*this, "select");
   int64_t w = wrap_dim(d, "select");
   const int64_t n = sizes()[w];
   GRADWIRE_CHECK_ARG(index >= -n && index < n)
@@ -314,6 +331,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  require_dims(*this, "narrow");
   int64_t w = wrap_dim(d, "narrow");
   const int64_t n = sizes()[w];
   if (start < 0) start += n;
@@ -397,6 +415,7 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
 }
 
 Tensor Tensor::unflatten(int64_t d, const Shape& new_sizes) const {
+  require_dims(*this, "unflatten");
   int64_t w = wrap_dim(d, "unflatten");
   Shape inner = infer_shape(new_sizes, sizes()[w], "unflatten", sizes());
   Shape sz(sizes().begin(), sizes().begin() + w);
