@@ -153,16 +153,27 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 Tensor logsumexp(const Tensor& a, int64_t dim, bool keepdim = false);
 
 // ---- indexing. Indices are int64 (int32 accepted); a negative or too large index is
-// an InvalidArgument naming the op, the index and the size.
+// an InvalidArgument naming the op, the index and the size. These ops run on the CPU
+// only: a CUDA tensor argument is an InvalidArgument ("<op>: CUDA tensors are not
+// supported; move to cpu first"), never a silent round trip through host memory.
+// index_select: the slices index[i] of `a` along dim (index 1-d).
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
+// out[i][j] = a[i][index[i][j]] for dim 1 (likewise for other dims); out has index's
+// shape, and index.size(d) <= a.size(d) for d != dim, as PyTorch.
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
-// out = a.clone(); out[..index[i][j]..] += src[i][j] along dim.
+// out = a.clone(); out[..index[i][j]..] += src[i][j] along dim. Duplicate indices
+// accumulate; index.size(d) <= src.size(d) everywhere and <= a.size(d) for d != dim.
+// Numeric dtypes (not bool); src is converted to a's dtype where an in-place op may.
 Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-// Rows of `a` (dim 0) accumulated into `num_rows` rows by index (EmbeddingBag backward).
+// out = a.clone(); out.select(dim, index[i]) += src.select(dim, i) for each i, duplicates
+// accumulating (the EmbeddingBag backward). src matches a except at dim, where it has
+// index.numel() entries.
 Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+// a.clone() with `value` wherever the bool mask (broadcast to a's shape) is true.
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
-// A one-hot float32 encoding [N, num_classes] of int64 labels.
+// A one-hot float32 encoding, shape labels.shape + [num_classes], of int64/int32 labels;
+// num_classes == -1 uses max(labels) + 1.
 Tensor one_hot(const Tensor& labels, int64_t num_classes);
 
 // ---- joining and splitting
