@@ -1,9 +1,13 @@
 #include "gradwire/tensor/storage.h"
 
+#include <bit>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "gradwire/core/check.h"
+#include "gradwire/core/env.h"
+#include "gradwire/core/mutex.h"
 #include "kernels.h"
 
 namespace gradwire {
@@ -16,20 +20,121 @@ StorageImpl::~StorageImpl() {
 }
 
 namespace {
-constexpr size_t kHostAlignment = 64;  // a cache line, and enough for any SIMD load
+constexpr size_t kHostAlignment = 64;          // a cache line, and enough for any SIMD load
+constexpr size_t kMinCachedBytes = 64 << 10;   // below this glibc's heap already reuses memory
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int64_t kDefaultCacheMb = 0;
+#else
+constexpr int64_t kDefaultCacheMb = 1024;
+#endif
+
+// Free host blocks by size class. Blocks are never handed back to a different class, so a
+// class is just an exact byte count.
+class HostBlockCache {
+ public:
+  HostBlockCache()
+      : limit_(static_cast<size_t>(env_int("GRADWIRE_HOST_CACHE_MB", kDefaultCacheMb, 0,
+                                           int64_t{1} << 30)) << 20) {}
+
+  static size_t size_class(size_t nbytes) {
+    if (nbytes < kMinCachedBytes) {
+      const size_t n = (nbytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+      return n == 0 ? kHostAlignment : n;
+    }
+    const size_t step = std::bit_floor(nbytes) / 4;
+    return (nbytes + step - 1) / step * step;
+  }
+
+  void* allocate(size_t bytes) {
+    if (bytes >= kMinCachedBytes) {
+      MutexLock lock(mutex_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        cached_bytes_ -= bytes;
+        ++hits_;
+        return p;
+      }
+      ++misses_;
+    }
+    void* p = std::aligned_alloc(kHostAlignment, bytes);
+    if (p == nullptr) {
+      // Cached blocks of other classes may be what stands between us and success.
+      empty();
+      p = std::aligned_alloc(kHostAlignment, bytes);
+    }
+    return p;
+  }
+
+  void release(void* p, size_t bytes) {
+    if (bytes >= kMinCachedBytes) {
+      MutexLock lock(mutex_);
+      if (cached_bytes_ + bytes <= limit_) {
+        free_.emplace(bytes, p);
+        cached_bytes_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  void empty() { trim_to(0, /*set_limit=*/false); }
+
+  void set_limit(size_t bytes) { trim_to(bytes, /*set_limit=*/true); }
+
+  HostCacheStats stats() {
+    MutexLock lock(mutex_);
+    return HostCacheStats{cached_bytes_, free_.size(), limit_, hits_, misses_};
+  }
+
+ private:
+  void trim_to(size_t bytes, bool set_limit) {
+    std::multimap<size_t, void*> released;
+    {
+      MutexLock lock(mutex_);
+      if (set_limit) limit_ = bytes;
+      // Release the largest blocks first: they are the rarest to be asked for again.
+      while (cached_bytes_ > bytes && !free_.empty()) {
+        auto it = std::prev(free_.end());
+        cached_bytes_ -= it->first;
+        released.insert(*it);
+        free_.erase(it);
+      }
+    }
+    for (auto& [size, p] : released) std::free(p);
+  }
+
+  Mutex mutex_;
+  std::multimap<size_t, void*> free_ GRADWIRE_GUARDED_BY(mutex_);
+  size_t cached_bytes_ GRADWIRE_GUARDED_BY(mutex_) = 0;
+  size_t limit_ GRADWIRE_GUARDED_BY(mutex_);
+  uint64_t hits_ GRADWIRE_GUARDED_BY(mutex_) = 0;
+  uint64_t misses_ GRADWIRE_GUARDED_BY(mutex_) = 0;
+};
+
+// Never destroyed: storages released during static destruction still return here.
+HostBlockCache& host_cache() {
+  static HostBlockCache* cache = new HostBlockCache();
+  return *cache;
 }
+}  // namespace
+
+HostCacheStats host_cache_stats() { return host_cache().stats(); }
+void empty_host_cache() { host_cache().empty(); }
+void set_host_cache_limit(size_t bytes) { host_cache().set_limit(bytes); }
 
 Storage Storage::allocate(size_t nbytes, Device device) {
   if (device.is_cpu()) {
     // Never hand out a null pointer, even for zero bytes: views compute addresses from it.
-    size_t rounded = (nbytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-    if (rounded == 0) rounded = kHostAlignment;
-    void* ptr = std::aligned_alloc(kHostAlignment, rounded);
+    const size_t size_class = HostBlockCache::size_class(nbytes);
+    void* ptr = host_cache().allocate(size_class);
     if (ptr == nullptr) {
       GRADWIRE_THROW(Error) << "out of host memory allocating " << nbytes << " bytes";
     }
-    return Storage(std::make_shared<StorageImpl>(ptr, nbytes, device,
-                                                 [](void* p) { std::free(p); }));
+    return Storage(std::make_shared<StorageImpl>(
+        ptr, nbytes, device, [size_class](void* p) { host_cache().release(p, size_class); }));
   }
 #if GRADWIRE_HAS_CUDA
   const int count = detail::cuda::device_count();

@@ -72,4 +72,28 @@ class Storage {
   std::shared_ptr<StorageImpl> impl_;
 };
 
+// ---- the host allocator's block cache
+//
+// First touching freshly mapped memory costs a page fault per 4 KiB page, which for a
+// multi-megabyte tensor can cost as much as the arithmetic that fills it. Host storages of
+// 64 KiB and more are therefore rounded to a size class (steps of a quarter power of two)
+// and, when released, kept in a process-wide cache for the next allocation of that class,
+// up to a byte limit: GRADWIRE_HOST_CACHE_MB (default 1024; 0 disables the cache; builds
+// with AddressSanitizer default to 0 so that use-after-free stays detectable).
+// Like malloc, this cache is process-wide; it holds only free memory.
+//
+// Thread-safety: all functions may be called from any thread.
+struct HostCacheStats {
+  size_t cached_bytes = 0;   // free bytes held for reuse
+  size_t cached_blocks = 0;
+  size_t limit_bytes = 0;
+  uint64_t hits = 0;         // allocations served from the cache
+  uint64_t misses = 0;       // cacheable allocations that went to the system
+};
+HostCacheStats host_cache_stats();
+// Returns every cached block to the system.
+void empty_host_cache();
+// Changes the limit; blocks beyond a lower limit are released at once.
+void set_host_cache_limit(size_t bytes);
+
 }  // namespace gradwire
