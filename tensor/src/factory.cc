@@ -50,6 +50,7 @@ Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
 Tensor full_like(const Tensor& t, Scalar value) { return full(t.sizes(), value, t.options()); }
 
 Tensor arange(Scalar end) { return arange(0, end, 1); }
+Tensor arange(Scalar end, TensorOptions options) { return arange(0, end, 1, options); }
 
 Tensor arange(Scalar start, Scalar end, Scalar step) {
   const bool integral = !start.is_floating_point() && !end.is_floating_point() &&

@@ -38,6 +38,7 @@ Tensor full_like(const Tensor& t, Scalar value);
 // [start, end) by step. With integral start/end/step and no dtype the result is int64,
 // otherwise float32 (or the dtype given). The length is ceil((end - start) / step).
 Tensor arange(Scalar end);
+Tensor arange(Scalar end, TensorOptions options);
 Tensor arange(Scalar start, Scalar end, Scalar step = 1);
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options);
 // `steps` points evenly spaced over [start, end].
