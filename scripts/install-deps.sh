@@ -3,6 +3,7 @@
 # Idempotent, and silent when everything is already present.
 #   scripts/install-deps.sh            build and test dependencies
 #   scripts/install-deps.sh --bench    also PyTorch 1.13 (python3-torch), the benchmark peer
+#   scripts/install-deps.sh --checks   also clang, for the -Wthread-safety build
 set -euo pipefail
 
 packages=(
@@ -11,9 +12,13 @@ packages=(
   libopenblas-dev libdlpack-dev
   libtensorpipe-dev libgloo-dev libuv1-dev libprotobuf-dev protobuf-compiler
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3 python3-torch)
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --bench) packages+=(python3 python3-torch) ;;
+    --checks) packages+=(clang) ;;
+    *) echo "usage: scripts/install-deps.sh [--bench] [--checks]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The checking builds CI runs after the main suite:
+#   1. AddressSanitizer + UndefinedBehaviorSanitizer over every test (CUDA off),
+#   2. ThreadSanitizer over the threaded modules' tests,
+#   3. clang's -Wthread-safety analysis over the libraries (warnings are errors).
+# Each has its own build folder next to build/. Pass a step name (asan, tsan,
+# thread-safety) to run only that one.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=${GRADWIRE_JOBS:-$(nproc)}
+step=${1:-all}
+"$root/scripts/install-deps.sh" --checks
+common=(-G Ninja -DGRADWIRE_USE_CUDA=OFF -DGRADWIRE_BUILD_BENCH=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF)
+
+if [[ $step == all || $step == asan ]]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+  cmake -S "$root" -B "$root/build-asan" "${common[@]}" -DCMAKE_BUILD_TYPE=Debug \
+    -DGRADWIRE_SANITIZE="address;undefined" >/dev/null
+  cmake --build "$root/build-asan" -j "$jobs"
+  (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 \
+     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     ctest --output-on-failure -j "$jobs" -LE build)
+fi
+
+if [[ $step == all || $step == tsan ]]; then
+  echo "== ThreadSanitizer (threaded modules)"
+  cmake -S "$root" -B "$root/build-tsan" "${common[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGRADWIRE_SANITIZE=thread >/dev/null
+  cmake --build "$root/build-tsan" -j "$jobs" --target core_test harness_test
+  (cd "$root/build-tsan" && TSAN_OPTIONS=halt_on_error=1 \
+     ctest --output-on-failure -j "$jobs" -L 'core|harness')
+fi
+
+if [[ $step == all || $step == thread-safety ]]; then
+  echo "== clang -Wthread-safety"
+  CXX=clang++ CC=clang cmake -S "$root" -B "$root/build-tsa" "${common[@]}" \
+    -DGRADWIRE_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" >/dev/null
+  cmake --build "$root/build-tsa" -j "$jobs"
+fi
