@@ -24,8 +24,14 @@ template <typename T>
 struct ComputeType {
   using type = T;
 };
-template <> struct ComputeType<Half> { using type = float; };
-template <> struct ComputeType<BFloat16> { using type = float; };
+template <>
+struct ComputeType<Half> {
+  using type = float;
+};
+template <>
+struct ComputeType<BFloat16> {
+  using type = float;
+};
 template <typename T>
 using compute_t = typename ComputeType<T>::type;
 
@@ -33,11 +39,26 @@ template <typename T>
 struct AccType {
   using type = T;
 };
-template <> struct AccType<Half> { using type = float; };
-template <> struct AccType<BFloat16> { using type = float; };
-template <> struct AccType<int32_t> { using type = int64_t; };
-template <> struct AccType<uint8_t> { using type = int64_t; };
-template <> struct AccType<bool> { using type = int64_t; };
+template <>
+struct AccType<Half> {
+  using type = float;
+};
+template <>
+struct AccType<BFloat16> {
+  using type = float;
+};
+template <>
+struct AccType<int32_t> {
+  using type = int64_t;
+};
+template <>
+struct AccType<uint8_t> {
+  using type = int64_t;
+};
+template <>
+struct AccType<bool> {
+  using type = int64_t;
+};
 template <typename T>
 using acc_t = typename AccType<T>::type;
 
@@ -50,14 +71,22 @@ inline constexpr bool is_floating_v =
 template <typename F>
 decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::kFloat32: return f(TypeTag<float>{});
-    case DType::kFloat64: return f(TypeTag<double>{});
-    case DType::kFloat16: return f(TypeTag<Half>{});
-    case DType::kBFloat16: return f(TypeTag<BFloat16>{});
-    case DType::kInt32: return f(TypeTag<int32_t>{});
-    case DType::kInt64: return f(TypeTag<int64_t>{});
-    case DType::kUInt8: return f(TypeTag<uint8_t>{});
-    case DType::kBool: return f(TypeTag<bool>{});
+    case DType::kFloat32:
+      return f(TypeTag<float>{});
+    case DType::kFloat64:
+      return f(TypeTag<double>{});
+    case DType::kFloat16:
+      return f(TypeTag<Half>{});
+    case DType::kBFloat16:
+      return f(TypeTag<BFloat16>{});
+    case DType::kInt32:
+      return f(TypeTag<int32_t>{});
+    case DType::kInt64:
+      return f(TypeTag<int64_t>{});
+    case DType::kUInt8:
+      return f(TypeTag<uint8_t>{});
+    case DType::kBool:
+      return f(TypeTag<bool>{});
   }
   throw_unsupported_dtype(op, t, "any dtype");
 }
@@ -66,14 +95,22 @@ decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
 template <typename F>
 decltype(auto) dispatch_numeric(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::kFloat32: return f(TypeTag<float>{});
-    case DType::kFloat64: return f(TypeTag<double>{});
-    case DType::kFloat16: return f(TypeTag<Half>{});
-    case DType::kBFloat16: return f(TypeTag<BFloat16>{});
-    case DType::kInt32: return f(TypeTag<int32_t>{});
-    case DType::kInt64: return f(TypeTag<int64_t>{});
-    case DType::kUInt8: return f(TypeTag<uint8_t>{});
-    default: break;
+    case DType::kFloat32:
+      return f(TypeTag<float>{});
+    case DType::kFloat64:
+      return f(TypeTag<double>{});
+    case DType::kFloat16:
+      return f(TypeTag<Half>{});
+    case DType::kBFloat16:
+      return f(TypeTag<BFloat16>{});
+    case DType::kInt32:
+      return f(TypeTag<int32_t>{});
+    case DType::kInt64:
+      return f(TypeTag<int64_t>{});
+    case DType::kUInt8:
+      return f(TypeTag<uint8_t>{});
+    default:
+      break;
   }
   throw_unsupported_dtype(op, t, "numeric dtypes (not bool)");
 }
@@ -81,11 +118,16 @@ decltype(auto) dispatch_numeric(DType t, const char* op, F&& f) {
 template <typename F>
 decltype(auto) dispatch_floating(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::kFloat32: return f(TypeTag<float>{});
-    case DType::kFloat64: return f(TypeTag<double>{});
-    case DType::kFloat16: return f(TypeTag<Half>{});
-    case DType::kBFloat16: return f(TypeTag<BFloat16>{});
-    default: break;
+    case DType::kFloat32:
+      return f(TypeTag<float>{});
+    case DType::kFloat64:
+      return f(TypeTag<double>{});
+    case DType::kFloat16:
+      return f(TypeTag<Half>{});
+    case DType::kBFloat16:
+      return f(TypeTag<BFloat16>{});
+    default:
+      break;
   }
   throw_unsupported_dtype(op, t, "floating dtypes (float32, float64, float16, bfloat16)");
 }
@@ -93,17 +135,20 @@ decltype(auto) dispatch_floating(DType t, const char* op, F&& f) {
 template <typename F>
 decltype(auto) dispatch_index(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::kInt32: return f(TypeTag<int32_t>{});
-    case DType::kInt64: return f(TypeTag<int64_t>{});
-    default: break;
+    case DType::kInt32:
+      return f(TypeTag<int32_t>{});
+    case DType::kInt64:
+      return f(TypeTag<int64_t>{});
+    default:
+      break;
   }
   throw_unsupported_dtype(op, t, "int64 or int32 indices");
 }
 
 // Converts between element types, going through float for the 16-bit floats and
-// mapping to bool by != 0.
+// mapping to bool by != 0. Also compiled for the device by the CUDA kernels.
 template <typename To, typename From>
-inline To convert(From v) {
+GRADWIRE_HOST_DEVICE inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
     return v;
   } else if constexpr (std::is_same_v<To, bool>) {

@@ -19,6 +19,7 @@
 #include "gradwire/core/check.h"
 #include "kernels.h"
 #include "loop.h"
+#include "scalar_math.h"
 
 namespace gradwire::detail::cpu {
 namespace {
@@ -63,34 +64,9 @@ inline C mul_op(C a, C b) {
   }
 }
 
-// Integer power by squaring, wrapping like repeated multiplication. Working modulo 2^64
-// and truncating gives the same low bits as working modulo 2^bits throughout. A negative
-// exponent follows PyTorch's tensor-exponent rule (1 and -1 stay units, others give 0);
-// the scalar-exponent frontend refuses it before it gets here.
-template <typename C>
-inline C int_pow(C base, int64_t exponent) {
-  if constexpr (std::is_same_v<C, bool>) {
-    return base || exponent == 0;
-  } else {
-    if (exponent < 0) {
-      if (base == C(1)) return C(1);
-      if constexpr (std::is_signed_v<C>) {
-        if (base == C(-1)) return (exponent % 2 != 0) ? C(-1) : C(1);
-      }
-      return C(0);
-    }
-    uint64_t result = 1;
-    uint64_t b = static_cast<uint64_t>(static_cast<int64_t>(base));
-    uint64_t e = static_cast<uint64_t>(exponent);
-    while (e != 0) {
-      if (e & 1u) result *= b;
-      b *= b;
-      e >>= 1;
-    }
-    return static_cast<C>(result);
-  }
-}
-
+// Integer powers use int_pow (scalar_math.h). A negative exponent follows PyTorch's
+// tensor-exponent rule (1 and -1 stay units, others give 0); the scalar-exponent frontend
+// refuses it before it gets here.
 template <typename C>
 inline C pow_op(C a, C b) {
   if constexpr (std::is_floating_point_v<C>) {

@@ -27,7 +27,7 @@ __global__ void convert_kernel(D* dst, StridedIndexer dst_index, const S* src,
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    dst[dst_index.offset(i)] = dconvert<D>(src[src_index.offset(i)]);
+    dst[dst_index.offset(i)] = convert<D>(src[src_index.offset(i)]);
   }
 }
 

@@ -152,20 +152,6 @@ struct DeviceCompute<bool> {
 template <typename T>
 using dcompute_t = typename DeviceCompute<T>::type;
 
-// The same conversions as detail::convert (dispatch.h), callable on the device.
-template <typename To, typename From>
-__host__ __device__ inline To dconvert(From v) {
-  if constexpr (std::is_same_v<To, From>) {
-    return v;
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return static_cast<compute_t<From>>(v) != compute_t<From>(0);
-  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
-    return To(static_cast<float>(static_cast<compute_t<From>>(v)));
-  } else {
-    return static_cast<To>(static_cast<compute_t<From>>(v));
-  }
-}
-
 template <typename T>
 __host__ __device__ inline bool is_nan(T v) {
   if constexpr (std::is_floating_point_v<T>) {
@@ -181,28 +167,28 @@ template <typename V>
 __device__ inline void store_as(void* base, DType dtype, int64_t i, V v) {
   switch (dtype) {
     case DType::kFloat32:
-      static_cast<float*>(base)[i] = dconvert<float>(v);
+      static_cast<float*>(base)[i] = convert<float>(v);
       break;
     case DType::kFloat64:
-      static_cast<double*>(base)[i] = dconvert<double>(v);
+      static_cast<double*>(base)[i] = convert<double>(v);
       break;
     case DType::kFloat16:
-      static_cast<Half*>(base)[i] = dconvert<Half>(v);
+      static_cast<Half*>(base)[i] = convert<Half>(v);
       break;
     case DType::kBFloat16:
-      static_cast<BFloat16*>(base)[i] = dconvert<BFloat16>(v);
+      static_cast<BFloat16*>(base)[i] = convert<BFloat16>(v);
       break;
     case DType::kInt32:
-      static_cast<int32_t*>(base)[i] = dconvert<int32_t>(v);
+      static_cast<int32_t*>(base)[i] = convert<int32_t>(v);
       break;
     case DType::kInt64:
-      static_cast<int64_t*>(base)[i] = dconvert<int64_t>(v);
+      static_cast<int64_t*>(base)[i] = convert<int64_t>(v);
       break;
     case DType::kUInt8:
-      static_cast<uint8_t*>(base)[i] = dconvert<uint8_t>(v);
+      static_cast<uint8_t*>(base)[i] = convert<uint8_t>(v);
       break;
     case DType::kBool:
-      static_cast<bool*>(base)[i] = dconvert<bool>(v);
+      static_cast<bool*>(base)[i] = convert<bool>(v);
       break;
   }
 }

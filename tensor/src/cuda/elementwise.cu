@@ -15,6 +15,7 @@
 
 #include "cuda/cuda_utils.h"
 #include "kernels.h"
+#include "scalar_math.h"
 
 namespace gradwire::detail::cuda {
 
@@ -89,29 +90,6 @@ __device__ inline C wrap_mul(C a, C b) {
   }
 }
 
-// Integer power by squaring modulo 2^64 (whose low bits are those of the power modulo
-// 2^bits). A negative exponent gives the truncated real power: 1 for base 1, +-1 for base
-// -1, 0 otherwise, as on the CPU.
-template <typename C>
-__device__ inline C int_pow(C base, int64_t exponent) {
-  if (exponent < 0) {
-    if (base == C(1)) return C(1);
-    if constexpr (std::is_signed_v<C>) {
-      if (base == C(-1)) return (exponent % 2 != 0) ? C(-1) : C(1);
-    }
-    return C(0);
-  }
-  uint64_t result = 1;
-  uint64_t b = static_cast<uint64_t>(static_cast<int64_t>(base));
-  uint64_t e = static_cast<uint64_t>(exponent);
-  while (e != 0) {
-    if (e & 1u) result *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return static_cast<C>(result);
-}
-
 // ---------------------------------------------------------------- binary
 
 template <typename C>
@@ -183,7 +161,7 @@ __global__ void binary_kernel(BinaryOp op, void* out, StridedIndexer out_index, 
     if (comparison) {
       static_cast<bool*>(out)[out_index.offset(i)] = compare_value(op, x, y);
     } else {
-      static_cast<T*>(out)[out_index.offset(i)] = dconvert<T>(binary_value(op, x, y, alpha));
+      static_cast<T*>(out)[out_index.offset(i)] = convert<T>(binary_value(op, x, y, alpha));
     }
   }
 }
@@ -329,7 +307,7 @@ __global__ void unary_kernel(UnaryOp op, void* out, StridedIndexer out_index, co
     if (op == UnaryOp::kLogicalNot) {
       static_cast<bool*>(out)[out_index.offset(i)] = x == C(0);
     } else {
-      static_cast<T*>(out)[out_index.offset(i)] = dconvert<T>(unary_value(op, x, params));
+      static_cast<T*>(out)[out_index.offset(i)] = convert<T>(unary_value(op, x, params));
     }
   }
 }

@@ -6,6 +6,10 @@
 // along its rows) is passed with the transpose flag instead of being copied. Only layouts
 // cuBLAS cannot express (no unit stride, or rows that overlap) are packed first.
 //
+// Loading: cuBLAS is opened with dlopen on the first device GEMM rather than linked, because
+// loading it (its Lt library is over 500 MB) costs a few hundred milliseconds at the start
+// of every process, GPU or not, and most gradwire processes never multiply on a device.
+//
 // Handles: one cublasHandle_t per device, created on first use under a lock and never
 // destroyed: destroying it from a static destructor can run after the CUDA runtime has
 // unloaded, and the process exit releases it anyway. cuBLAS allows one handle to be used
@@ -13,8 +17,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
+
 #include <climits>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_utils.h"
@@ -25,9 +32,57 @@ namespace gradwire::detail::cuda {
 
 namespace {
 
+// The cuBLAS entry points gemm uses, resolved from the shared library on first use.
+struct CublasApi {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  decltype(&cublasDgemmStridedBatched) dgemm_strided_batched = nullptr;
+};
+
+template <typename F>
+void resolve(void* library, const char* symbol, F& slot) {
+  slot = reinterpret_cast<F>(dlsym(library, symbol));
+  if (slot == nullptr) {
+    GRADWIRE_THROW(Error) << "cuBLAS library " << GRADWIRE_CUBLAS_LIBRARY << " lacks " << symbol;
+  }
+}
+
+const CublasApi& cublas() {
+  static std::once_flag once;
+  static CublasApi api;
+  static std::string failure;
+  std::call_once(once, [] {
+    // Never closed: handles created from it live until the process exits.
+    void* library = dlopen(GRADWIRE_CUBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* reason = dlerror();
+      failure = std::string("cannot load cuBLAS (") + GRADWIRE_CUBLAS_LIBRARY +
+                "): " + (reason ? reason : "unknown error");
+      return;
+    }
+    try {
+      resolve(library, "cublasCreate_v2", api.create);
+      resolve(library, "cublasDestroy_v2", api.destroy);
+      resolve(library, "cublasSetMathMode", api.set_math_mode);
+      resolve(library, "cublasGetStatusString", api.status_string);
+      resolve(library, "cublasGetStatusName", api.status_name);
+      resolve(library, "cublasSgemmStridedBatched", api.sgemm_strided_batched);
+      resolve(library, "cublasDgemmStridedBatched", api.dgemm_strided_batched);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) GRADWIRE_THROW(Error) << failure;
+  return api;
+}
+
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, int device) {
   GRADWIRE_THROW(Error) << call << " failed on cuda:" << device << ": "
-                        << cublasGetStatusString(status) << " (" << cublasGetStatusName(status)
+                        << cublas().status_string(status) << " (" << cublas().status_name(status)
                         << ")";
 }
 
@@ -49,11 +104,11 @@ cublasHandle_t handle_for(int device) {
   if (handle == nullptr) {
     DeviceGuard guard(device);  // a handle belongs to the device current at creation
     cublasHandle_t created = nullptr;
-    GRADWIRE_CUBLAS_CHECK("cublasCreate", device, cublasCreate(&created));
+    GRADWIRE_CUBLAS_CHECK("cublasCreate", device, cublas().create(&created));
     // No TF32 for float32: results must match the CPU within float32 rounding.
-    const cublasStatus_t status = cublasSetMathMode(created, CUBLAS_DEFAULT_MATH);
+    const cublasStatus_t status = cublas().set_math_mode(created, CUBLAS_DEFAULT_MATH);
     if (status != CUBLAS_STATUS_SUCCESS) {
-      cublasDestroy(created);
+      cublas().destroy(created);
       throw_cublas_error(status, "cublasSetMathMode", device);
     }
     handle = created;
@@ -169,7 +224,7 @@ void gemm(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, dou
   if (out.dtype() == kFloat32) {
     const float falpha = static_cast<float>(alpha), fbeta = static_cast<float>(beta);
     GRADWIRE_CUBLAS_CHECK("cublasSgemmStridedBatched", device,
-                          cublasSgemmStridedBatched(
+                          cublas().sgemm_strided_batched(
                               handle, ob.op, oa.op, im, in, ik, &falpha,
                               static_cast<const float*>(ob.tensor.data_ptr()), ldb, ob.batch_stride,
                               static_cast<const float*>(oa.tensor.data_ptr()), lda, oa.batch_stride,
@@ -177,11 +232,11 @@ void gemm(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, dou
   } else {
     GRADWIRE_CUBLAS_CHECK(
         "cublasDgemmStridedBatched", device,
-        cublasDgemmStridedBatched(handle, ob.op, oa.op, im, in, ik, &alpha,
-                                  static_cast<const double*>(ob.tensor.data_ptr()), ldb,
-                                  ob.batch_stride, static_cast<const double*>(oa.tensor.data_ptr()),
-                                  lda, oa.batch_stride, &beta, static_cast<double*>(out.data_ptr()),
-                                  im, stride_c, ibatch));
+        cublas().dgemm_strided_batched(
+            handle, ob.op, oa.op, im, in, ik, &alpha,
+            static_cast<const double*>(ob.tensor.data_ptr()), ldb, ob.batch_stride,
+            static_cast<const double*>(oa.tensor.data_ptr()), lda, oa.batch_stride, &beta,
+            static_cast<double*>(out.data_ptr()), im, stride_c, ibatch));
   }
 }
 

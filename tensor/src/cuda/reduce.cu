@@ -71,7 +71,7 @@ __global__ void reduce_rows_kernel(ReduceOp op, const T* in, int64_t rows, int64
     A acc = op == ReduceOp::kProd ? A(1) : A(0);
     int64_t best = -1;
     for (int64_t j = tid; j < cols; j += blockDim.x) {
-      const A v = dconvert<A>(p[j]);
+      const A v = convert<A>(p[j]);
       if (extreme) {
         fold_extreme(want_max, acc, best, v, j);
       } else {
