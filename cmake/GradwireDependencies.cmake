@@ -25,6 +25,20 @@ if(NOT DLPACK_INCLUDE_DIR)
                       "or run scripts/install-deps.sh")
 endif()
 
+# libuv runs the TCPStore server loop (c10d/). Debian's libuv1-dev ships a pkg-config
+# file; the imported target is linked PRIVATE, so no public header sees uv.h.
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(LIBUV QUIET IMPORTED_TARGET libuv>=1.40)
+endif()
+if(LIBUV_FOUND AND NOT TARGET gradwire_uv)
+  add_library(gradwire_uv INTERFACE IMPORTED)
+  target_link_libraries(gradwire_uv INTERFACE PkgConfig::LIBUV)
+elseif(NOT TARGET gradwire_uv)
+  message(FATAL_ERROR "gradwire needs libuv >= 1.40 (the TCPStore server loop): "
+                      "apt-get install libuv1-dev pkg-config, or run scripts/install-deps.sh")
+endif()
+
 # TensorPipe and Gloo ship no CMake config: our own Find modules (cmake/Find*.cmake).
 find_package(TensorPipe)
 find_package(Gloo)

@@ -1,6 +1,13 @@
 // The umbrella header: everything gradwire offers a user.
 #pragma once
 
+#include "gradwire/c10d/file_store.h"
+#include "gradwire/c10d/hash_store.h"
+#include "gradwire/c10d/prefix_store.h"
+#include "gradwire/c10d/rendezvous.h"
+#include "gradwire/c10d/store.h"
+#include "gradwire/c10d/tcp_store.h"
+#include "gradwire/c10d/tcp_store_server.h"
 #include "gradwire/config.h"
 #include "gradwire/core/check.h"
 #include "gradwire/core/env.h"

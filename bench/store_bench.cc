@@ -1,0 +1,297 @@
+// c10d/ store figures, each against PyTorch 1.13's torch.distributed.TCPStore running the
+// same workload in the same run (bench/pytorch/store_peer.py, under /usr/bin/python3 or
+// $GRADWIRE_BENCH_PYTHON). Without torch the figure is still emitted, with
+// params.pytorch = "unavailable" and null PyTorch values.
+//
+// Multi-process workloads fork their client processes; the clock runs from the moment
+// the last client has connected and a start barrier opens, until the last one is done.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "gradwire/c10d/tcp_store.h"
+#include "gradwire/c10d/tcp_store_server.h"
+
+namespace gradwire::bench {
+namespace {
+
+using namespace std::chrono_literals;
+using c10d::TCPStore;
+using c10d::TCPStoreOptions;
+using c10d::TCPStoreServer;
+using c10d::TCPStoreServerOptions;
+
+#ifndef GRADWIRE_BENCH_PYTORCH_DIR
+#define GRADWIRE_BENCH_PYTORCH_DIR "bench/pytorch"
+#endif
+
+constexpr int kRounds = 3;
+
+TCPStoreOptions client_options(uint16_t port) {
+  TCPStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.timeout = 120s;
+  options.connect_timeout = 60s;
+  return options;
+}
+
+// Runs the PyTorch peer for one workload; returns the median seconds per round, or
+// nullopt (with the reason in `why`) when torch or the script is unavailable.
+std::optional<double> pytorch_seconds(const std::string& args, std::string& why,
+                                      std::string& version) {
+  const char* python = std::getenv("GRADWIRE_BENCH_PYTHON");
+  const std::string command = std::string(python && *python ? python : "/usr/bin/python3") +
+                              " " GRADWIRE_BENCH_PYTORCH_DIR "/store_peer.py " + args +
+                              " 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    why = "cannot run python";
+    return std::nullopt;
+  }
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe))
+    out.append(buf.data(), n);
+  ::pclose(pipe);
+  std::smatch m;
+  if (std::regex_search(out, m, std::regex(R"re("error": "([^"]*)")re"))) {
+    why = m[1];
+    return std::nullopt;
+  }
+  if (!std::regex_search(out, m, std::regex(R"re("seconds": \[([^\]]*)\])re"))) {
+    why = out.empty() ? "no output from store_peer.py" : "unexpected output from store_peer.py";
+    return std::nullopt;
+  }
+  std::vector<double> seconds;
+  const std::string list = m[1];
+  const std::regex number(R"([0-9.eE+-]+)");
+  for (auto it = std::sregex_iterator(list.begin(), list.end(), number);
+       it != std::sregex_iterator(); ++it) {
+    seconds.push_back(std::stod(it->str()));
+  }
+  if (seconds.empty()) {
+    why = "no timings from store_peer.py";
+    return std::nullopt;
+  }
+  if (std::regex_search(out, m, std::regex(R"re("torch": "([^"]*)")re"))) version = m[1];
+  return median(seconds);
+}
+
+// Adds the PyTorch side to a figure: its value, the ratio ours/theirs (higher is better
+// when `higher_is_better`), and the target.
+void add_baseline(Figure& f, const std::optional<double>& theirs_value, const std::string& why,
+                  const std::string& version, bool higher_is_better, double target) {
+  if (!theirs_value) {
+    f.params.push_back({"pytorch", "unavailable"});
+    f.params.push_back({"pytorch_reason", why});
+    // NaN is written as JSON null.
+    f.params.push_back({"pytorch_value", std::numeric_limits<double>::quiet_NaN()});
+    f.params.push_back({"ratio", std::numeric_limits<double>::quiet_NaN()});
+    return;
+  }
+  f.params.push_back({"pytorch", "torch.distributed.TCPStore " + version});
+  f.params.push_back({"pytorch_value", *theirs_value});
+  const double speedup = higher_is_better ? f.value / *theirs_value : *theirs_value / f.value;
+  f.params.push_back({"ratio", speedup});
+  f.params.push_back({"target_ratio_min", target});
+}
+
+const Register set_get_bench({"store.set_get_per_s"}, [](const auto& emit) {
+  constexpr int kIters = 2000;
+  TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  TCPStore client(client_options(server.port()));
+  const std::string value(16, 'x');
+  std::vector<double> seconds;
+  for (int r = 0; r <= kRounds; ++r) {
+    const double t = time_once([&] {
+      for (int i = 0; i < kIters; ++i) {
+        const std::string key = "k" + std::to_string(i % 64);
+        client.set(key, value);
+        client.get(key);
+      }
+    });
+    if (r > 0) seconds.push_back(t);  // round 0 warms up
+  }
+  Figure f{"store.set_get_per_s",
+           kIters / median(seconds),
+           "round trips/s",
+           {{"iterations", double(kIters)}, {"value_bytes", 16.0}, {"clients", 1.0}}};
+  std::string why, version;
+  const auto theirs = pytorch_seconds(
+      "set_get " + std::to_string(kIters) + " " + std::to_string(kRounds), why, version);
+  add_baseline(f, theirs ? std::optional<double>(kIters / *theirs) : std::nullopt, why, version,
+               true, 2.0);
+  emit(f);
+});
+
+// One round of a multi-process workload: forks `procs` clients that meet at a start
+// barrier, run `work`, and report in; returns the seconds from the barrier to the last.
+template <typename Work>
+double run_processes(uint16_t port, int procs, int round, Work work) {
+  const std::string tag = "round" + std::to_string(round);
+  TCPStore coordinator(client_options(port));
+  std::fflush(nullptr);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < procs; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        TCPStore store(client_options(port));
+        c10d::barrier(store, tag + "/start", procs + 1, 120s);
+        work(store, rank, tag);
+        if (store.add(tag + "/finished", 1) == procs) {
+          store.set(tag + "/all_finished", std::string_view("1"));
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "store bench client %d: %s\n", rank, e.what());
+        code = 1;
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  c10d::barrier(coordinator, tag + "/start", procs + 1, 120s);
+  const auto start = std::chrono::steady_clock::now();
+  coordinator.wait({tag + "/all_finished"}, 120s);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bool ok = true;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) throw std::runtime_error("a store bench client process failed");
+  return elapsed;
+}
+
+const Register clients_bench({"store.ops_per_s_8_clients"}, [](const auto& emit) {
+  constexpr int kProcs = 8;
+  constexpr int kIters = 500;
+  TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  std::vector<double> seconds;
+  for (int r = 0; r <= kRounds; ++r) {
+    const double t =
+        run_processes(server.port(), kProcs, r, [](TCPStore& store, int rank, const std::string&) {
+          const std::string value(16, 'x');
+          for (int i = 0; i < kIters; ++i) {
+            const std::string key = "r" + std::to_string(rank) + "/k" + std::to_string(i % 64);
+            store.set(key, value);
+            store.get(key);
+          }
+        });
+    if (r > 0) seconds.push_back(t);
+  }
+  const double total = double(kProcs) * kIters;
+  Figure f{"store.ops_per_s_8_clients",
+           total / median(seconds),
+           "set+get pairs/s",
+           {{"client_processes", double(kProcs)},
+            {"iterations_per_client", double(kIters)},
+            {"value_bytes", 16.0}}};
+  std::string why, version;
+  const auto theirs = pytorch_seconds("clients " + std::to_string(kProcs) + " " +
+                                          std::to_string(kIters) + " " + std::to_string(kRounds),
+                                      why, version);
+  add_baseline(f, theirs ? std::optional<double>(total / *theirs) : std::nullopt, why, version,
+               true, 2.0);
+  emit(f);
+});
+
+const Register add_bench({"store.add_contended_s"}, [](const auto& emit) {
+  constexpr int kProcs = 16;
+  constexpr int kAdds = 1000;
+  TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  std::vector<double> seconds;
+  for (int r = 0; r <= kRounds; ++r) {
+    const double t =
+        run_processes(server.port(), kProcs, r, [](TCPStore& store, int, const std::string& tag) {
+          for (int i = 0; i < kAdds; ++i)
+            store.add(tag + "/counter", 1);
+        });
+    TCPStore check(client_options(server.port()));
+    if (check.add("round" + std::to_string(r) + "/counter", 0) != int64_t{kProcs} * kAdds) {
+      throw std::runtime_error("store.add_contended_s: adds were lost");
+    }
+    if (r > 0) seconds.push_back(t);
+  }
+  Figure f{"store.add_contended_s",
+           median(seconds),
+           "s",
+           {{"processes", double(kProcs)}, {"adds_per_process", double(kAdds)}}};
+  std::string why, version;
+  const auto theirs = pytorch_seconds(
+      "add " + std::to_string(kProcs) + " " + std::to_string(kAdds) + " " + std::to_string(kRounds),
+      why, version);
+  add_baseline(f, theirs, why, version, false, 2.0);
+  emit(f);
+});
+
+const Register barrier_bench({"store.barrier_1024_s"}, [](const auto& emit) {
+  constexpr int kClients = 1024;
+  constexpr int kBarrierRounds = 1;
+  // Two descriptors per client (both ends live in this process).
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = lim.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &lim);
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < rlim_t{2 * kClients + 64}) {
+    throw std::runtime_error("store.barrier_1024_s: the descriptor limit (" +
+                             std::to_string(lim.rlim_cur) + ") is below " +
+                             std::to_string(2 * kClients + 64));
+  }
+  std::vector<double> seconds;
+  for (int r = 0; r <= kBarrierRounds; ++r) {
+    TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+    const uint16_t port = server.port();
+    std::vector<std::thread> threads;
+    threads.reserve(kClients);
+    std::atomic<int> failures{0};
+    const double t = time_once([&] {
+      for (int i = 0; i < kClients; ++i) {
+        threads.emplace_back([&] {
+          try {
+            TCPStore store(client_options(port));
+            c10d::barrier(store, "b", kClients, 120s);
+          } catch (const std::exception&) {
+            failures.fetch_add(1);
+          }
+        });
+      }
+      for (auto& th : threads)
+        th.join();
+    });
+    if (failures.load() > 0) throw std::runtime_error("store.barrier_1024_s: clients failed");
+    if (r > 0) seconds.push_back(t);
+  }
+  Figure f{"store.barrier_1024_s",
+           median(seconds),
+           "s",
+           {{"clients", double(kClients)},
+            {"note", "threads of one process, each its own connection; includes connecting"},
+            {"target_max_s", 3.0}}};
+  std::string why, version;
+  const auto theirs = pytorch_seconds(
+      "barrier " + std::to_string(kClients) + " " + std::to_string(kBarrierRounds), why, version);
+  add_baseline(f, theirs, why, version, false, 1.0);
+  emit(f);
+});
+
+}  // namespace
+}  // namespace gradwire::bench

@@ -1,0 +1,831 @@
+// TCPStore client: blocking sockets, requests pipelined over one connection.
+//
+// Each request carries an id. A caller registers its reply slot, writes its frame under
+// the write mutex, and then waits for the slot. There is no reader thread: whichever
+// waiting caller finds nobody reading takes the reader role, reads what has arrived,
+// hands every complete reply to its slot, and gives the role back, so a single-threaded
+// caller reads its own reply directly, and a thread parked in a long get never blocks
+// another thread's set. When the socket reports end-of-file or an error, every pending
+// caller fails with NetworkError and the connection is replaced on the next call.
+#include "gradwire/c10d/tcp_store.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/core/check.h"
+#include "gradwire/core/logging.h"
+#include "gradwire/core/mutex.h"
+#include "tcp_protocol.h"
+
+namespace gradwire::c10d {
+
+using proto::FrameReader;
+using proto::FrameWriter;
+using proto::Op;
+using proto::Reply;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Longest a blocked receive lasts before the reader re-checks its deadline.
+constexpr std::chrono::milliseconds kReceiveSlice{100};
+constexpr int64_t kProbeIdleNs = 1'000'000;
+
+constexpr const char* kJoinedKey = "__gradwire/tcpstore/joined";
+constexpr const char* kReadyKey = "__gradwire/tcpstore/ready";
+
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
+
+// Milliseconds left until `deadline` for poll(): at least 0, at most INT_MAX.
+int poll_ms(Clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count() + 1;
+  return static_cast<int>(std::clamp<int64_t>(left, 0, INT_MAX));
+}
+
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  const auto now = Clock::now();
+  // Saturate: a timeout of years must not overflow the clock.
+  if (timeout > std::chrono::hours(24 * 365 * 10)) return now + std::chrono::hours(24 * 365 * 10);
+  return now + timeout;
+}
+
+struct ServerLimits {
+  uint32_t max_key = 0;
+  uint32_t max_value = 0;
+  uint32_t max_keys = 0;
+  uint32_t max_frame = 0;
+};
+
+// One reply: its kind and payload.
+struct Response {
+  uint8_t kind = 0;
+  std::string payload;
+};
+
+}  // namespace
+
+void TCPStoreOptions::validate() const {
+  GRADWIRE_CHECK_ARG(is_master || port != 0)
+      << "TCPStoreOptions.port is 0: only the master (is_master) may ask for a free port";
+  GRADWIRE_CHECK_ARG(listen_fd < 0 || is_master)
+      << "TCPStoreOptions.listen_fd is set but is_master is false";
+  GRADWIRE_CHECK_ARG(world_size >= 0)
+      << "TCPStoreOptions.world_size = " << world_size << " must not be negative";
+  GRADWIRE_CHECK_ARG(!wait_for_workers || world_size > 0)
+      << "TCPStoreOptions.wait_for_workers needs world_size > 0";
+  GRADWIRE_CHECK_ARG(timeout.count() > 0)
+      << "TCPStoreOptions.timeout = " << timeout.count() << " ms must be positive";
+  GRADWIRE_CHECK_ARG(connect_timeout.count() > 0)
+      << "TCPStoreOptions.connect_timeout = " << connect_timeout.count() << " ms must be positive";
+  GRADWIRE_CHECK_ARG(wait_grace.count() >= 0)
+      << "TCPStoreOptions.wait_grace = " << wait_grace.count() << " ms must not be negative";
+  GRADWIRE_CHECK_ARG(max_key_bytes >= 1 && max_key_bytes <= (16u << 20))
+      << "TCPStoreOptions.max_key_bytes = " << max_key_bytes << " is invalid: expected 1 .. 16 MiB";
+  GRADWIRE_CHECK_ARG(max_value_bytes >= 1 && max_value_bytes <= (1u << 30))
+      << "TCPStoreOptions.max_value_bytes = " << max_value_bytes
+      << " is invalid: expected 1 .. 1 GiB";
+  GRADWIRE_CHECK_ARG(max_keys_per_request >= 1)
+      << "TCPStoreOptions.max_keys_per_request must be at least 1";
+}
+
+namespace {
+
+// One TCP connection to the server, shared by every thread of a TCPStore.
+class Connection {
+ public:
+  Connection(int fd, std::string address, ServerLimits limits)
+      : fd_(fd), address_(std::move(address)), limits_(limits) {}
+  ~Connection() { ::close(fd_); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  const ServerLimits& limits() const { return limits_; }
+  const std::string& address() const { return address_; }
+
+  bool broken() GRADWIRE_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    return broken_.has_value();
+  }
+
+  // Liveness probe for a connection that has been idle: a server that went away has left
+  // an end-of-file (or a reset) in the socket, which peeking finds without consuming
+  // data, so the next call reconnects instead of writing into a dead socket. A connection
+  // that received a reply within the last millisecond is not probed (it saves a system
+  // call per request in bursts); like any probe, this is best effort.
+  void probe() GRADWIRE_EXCLUDES(mutex_) {
+    const int64_t now = Clock::now().time_since_epoch().count();
+    if (now - last_reply_ns_.load(std::memory_order_relaxed) < kProbeIdleNs) return;
+    char byte;
+    const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) {
+      mark_broken("the server closed the connection");
+    } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      mark_broken(errno_text(errno));
+    }
+  }
+
+  // Sends one request; with `reply`, waits for its response until `deadline`.
+  // Throws NetworkError when the connection is or becomes broken, TimeoutError at the
+  // deadline. `what` names the operation for messages.
+  Response call(const std::string& frame, uint32_t id, bool reply, Clock::time_point deadline,
+                std::string_view what) GRADWIRE_EXCLUDES(mutex_, write_mutex_) {
+    Slot slot;
+    {
+      MutexLock lock(mutex_);
+      throw_if_broken_locked(what);
+      throw_deferred_locked();
+      if (reply) pending_.emplace(id, &slot);
+    }
+    if (!send_all(frame)) {
+      if (reply) forget(id);
+      throw_broken(what);
+    }
+    if (!reply) return {};
+    return wait_for(slot, id, deadline, what);
+  }
+
+ private:
+  struct Slot {
+    bool done = false;
+    Response response;
+  };
+
+  bool send_all(const std::string& frame) GRADWIRE_EXCLUDES(write_mutex_) {
+    MutexLock lock(write_mutex_);
+    const char* p = frame.data();
+    size_t left = frame.size();
+    while (left > 0) {
+      const ssize_t n = ::send(fd_, p, left, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        mark_broken("send failed: " + errno_text(errno));
+        return false;
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  void forget(uint32_t id) GRADWIRE_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    pending_.erase(id);
+  }
+
+  void mark_broken(const std::string& why) GRADWIRE_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    if (!broken_) broken_ = why;
+    changed_.notify_all();
+  }
+
+  [[noreturn]] void throw_broken(std::string_view what) GRADWIRE_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    throw_if_broken_locked(what);
+    GRADWIRE_THROW(NetworkError) << "TCPStore " << what << ": connection to " << address_
+                                 << " lost";
+  }
+
+  void throw_if_broken_locked(std::string_view what) GRADWIRE_REQUIRES(mutex_) {
+    if (broken_) {
+      GRADWIRE_THROW(NetworkError) << "TCPStore " << what << ": connection to the server at "
+                                   << address_ << " lost: " << *broken_;
+    }
+  }
+
+  // A one-way write (set, multi_set) that the server rejected is reported by the next call.
+  void throw_deferred_locked() GRADWIRE_REQUIRES(mutex_) {
+    if (deferred_.empty()) return;
+    std::string message = std::move(deferred_);
+    deferred_.clear();
+    throw_error(deferred_kind_, "TCPStore: an earlier write was rejected by the server at " +
+                                    address_ + ": " + message);
+  }
+
+  Response wait_for(Slot& slot, uint32_t id, Clock::time_point deadline, std::string_view what)
+      GRADWIRE_EXCLUDES(mutex_) {
+    for (;;) {
+      {
+        MutexLock lock(mutex_);
+        for (;;) {
+          if (slot.done) return std::move(slot.response);
+          if (broken_) {
+            pending_.erase(id);
+            throw_if_broken_locked(what);
+          }
+          if (Clock::now() >= deadline) {
+            pending_.erase(id);
+            GRADWIRE_THROW(TimeoutError) << "TCPStore " << what << ": no reply from the server at "
+                                         << address_ << " before the deadline";
+          }
+          if (!reader_active_) {
+            reader_active_ = true;
+            break;
+          }
+          lock.wait_until(changed_, deadline);
+        }
+      }
+      read_and_dispatch();
+    }
+  }
+
+  // The reader role: reads once (waiting at most kReceiveSlice), dispatches every
+  // complete frame, and releases the role. inbuf_ belongs to whoever holds the role.
+  void read_and_dispatch() GRADWIRE_EXCLUDES(mutex_) {
+    // A blocking receive: the socket's SO_RCVTIMEO (kReceiveSlice) bounds it, so a reader
+    // whose deadline passed gives the role up soon after; no poll() call per reply.
+    std::string failure;
+    char buf[64 * 1024];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n == 0) {
+      failure = "the server closed the connection";
+    } else if (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      failure = "receive failed: " + errno_text(errno);
+    } else if (n > 0) {
+      inbuf_.append(buf, static_cast<size_t>(n));
+      last_reply_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    }
+    // Complete frames, cut out of inbuf_ before taking the lock.
+    std::vector<std::pair<uint32_t, Response>> frames;
+    size_t used = 0;
+    while (inbuf_.size() - used >= proto::kLengthBytes) {
+      const auto* p = reinterpret_cast<const uint8_t*>(inbuf_.data() + used);
+      const uint32_t len = proto::load_u32(p);
+      if (len < proto::kMinFrame) {
+        failure = "malformed reply from the server (frame length " + std::to_string(len) + ")";
+        break;
+      }
+      if (inbuf_.size() - used < proto::kLengthBytes + len) break;
+      Response r;
+      r.kind = p[4];
+      const uint32_t id = proto::load_u32(p + 5);
+      r.payload.assign(inbuf_, used + proto::kLengthBytes + proto::kMinFrame,
+                       len - proto::kMinFrame);
+      frames.emplace_back(id, std::move(r));
+      used += proto::kLengthBytes + len;
+    }
+    inbuf_.erase(0, used);
+
+    MutexLock lock(mutex_);
+    for (auto& [id, response] : frames) {
+      auto it = pending_.find(id);
+      if (it != pending_.end()) {
+        it->second->response = std::move(response);
+        it->second->done = true;
+        pending_.erase(it);
+        continue;
+      }
+      if (response.kind != static_cast<uint8_t>(Reply::kError)) continue;  // a late reply
+      FrameReader er(reinterpret_cast<const uint8_t*>(response.payload.data()),
+                     response.payload.size());
+      const auto kind = static_cast<ErrorKind>(er.u8());
+      const std::string message(er.bytes(UINT32_MAX, "message"));
+      if (id == 0) {
+        // The server is closing this connection and says why.
+        if (!broken_) broken_ = message;
+      } else if (deferred_.empty()) {
+        deferred_kind_ = kind;
+        deferred_ = message;
+      }
+    }
+    if (!failure.empty() && !broken_) broken_ = failure;
+    reader_active_ = false;
+    changed_.notify_all();
+  }
+
+  const int fd_;
+  const std::string address_;
+  const ServerLimits limits_;
+  Mutex write_mutex_;  // one frame at a time on the socket
+  Mutex mutex_;
+  std::condition_variable changed_;
+  std::unordered_map<uint32_t, Slot*> pending_ GRADWIRE_GUARDED_BY(mutex_);
+  bool reader_active_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  std::optional<std::string> broken_ GRADWIRE_GUARDED_BY(mutex_);
+  std::string deferred_ GRADWIRE_GUARDED_BY(mutex_);
+  ErrorKind deferred_kind_ GRADWIRE_GUARDED_BY(mutex_) = ErrorKind::kStore;
+  std::string inbuf_;  // owned by the thread holding the reader role
+  std::atomic<int64_t> last_reply_ns_{0};
+};
+
+}  // namespace
+
+// The client half of a TCPStore: connects (and reconnects) and runs calls.
+class TCPStore::Client {
+ public:
+  Client(std::string host, uint16_t port, const TCPStoreOptions& options)
+      : host_(std::move(host)),
+        port_(port),
+        address_(host_ + ":" + std::to_string(port_)),
+        options_(options) {
+    MutexLock lock(connect_mutex_);
+    connection_ = connect();
+  }
+
+  const std::string& address() const { return address_; }
+
+  // Runs one request: `build` writes the payload; returns the reply (one-way requests
+  // return an empty one).
+  template <typename Build>
+  Response call(Op op, Build&& build, bool reply, Clock::time_point deadline,
+                std::string_view what) {
+    std::shared_ptr<Connection> conn = connection();
+    const uint32_t id = next_id();
+    std::string frame;
+    FrameWriter w(frame);
+    w.begin(static_cast<uint8_t>(op), id);
+    build(w);
+    const size_t size = w.end();
+    const uint32_t limit = conn->limits().max_frame;
+    GRADWIRE_CHECK_ARG(size - proto::kLengthBytes <= limit)
+        << "TCPStore " << what << ": request of " << size << " bytes exceeds the server's frame "
+        << "limit of " << limit << " bytes; split it into smaller requests";
+    Response r = conn->call(frame, id, reply, deadline, what);
+    if (reply && r.kind == static_cast<uint8_t>(Reply::kError)) {
+      FrameReader er(reinterpret_cast<const uint8_t*>(r.payload.data()), r.payload.size());
+      const auto kind = static_cast<ErrorKind>(er.u8());
+      const std::string message(er.bytes(UINT32_MAX, "message"));
+      throw_error(kind, "TCPStore " + std::string(what) + " (server " + address_ + "): " + message);
+    }
+    return r;
+  }
+
+  const ServerLimits& limits() { return connection()->limits(); }
+
+  void check_key(const std::string& key) {
+    const uint32_t limit = std::min(options_.max_key_bytes, limits().max_key);
+    GRADWIRE_CHECK_ARG(key.size() <= limit)
+        << "TCPStore: key of " << key.size() << " bytes exceeds the limit of " << limit
+        << " bytes (TCPStoreOptions.max_key_bytes, or the server's)";
+  }
+  void check_value(const std::string& key, size_t size) {
+    const uint32_t limit = std::min(options_.max_value_bytes, limits().max_value);
+    GRADWIRE_CHECK_ARG(size <= limit)
+        << "TCPStore: value of " << size << " bytes for key '" << key << "' exceeds the limit of "
+        << limit << " bytes (TCPStoreOptions.max_value_bytes, or the server's)";
+  }
+  void check_keys(const std::vector<std::string>& keys) {
+    const uint32_t limit = std::min(options_.max_keys_per_request, limits().max_keys);
+    GRADWIRE_CHECK_ARG(keys.size() <= limit)
+        << "TCPStore: " << keys.size() << " keys in one request exceed the limit of " << limit;
+    for (const std::string& k : keys)
+      check_key(k);
+  }
+
+ private:
+  uint32_t next_id() {
+    // Id 0 is reserved for the server's connection-level errors.
+    uint32_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    if (id == 0) id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    return id;
+  }
+
+  std::shared_ptr<Connection> connection() GRADWIRE_EXCLUDES(connect_mutex_) {
+    MutexLock lock(connect_mutex_);
+    if (connection_) {
+      connection_->probe();
+      if (!connection_->broken()) return connection_;
+      GRADWIRE_LOG(kInfo) << "TCPStore: reconnecting to " << address_;
+    }
+    connection_.reset();
+    connection_ = connect();
+    return connection_;
+  }
+
+  // Connects with retry and jittered exponential back-off until connect_timeout, then
+  // performs the handshake. Throws NetworkError naming the address and the last error.
+  std::shared_ptr<Connection> connect() GRADWIRE_REQUIRES(connect_mutex_) {
+    const auto deadline = deadline_after(options_.connect_timeout);
+    auto backoff = std::chrono::milliseconds(10);
+    std::minstd_rand rng(static_cast<uint32_t>(Clock::now().time_since_epoch().count()) ^
+                         static_cast<uint32_t>(reinterpret_cast<uintptr_t>(this)));
+    std::string last_error;
+    int attempts = 0;
+    for (;;) {
+      ++attempts;
+      std::shared_ptr<Connection> conn = try_connect(deadline, last_error);
+      if (conn) return conn;
+      const auto now = Clock::now();
+      if (now >= deadline) break;
+      // Jitter spreads a thousand clients that start together.
+      std::uniform_real_distribution<double> jitter(0.5, 1.5);
+      auto pause = std::chrono::duration_cast<std::chrono::milliseconds>(backoff * jitter(rng));
+      pause =
+          std::min(pause, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      std::this_thread::sleep_for(pause);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    }
+    GRADWIRE_THROW(NetworkError) << "TCPStore: cannot connect to the server at " << address_
+                                 << " within " << options_.connect_timeout.count() << " ms ("
+                                 << attempts << " attempts; last error: " << last_error << ")";
+  }
+
+  std::shared_ptr<Connection> try_connect(Clock::time_point deadline, std::string& error) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const std::string port_text = std::to_string(port_);
+    const int gai = getaddrinfo(host_.c_str(), port_text.c_str(), &hints, &res);
+    if (gai != 0) {
+      error = std::string("cannot resolve '") + host_ + "': " + gai_strerror(gai);
+      return nullptr;
+    }
+    std::shared_ptr<Connection> conn;
+    for (addrinfo* ai = res; ai != nullptr && !conn; ai = ai->ai_next) {
+      const int fd =
+          ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+      if (fd < 0) {
+        error = "socket: " + errno_text(errno);
+        continue;
+      }
+      if (!connect_socket(fd, ai, deadline, error) || !handshake(fd, deadline, error, conn)) {
+        ::close(fd);
+      }
+    }
+    freeaddrinfo(res);
+    return conn;
+  }
+
+  static bool connect_socket(int fd, addrinfo* ai, Clock::time_point deadline, std::string& error) {
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        error = "connect: " + errno_text(errno);
+        return false;
+      }
+      pollfd pfd{fd, POLLOUT, 0};
+      const int ready = ::poll(&pfd, 1, poll_ms(deadline));
+      if (ready <= 0) {
+        error = ready == 0 ? "connect: timed out" : "poll: " + errno_text(errno);
+        return false;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        error = "connect: " + errno_text(err);
+        return false;
+      }
+    }
+    // Blocking from here on: the client waits with poll() where it needs a deadline.
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    timeval slice{0, static_cast<suseconds_t>(kReceiveSlice.count() * 1000)};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
+    return true;
+  }
+
+  bool handshake(int fd, Clock::time_point deadline, std::string& error,
+                 std::shared_ptr<Connection>& conn) {
+    std::string frame;
+    FrameWriter w(frame);
+    w.begin(static_cast<uint8_t>(Op::kHello), 0);
+    w.u32(proto::kMagic);
+    w.u16(proto::kVersion);
+    w.end();
+    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(frame.size())) {
+      error = "handshake send: " + errno_text(errno);
+      return false;
+    }
+    std::string in;
+    for (;;) {
+      if (in.size() >= proto::kLengthBytes) {
+        const uint32_t len = proto::load_u32(reinterpret_cast<const uint8_t*>(in.data()));
+        if (len < proto::kMinFrame || len > 4096) {
+          error = "handshake: not a gradwire TCPStore server (frame length " + std::to_string(len) +
+                  ")";
+          return false;
+        }
+        if (in.size() >= proto::kLengthBytes + len) break;
+      }
+      pollfd pfd{fd, POLLIN, 0};
+      const int ready = ::poll(&pfd, 1, poll_ms(deadline));
+      if (ready <= 0) {
+        error = "handshake: no answer from the server";
+        return false;
+      }
+      char buf[4096];
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) {
+        error = n == 0 ? "handshake: the server closed the connection"
+                       : "handshake receive: " + errno_text(errno);
+        return false;
+      }
+      in.append(buf, static_cast<size_t>(n));
+    }
+    const uint32_t len = proto::load_u32(reinterpret_cast<const uint8_t*>(in.data()));
+    FrameReader r(reinterpret_cast<const uint8_t*>(in.data()) + proto::kLengthBytes, len);
+    const uint8_t kind = r.u8();
+    r.u32();  // request id
+    if (kind == static_cast<uint8_t>(Reply::kError)) {
+      r.u8();
+      error = "handshake refused: " + std::string(r.bytes(4096, "message"));
+      return false;
+    }
+    ServerLimits limits;
+    const uint16_t version = r.u16();
+    limits.max_key = r.u32();
+    limits.max_value = r.u32();
+    limits.max_keys = r.u32();
+    limits.max_frame = r.u32();
+    if (kind != static_cast<uint8_t>(Reply::kHelloOk) || !r.done() || version != proto::kVersion) {
+      error = "handshake: unexpected answer (not a gradwire TCPStore server of version " +
+              std::to_string(proto::kVersion) + ")";
+      return false;
+    }
+    if (in.size() > proto::kLengthBytes + len) {
+      error = "handshake: unexpected data after the answer";
+      return false;
+    }
+    conn = std::make_shared<Connection>(fd, address_, limits);
+    return true;
+  }
+
+  const std::string host_;
+  const uint16_t port_;
+  const std::string address_;
+  const TCPStoreOptions options_;
+  std::atomic<uint32_t> next_id_{1};
+  Mutex connect_mutex_;
+  std::shared_ptr<Connection> connection_ GRADWIRE_GUARDED_BY(connect_mutex_);
+};
+
+namespace {
+
+std::vector<Bytes> read_values(const Response& r, size_t expected, std::string_view what) {
+  FrameReader reader(reinterpret_cast<const uint8_t*>(r.payload.data()), r.payload.size());
+  const uint32_t n = reader.count(UINT32_MAX, 4, "values");
+  std::vector<Bytes> values;
+  values.reserve(n);
+  for (uint32_t i = 0; i < n && reader.ok(); ++i) {
+    const std::string_view v = reader.bytes(UINT32_MAX, "value");
+    values.emplace_back(v.begin(), v.end());
+  }
+  if (!reader.done() || n != expected) {
+    GRADWIRE_THROW(StoreError) << "TCPStore " << what << ": malformed reply from the server";
+  }
+  return values;
+}
+
+std::vector<std::string> read_keys(const Response& r, std::string_view what) {
+  FrameReader reader(reinterpret_cast<const uint8_t*>(r.payload.data()), r.payload.size());
+  const uint32_t n = reader.count(UINT32_MAX, 4, "keys");
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (uint32_t i = 0; i < n && reader.ok(); ++i)
+    keys.emplace_back(reader.bytes(UINT32_MAX, "key"));
+  if (!reader.done()) {
+    GRADWIRE_THROW(StoreError) << "TCPStore " << what << ": malformed reply from the server";
+  }
+  return keys;
+}
+
+void expect_kind(const Response& r, Reply kind, std::string_view what,
+                 std::chrono::milliseconds timeout) {
+  if (r.kind == static_cast<uint8_t>(kind)) return;
+  if (r.kind == static_cast<uint8_t>(Reply::kTimeout)) {
+    GRADWIRE_THROW(TimeoutError) << timeout_message(what, read_keys(r, what), timeout);
+  }
+  GRADWIRE_THROW(StoreError) << "TCPStore " << what << ": unexpected reply "
+                             << static_cast<int>(r.kind) << " from the server";
+}
+
+FrameReader reader_of(const Response& r) {
+  return FrameReader(reinterpret_cast<const uint8_t*>(r.payload.data()), r.payload.size());
+}
+
+}  // namespace
+
+TCPStore::TCPStore(TCPStoreOptions options) : Store(options.timeout), options_(std::move(options)) {
+  options_.validate();
+  host_ = options_.host.empty() ? std::string("127.0.0.1") : options_.host;
+  port_ = options_.port;
+  if (options_.is_master) {
+    TCPStoreServerOptions server_options;
+    server_options.bind_host = options_.bind_host;
+    server_options.port = options_.port;
+    server_options.listen_fd = options_.listen_fd;
+    server_options.max_key_bytes = options_.max_key_bytes;
+    server_options.max_value_bytes = options_.max_value_bytes;
+    server_options.max_keys_per_request = options_.max_keys_per_request;
+    server_ = std::make_unique<TCPStoreServer>(server_options);
+    port_ = server_->port();
+  }
+  client_ = std::make_unique<Client>(host_, port_, options_);
+  if (options_.wait_for_workers) {
+    // Every worker counts itself in; the last one marks the job complete; the master
+    // waits for that mark, so it returns only once the whole job has connected.
+    const int64_t joined = add(kJoinedKey, 1);
+    if (joined == options_.world_size) set(kReadyKey, std::string_view("1"));
+    if (options_.is_master) {
+      try {
+        wait({kReadyKey}, options_.timeout);
+      } catch (const TimeoutError&) {
+        GRADWIRE_THROW(TimeoutError)
+            << "TCPStore at " << client_->address() << ": only " << add(kJoinedKey, 0) << " of "
+            << options_.world_size << " workers connected within " << options_.timeout.count()
+            << " ms";
+      }
+    }
+  }
+}
+
+TCPStore::~TCPStore() {
+  client_.reset();  // before the server, so the client's socket closes first
+  server_.reset();
+}
+
+void TCPStore::do_set(const std::string& key, const Bytes& value) {
+  client_->check_key(key);
+  client_->check_value(key, value.size());
+  client_->call(
+      Op::kSet,
+      [&](FrameWriter& w) {
+        w.str(key);
+        w.bytes(value.data(), value.size());
+      },
+      false, deadline_after(timeout()), "set");
+}
+
+Bytes TCPStore::do_get(const std::string& key, std::chrono::milliseconds timeout) {
+  client_->check_key(key);
+  Response r = client_->call(
+      Op::kGet,
+      [&](FrameWriter& w) {
+        w.str(key);
+        w.u64(static_cast<uint64_t>(timeout.count()));
+      },
+      true, deadline_after(timeout + options_.wait_grace), "get");
+  expect_kind(r, Reply::kValue, "get", timeout);
+  FrameReader reader = reader_of(r);
+  const std::string_view v = reader.bytes(UINT32_MAX, "value");
+  if (!reader.done()) GRADWIRE_THROW(StoreError) << "TCPStore get: malformed reply";
+  return Bytes(v.begin(), v.end());
+}
+
+int64_t TCPStore::do_add(const std::string& key, int64_t delta) {
+  client_->check_key(key);
+  Response r = client_->call(
+      Op::kAdd,
+      [&](FrameWriter& w) {
+        w.str(key);
+        w.i64(delta);
+      },
+      true, deadline_after(timeout()), "add");
+  expect_kind(r, Reply::kInt, "add", timeout());
+  FrameReader reader = reader_of(r);
+  const int64_t value = reader.i64();
+  if (!reader.done()) GRADWIRE_THROW(StoreError) << "TCPStore add: malformed reply";
+  return value;
+}
+
+Bytes TCPStore::do_compare_set(const std::string& key, const Bytes& expected,
+                               const Bytes& desired) {
+  client_->check_key(key);
+  client_->check_value(key, expected.size());
+  client_->check_value(key, desired.size());
+  Response r = client_->call(
+      Op::kCompareSet,
+      [&](FrameWriter& w) {
+        w.str(key);
+        w.bytes(expected.data(), expected.size());
+        w.bytes(desired.data(), desired.size());
+      },
+      true, deadline_after(timeout()), "compare_set");
+  expect_kind(r, Reply::kValue, "compare_set", timeout());
+  FrameReader reader = reader_of(r);
+  const std::string_view v = reader.bytes(UINT32_MAX, "value");
+  if (!reader.done()) GRADWIRE_THROW(StoreError) << "TCPStore compare_set: malformed reply";
+  return Bytes(v.begin(), v.end());
+}
+
+void TCPStore::do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  client_->check_keys(keys);
+  Response r = client_->call(
+      Op::kWait,
+      [&](FrameWriter& w) {
+        w.u32(static_cast<uint32_t>(keys.size()));
+        for (const std::string& k : keys)
+          w.str(k);
+        w.u64(static_cast<uint64_t>(timeout.count()));
+      },
+      true, deadline_after(timeout + options_.wait_grace), "wait");
+  expect_kind(r, Reply::kOk, "wait", timeout);
+}
+
+bool TCPStore::do_check(const std::vector<std::string>& keys) {
+  client_->check_keys(keys);
+  Response r = client_->call(
+      Op::kCheck,
+      [&](FrameWriter& w) {
+        w.u32(static_cast<uint32_t>(keys.size()));
+        for (const std::string& k : keys)
+          w.str(k);
+      },
+      true, deadline_after(timeout()), "check");
+  expect_kind(r, Reply::kBool, "check", timeout());
+  FrameReader reader = reader_of(r);
+  const bool all = reader.u8() != 0;
+  if (!reader.done()) GRADWIRE_THROW(StoreError) << "TCPStore check: malformed reply";
+  return all;
+}
+
+bool TCPStore::do_delete_key(const std::string& key) {
+  client_->check_key(key);
+  Response r = client_->call(
+      Op::kDelete, [&](FrameWriter& w) { w.str(key); }, true, deadline_after(timeout()),
+      "delete_key");
+  expect_kind(r, Reply::kBool, "delete_key", timeout());
+  FrameReader reader = reader_of(r);
+  const bool existed = reader.u8() != 0;
+  if (!reader.done()) GRADWIRE_THROW(StoreError) << "TCPStore delete_key: malformed reply";
+  return existed;
+}
+
+int64_t TCPStore::do_num_keys() {
+  Response r = client_->call(
+      Op::kNumKeys, [](FrameWriter&) {}, true, deadline_after(timeout()), "num_keys");
+  expect_kind(r, Reply::kInt, "num_keys", timeout());
+  FrameReader reader = reader_of(r);
+  const int64_t n = reader.i64();
+  if (!reader.done()) GRADWIRE_THROW(StoreError) << "TCPStore num_keys: malformed reply";
+  return n;
+}
+
+std::vector<Bytes> TCPStore::do_multi_get(const std::vector<std::string>& keys,
+                                          std::chrono::milliseconds timeout) {
+  client_->check_keys(keys);
+  Response r = client_->call(
+      Op::kMultiGet,
+      [&](FrameWriter& w) {
+        w.u32(static_cast<uint32_t>(keys.size()));
+        for (const std::string& k : keys)
+          w.str(k);
+        w.u64(static_cast<uint64_t>(timeout.count()));
+      },
+      true, deadline_after(timeout + options_.wait_grace), "multi_get");
+  expect_kind(r, Reply::kValues, "multi_get", timeout);
+  return read_values(r, keys.size(), "multi_get");
+}
+
+void TCPStore::do_multi_set(const std::vector<std::string>& keys,
+                            const std::vector<Bytes>& values) {
+  client_->check_keys(keys);
+  for (size_t i = 0; i < keys.size(); ++i)
+    client_->check_value(keys[i], values[i].size());
+  client_->call(
+      Op::kMultiSet,
+      [&](FrameWriter& w) {
+        w.u32(static_cast<uint32_t>(keys.size()));
+        for (size_t i = 0; i < keys.size(); ++i) {
+          w.str(keys[i]);
+          w.bytes(values[i].data(), values[i].size());
+        }
+      },
+      false, deadline_after(timeout()), "multi_set");
+}
+
+void TCPStore::do_append(const std::string& key, const Bytes& value) {
+  client_->check_key(key);
+  client_->check_value(key, value.size());
+  Response r = client_->call(
+      Op::kAppend,
+      [&](FrameWriter& w) {
+        w.str(key);
+        w.bytes(value.data(), value.size());
+      },
+      true, deadline_after(timeout()), "append");
+  expect_kind(r, Reply::kOk, "append", timeout());
+}
+
+std::vector<std::string> TCPStore::do_list_keys() {
+  Response r = client_->call(
+      Op::kListKeys, [](FrameWriter&) {}, true, deadline_after(timeout()), "list_keys");
+  expect_kind(r, Reply::kKeys, "list_keys", timeout());
+  return read_keys(r, "list_keys");
+}
+
+}  // namespace gradwire::c10d
