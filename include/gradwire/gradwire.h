@@ -1,6 +1,7 @@
 // The umbrella header: everything gradwire offers a user.
 #pragma once
 
+#include "gradwire/autograd/autograd.h"
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/c10d/prefix_store.h"

@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 
+#include "autograd_dispatch.h"
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
@@ -315,48 +316,66 @@ void check_where_cond(const Tensor& cond) {
 // ---------------------------------------------------------------- binary
 
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->add(a, b, alpha);
   return binary("add", BinaryOp::kAdd, a, b, alpha);
 }
 Tensor add(const Tensor& a, Scalar b) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->add(a, b);
   return binary_scalar("add", BinaryOp::kAdd, a, b);
 }
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->sub(a, b, alpha);
   return binary("sub", BinaryOp::kSub, a, b, alpha);
 }
 Tensor sub(const Tensor& a, Scalar b) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->sub(a, b);
   return binary_scalar("sub", BinaryOp::kSub, a, b);
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->mul(a, b);
   return binary("mul", BinaryOp::kMul, a, b);
 }
 Tensor mul(const Tensor& a, Scalar b) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->mul(a, b);
   return binary_scalar("mul", BinaryOp::kMul, a, b);
 }
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->div(a, b);
   return binary("div", BinaryOp::kDiv, a, b);
 }
 Tensor div(const Tensor& a, Scalar b) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->div(a, b);
   return binary_scalar("div", BinaryOp::kDiv, a, b);
 }
 Tensor pow(const Tensor& a, const Tensor& exponent) {
+  if (detail::autograd_dispatch(a, exponent)) return autograd_hooks()->pow(a, exponent);
   return binary("pow", BinaryOp::kPow, a, exponent);
 }
 Tensor pow(const Tensor& a, Scalar exponent) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->pow(a, exponent);
   check_defined("pow", a, "argument");
   return unary("pow", UnaryOp::kPowScalar, a, pow_scalar_dtype("pow", a, exponent),
                exponent.to_double());
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->maximum(a, b);
   return binary("maximum", BinaryOp::kMaximum, a, b);
 }
 Tensor minimum(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->minimum(a, b);
   return binary("minimum", BinaryOp::kMinimum, a, b);
 }
 
 Tensor& add_out(Tensor& out, const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(out, a, b)) {
+    autograd_hooks()->check_out_op("add_out", {&out, &a, &b});
+  }
   return binary_out("add_out", BinaryOp::kAdd, out, a, b);
 }
 Tensor& mul_out(Tensor& out, const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(out, a, b)) {
+    autograd_hooks()->check_out_op("mul_out", {&out, &a, &b});
+  }
   return binary_out("mul_out", BinaryOp::kMul, out, a, b);
 }
 
@@ -385,15 +404,19 @@ Tensor operator/(const Tensor& a, Scalar b) {
   return div(a, b);
 }
 Tensor operator+(Scalar a, const Tensor& b) {
+  if (detail::autograd_dispatch(b)) return autograd_hooks()->add(b, a);
   return binary_scalar("add", BinaryOp::kAdd, b, a, /*scalar_first=*/true);
 }
 Tensor operator-(Scalar a, const Tensor& b) {
+  if (detail::autograd_dispatch(b)) return autograd_hooks()->rsub(a, b);
   return binary_scalar("sub", BinaryOp::kSub, b, a, /*scalar_first=*/true);
 }
 Tensor operator*(Scalar a, const Tensor& b) {
+  if (detail::autograd_dispatch(b)) return autograd_hooks()->mul(b, a);
   return binary_scalar("mul", BinaryOp::kMul, b, a, /*scalar_first=*/true);
 }
 Tensor operator/(Scalar a, const Tensor& b) {
+  if (detail::autograd_dispatch(b)) return autograd_hooks()->rdiv(a, b);
   return binary_scalar("div", BinaryOp::kDiv, b, a, /*scalar_first=*/true);
 }
 Tensor operator-(const Tensor& a) {
@@ -477,6 +500,7 @@ Tensor logical_or(const Tensor& a, const Tensor& b) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->where(cond, a, b);
   check_defined("where", cond, "condition");
   check_defined("where", a, "first value argument");
   check_defined("where", b, "second value argument");
@@ -486,6 +510,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->where(cond, a, b);
   check_defined("where", cond, "condition");
   check_defined("where", a, "value argument");
   detail::check_same_device("where", {&cond, &a});
@@ -495,6 +520,7 @@ Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
 }
 
 Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->clamp(a, min, max);
   check_defined("clamp", a, "argument");
   const DType compute = clamp_dtype("clamp", a, min, max);
   const auto [lo, hi] = clamp_bounds(min, max);
@@ -504,47 +530,59 @@ Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> m
 // ---------------------------------------------------------------- unary
 
 Tensor exp(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->exp(a);
   return float_unary("exp", UnaryOp::kExp, a);
 }
 Tensor log(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->log(a);
   return float_unary("log", UnaryOp::kLog, a);
 }
 Tensor sqrt(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->sqrt(a);
   return float_unary("sqrt", UnaryOp::kSqrt, a);
 }
 Tensor rsqrt(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->rsqrt(a);
   return float_unary("rsqrt", UnaryOp::kRsqrt, a);
 }
 Tensor sigmoid(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->sigmoid(a);
   return float_unary("sigmoid", UnaryOp::kSigmoid, a);
 }
 Tensor tanh(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->tanh(a);
   return float_unary("tanh", UnaryOp::kTanh, a);
 }
 Tensor reciprocal(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->reciprocal(a);
   return float_unary("reciprocal", UnaryOp::kReciprocal, a);
 }
 
 Tensor abs(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->abs(a);
   check_defined("abs", a, "argument");
   refuse_bool("abs", a.dtype(), "");
   return unary("abs", UnaryOp::kAbs, a, a.dtype());
 }
 Tensor neg(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->neg(a);
   check_defined("neg", a, "argument");
   refuse_bool("neg", a.dtype(), " (negating a bool tensor; use logical_not() instead)");
   return unary("neg", UnaryOp::kNeg, a, a.dtype());
 }
 Tensor relu(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->relu(a);
   check_defined("relu", a, "argument");
   refuse_bool("relu", a.dtype(), "");
   return unary("relu", UnaryOp::kRelu, a, a.dtype());
 }
 Tensor sign(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->sign(a);
   check_defined("sign", a, "argument");
   return unary("sign", UnaryOp::kSign, a, a.dtype());
 }
 Tensor square(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->square(a);
   check_defined("square", a, "argument");
   return unary("square", UnaryOp::kSquare, a, a.dtype() == kBool ? kInt64 : a.dtype());
 }
@@ -552,45 +590,57 @@ Tensor square(const Tensor& a) {
 // ---------------------------------------------------------------- in-place methods
 
 Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
+  if (detail::autograd_dispatch(*this, other)) return autograd_hooks()->add_(*this, other, alpha);
   return inplace_binary(*this, "add_", BinaryOp::kAdd, other, alpha);
 }
 Tensor& Tensor::add_(Scalar other) {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->add_(*this, other);
   return inplace_binary_scalar(*this, "add_", BinaryOp::kAdd, other);
 }
 Tensor& Tensor::sub_(const Tensor& other, Scalar alpha) {
+  if (detail::autograd_dispatch(*this, other)) return autograd_hooks()->sub_(*this, other, alpha);
   return inplace_binary(*this, "sub_", BinaryOp::kSub, other, alpha);
 }
 Tensor& Tensor::sub_(Scalar other) {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->sub_(*this, other);
   return inplace_binary_scalar(*this, "sub_", BinaryOp::kSub, other);
 }
 Tensor& Tensor::mul_(const Tensor& other) {
+  if (detail::autograd_dispatch(*this, other)) return autograd_hooks()->mul_(*this, other);
   return inplace_binary(*this, "mul_", BinaryOp::kMul, other, 1);
 }
 Tensor& Tensor::mul_(Scalar other) {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->mul_(*this, other);
   return inplace_binary_scalar(*this, "mul_", BinaryOp::kMul, other);
 }
 Tensor& Tensor::div_(const Tensor& other) {
+  if (detail::autograd_dispatch(*this, other)) return autograd_hooks()->div_(*this, other);
   return inplace_binary(*this, "div_", BinaryOp::kDiv, other, 1);
 }
 Tensor& Tensor::div_(Scalar other) {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->div_(*this, other);
   return inplace_binary_scalar(*this, "div_", BinaryOp::kDiv, other);
 }
 Tensor& Tensor::pow_(Scalar exponent) {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->pow_(*this, exponent);
   check_defined("pow_", *this, "self");
   return inplace_unary(*this, "pow_", UnaryOp::kPowScalar,
                        pow_scalar_dtype("pow_", *this, exponent), exponent.to_double());
 }
 Tensor& Tensor::neg_() {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->neg_(*this);
   check_defined("neg_", *this, "self");
   refuse_bool("neg_", dtype(), " (negating a bool tensor; use logical_not() instead)");
   return inplace_unary(*this, "neg_", UnaryOp::kNeg, dtype());
 }
 Tensor& Tensor::relu_() {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->relu_(*this);
   check_defined("relu_", *this, "self");
   refuse_bool("relu_", dtype(), "");
   return inplace_unary(*this, "relu_", UnaryOp::kRelu, dtype());
 }
 Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->clamp_(*this, min, max);
   check_defined("clamp_", *this, "self");
   const DType compute = clamp_dtype("clamp_", *this, min, max);
   const auto [lo, hi] = clamp_bounds(min, max);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "autograd_dispatch.h"
 #include "dispatch.h"
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
@@ -140,6 +141,7 @@ Tensor source_as(const char* op, const Tensor& src, const Tensor& a) {
 }  // namespace
 
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->index_select(a, dim, index);
   require_cpu("index_select", {&a, &index});
   GRADWIRE_CHECK_ARG(index.dim() <= 1)
       << "index_select: index must be 1-d, got shape " << index.shape_string();
@@ -164,6 +166,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
 }
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->gather(a, dim, index);
   require_cpu("gather", {&a, &index});
   const int64_t d = a.wrap_dim(dim, "gather");
   check_index_dtype("gather", index);
@@ -193,6 +196,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
 }
 
 Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (detail::autograd_dispatch(a, src)) return autograd_hooks()->scatter_add_(a, dim, index, src);
   require_cpu("scatter_add_", {&a, &index, &src});
   const int64_t d = a.wrap_dim(dim, "scatter_add_");
   check_index_dtype("scatter_add_", index);
@@ -229,12 +233,14 @@ Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
 }
 
 Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (detail::autograd_dispatch(a, src)) return autograd_hooks()->scatter_add(a, dim, index, src);
   require_cpu("scatter_add", {&a, &index, &src});
   Tensor out = a.clone();
   return scatter_add_(out, dim, index, src);
 }
 
 Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (detail::autograd_dispatch(a, src)) return autograd_hooks()->index_add(a, dim, index, src);
   require_cpu("index_add", {&a, &index, &src});
   GRADWIRE_CHECK_ARG(index.dim() <= 1)
       << "index_add: index must be 1-d, got shape " << index.shape_string();
@@ -276,6 +282,7 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
 }
 
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->masked_fill(a, mask, value);
   require_cpu("masked_fill", {&a, &mask});
   GRADWIRE_CHECK_ARG(mask.dtype() == kBool)
       << "masked_fill: mask must be bool, got " << dtype_name(mask.dtype());

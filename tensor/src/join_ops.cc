@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "autograd_dispatch.h"
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
@@ -34,6 +35,7 @@ void check_list(const char* op, const std::vector<Tensor>& tensors) {
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (detail::autograd_dispatch_list(tensors)) return autograd_hooks()->cat(tensors, dim);
   check_list("cat", tensors);
   DType dtype = tensors[0].dtype();
   for (const Tensor& t : tensors)
@@ -145,6 +147,9 @@ std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim) {
 }
 
 Tensor flatten_dense_tensors(const std::vector<Tensor>& tensors) {
+  if (detail::autograd_dispatch_list(tensors)) {
+    return autograd_hooks()->flatten_dense_tensors(tensors);
+  }
   check_list("flatten_dense_tensors", tensors);
   int64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "autograd_dispatch.h"
 #include "dispatch.h"
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
@@ -128,6 +129,7 @@ int64_t product_of(const Shape& s) {
 }  // namespace
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->mm(a, b);
   const DType t = product_dtype("mm", a, b);
   GRADWIRE_CHECK_ARG(a.dim() == 2 && b.dim() == 2)
       << "mm: expected 2-d tensors, got shapes " << a.shape_string() << " and " << b.shape_string();
@@ -136,6 +138,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->bmm(a, b);
   const DType t = product_dtype("bmm", a, b);
   GRADWIRE_CHECK_ARG(a.dim() == 3 && b.dim() == 3)
       << "bmm: expected 3-d tensors, got shapes " << a.shape_string() << " and "
@@ -150,6 +153,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->matmul(a, b);
   const DType t = product_dtype("matmul", a, b);
   const int64_t da = a.dim(), db = b.dim();
   GRADWIRE_CHECK_ARG(da >= 1 && db >= 1)
@@ -199,6 +203,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor& addmm_(Tensor& out, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
+  if (detail::autograd_dispatch(out, a, b)) return autograd_hooks()->addmm_(out, a, b, beta, alpha);
   GRADWIRE_CHECK_ARG(out.defined()) << "addmm_: out tensor is undefined";
   const DType t = product_dtype("addmm_", a, b);
   detail::check_same_device("addmm_", {&out, &a, &b});
@@ -234,6 +239,7 @@ Tensor& addmm_(Tensor& out, const Tensor& a, const Tensor& b, Scalar beta, Scala
 }
 
 Tensor dot(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->dot(a, b);
   const DType t = product_dtype("dot", a, b);
   GRADWIRE_CHECK_ARG(a.dim() == 1 && b.dim() == 1)
       << "dot: expected 1-d tensors, got shapes " << a.shape_string() << " and "
@@ -245,6 +251,7 @@ Tensor dot(const Tensor& a, const Tensor& b) {
 }
 
 Tensor outer(const Tensor& a, const Tensor& b) {
+  if (detail::autograd_dispatch(a, b)) return autograd_hooks()->outer(a, b);
   const DType t = product_dtype("outer", a, b);
   GRADWIRE_CHECK_ARG(a.dim() == 1 && b.dim() == 1)
       << "outer: expected 1-d tensors, got shapes " << a.shape_string() << " and "

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/reduce_leading.h"
+#include "autograd_dispatch.h"
 #include "dispatch.h"
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
@@ -216,50 +217,61 @@ double cpu_norm(const T* x, int64_t n) {
 }  // namespace
 
 Tensor sum(const Tensor& a, std::optional<DType> dtype) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->sum(a, {}, false, dtype);
   return sum(a, {}, false, dtype);
 }
 
 Tensor sum(const Tensor& a, const Shape& dims, bool keepdim, std::optional<DType> dtype) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->sum(a, dims, keepdim, dtype);
   check_defined(a, "sum");
   const DType out = dtype.value_or(sum_dtype(a.dtype()));
   return run(ReduceOp::kSum, "sum", a, dims, keepdim, out, dtype);
 }
 
 Tensor mean(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->mean(a, {}, false);
   return mean_impl(a, {}, false);
 }
 Tensor mean(const Tensor& a, const Shape& dims, bool keepdim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->mean(a, dims, keepdim);
   return mean_impl(a, dims, keepdim);
 }
 
 Tensor prod(const Tensor& a, int64_t dim, bool keepdim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->prod(a, dim, keepdim);
   check_defined(a, "prod");
   return run(ReduceOp::kProd, "prod", a, {dim}, keepdim, sum_dtype(a.dtype()));
 }
 
 Tensor amax(const Tensor& a, const Shape& dims, bool keepdim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->amax(a, dims, keepdim);
   check_defined(a, "amax");
   return run(ReduceOp::kMax, "amax", a, dims, keepdim, a.dtype());
 }
 
 Tensor amin(const Tensor& a, const Shape& dims, bool keepdim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->amin(a, dims, keepdim);
   check_defined(a, "amin");
   return run(ReduceOp::kMin, "amin", a, dims, keepdim, a.dtype());
 }
 
 Tensor max(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->max(a);
   return extreme_all(ReduceOp::kMax, "max", a);
 }
 Tensor min(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->min(a);
   return extreme_all(ReduceOp::kMin, "min", a);
 }
 
 std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->max(a, dim, keepdim);
   check_defined(a, "max");
   return extreme_dim(ReduceOp::kMax, "max", a, dim, keepdim);
 }
 
 std::pair<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->min(a, dim, keepdim);
   check_defined(a, "min");
   return extreme_dim(ReduceOp::kMin, "min", a, dim, keepdim);
 }
@@ -289,6 +301,7 @@ Tensor argmin(const Tensor& a) {
 }
 
 Tensor norm(const Tensor& a) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->norm(a);
   require_floating(a, "norm");
   if (a.is_cuda()) {
     // Squares of large float32 values overflow float32: accumulate in float64.

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "autograd_dispatch.h"
 #include "dispatch.h"
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
@@ -218,14 +219,17 @@ Tensor softmax_family(Kind kind, const Tensor& a, int64_t dim, bool keepdim) {
 }  // namespace
 
 Tensor softmax(const Tensor& a, int64_t dim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->softmax(a, dim);
   return softmax_family(Kind::kSoftmax, a, dim, false);
 }
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->log_softmax(a, dim);
   return softmax_family(Kind::kLogSoftmax, a, dim, false);
 }
 
 Tensor logsumexp(const Tensor& a, int64_t dim, bool keepdim) {
+  if (detail::autograd_dispatch(a)) return autograd_hooks()->logsumexp(a, dim, keepdim);
   return softmax_family(Kind::kLogSumExp, a, dim, keepdim);
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 
+#include "autograd_dispatch.h"
 #include "dispatch.h"
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
@@ -185,6 +186,9 @@ template std::vector<bool> Tensor::to_vector<bool>() const;
 
 Tensor Tensor::as_strided(const Shape& sizes, const Shape& strides,
                           std::optional<int64_t> storage_offset) const {
+  if (detail::autograd_dispatch(*this)) {
+    return autograd_hooks()->as_strided(*this, sizes, strides, storage_offset);
+  }
   Tensor out(storage(), sizes, strides, storage_offset.value_or(this->storage_offset()), dtype());
   return out;
 }
@@ -253,6 +257,7 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides,
 }  // namespace
 
 Tensor Tensor::view(const Shape& shape) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->view(*this, shape);
   Shape new_sizes = infer_shape(shape, numel(), "view", sizes());
   auto strides_opt = view_strides(sizes(), strides(), new_sizes);
   GRADWIRE_CHECK_ARG(strides_opt.has_value())
@@ -264,11 +269,13 @@ Tensor Tensor::view(const Shape& shape) const {
 
 Tensor Tensor::reshape(const Shape& shape) const {
   Shape new_sizes = infer_shape(shape, numel(), "reshape", sizes());
-  if (auto s = view_strides(sizes(), strides(), new_sizes)) return as_strided(new_sizes, *s);
+  // Through view(), not as_strided(), so that autograd records a view it can invert.
+  if (view_strides(sizes(), strides(), new_sizes)) return view(new_sizes);
   return contiguous().view(new_sizes);
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->transpose(*this, dim0, dim1);
   if (dim() == 0) return *this;
   int64_t a = wrap_dim(dim0, "transpose"), b = wrap_dim(dim1, "transpose");
   Shape sz = sizes(), st = strides();
@@ -284,6 +291,7 @@ Tensor Tensor::t() const {
 }
 
 Tensor Tensor::permute(const Shape& dims) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->permute(*this, dims);
   GRADWIRE_CHECK_ARG(static_cast<int64_t>(dims.size()) == dim())
       << "permute: " << dims.size() << " dims given for a tensor of shape " << shape_string();
   Shape sz(dims.size()), st(dims.size());
@@ -300,6 +308,7 @@ Tensor Tensor::permute(const Shape& dims) const {
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->slice(*this, d, start, end, step);
   require_dims(*this, "slice");
   int64_t w = wrap_dim(d, "slice");
   GRADWIRE_CHECK_ARG(step > 0) << "slice: step must be positive, got " << step;
@@ -317,6 +326,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->select(*this, d, index);
   require_dims(*this, "select");
   int64_t w = wrap_dim(d, "select");
   const int64_t n = sizes()[w];
@@ -342,6 +352,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->expand(*this, shape);
   GRADWIRE_CHECK_ARG(shape.size() >= sizes().size())
       << "expand: target " << shape_to_string(shape) << " has fewer dims than the tensor's "
       << shape_string();
@@ -372,6 +383,7 @@ Tensor Tensor::expand(const Shape& shape) const {
 }
 
 Tensor Tensor::squeeze() const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->squeeze(*this, std::nullopt);
   Shape sz, st;
   for (int64_t d = 0; d < dim(); ++d) {
     if (sizes()[d] != 1) {
@@ -383,6 +395,7 @@ Tensor Tensor::squeeze() const {
 }
 
 Tensor Tensor::squeeze(int64_t d) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->squeeze(*this, d);
   if (dim() == 0) return *this;
   int64_t w = wrap_dim(d, "squeeze");
   if (sizes()[w] != 1) return *this;
@@ -393,6 +406,7 @@ Tensor Tensor::squeeze(int64_t d) const {
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->unsqueeze(*this, d);
   int64_t w = wrap_dim(d, "unsqueeze", /*for_insert=*/true);
   Shape sz = sizes(), st = strides();
   int64_t stride = w < dim() ? sizes()[w] * strides()[w] : 1;
@@ -476,6 +490,7 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  if (detail::autograd_dispatch(*this, src)) return autograd_hooks()->copy_(*this, src);
   GRADWIRE_CHECK_ARG(src.defined()) << "copy_: source tensor is undefined";
   GRADWIRE_CHECK_ARG(broadcast_shapes(sizes(), src.sizes(), "copy_") == sizes())
       << "copy_: source of shape " << src.shape_string()
@@ -496,6 +511,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(Scalar value) {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->fill_(*this, value);
   if (is_cuda()) {
 #if GRADWIRE_HAS_CUDA
     detail::cuda::fill(*this, value);
@@ -525,12 +541,14 @@ Tensor& Tensor::zero_() { return fill_(0); }
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->clone(*this);
   Tensor out = empty(sizes(), options());
   out.copy_(*this);
   return out;
 }
 
 Tensor Tensor::to(DType t) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->to(*this, t);
   if (t == dtype()) return *this;
   Tensor out = empty(sizes(), options().dtype(t));
   out.copy_(*this);
@@ -538,6 +556,7 @@ Tensor Tensor::to(DType t) const {
 }
 
 Tensor Tensor::to(Device device) const {
+  if (detail::autograd_dispatch(*this)) return autograd_hooks()->to(*this, device);
   if (device == this->device()) return *this;
   Tensor out = empty(sizes(), options().device(device));
   out.copy_(*this);
@@ -546,7 +565,11 @@ Tensor Tensor::to(Device device) const {
 
 Tensor Tensor::to(Device device, DType t) const { return to(t).to(device); }
 
-Tensor Tensor::detach() const { return as_strided(sizes(), strides(), storage_offset()); }
+// Built directly (not through as_strided) so that the result never has autograd state.
+Tensor Tensor::detach() const {
+  return Tensor(std::make_shared<TensorImpl>(storage(), sizes(), strides(), storage_offset(),
+                                             dtype()));
+}
 
 namespace detail {
 Shape broadcast_byte_strides(const Tensor& t, const Shape& shape) {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -40,6 +41,17 @@
 namespace gradwire {
 
 using Shape = std::vector<int64_t>;
+
+namespace autograd {
+class Node;  // defined by gradwire::autograd (autograd/node.h)
+}  // namespace autograd
+
+class Tensor;
+// A tensor hook: receives the gradient of a tensor during backward and returns either an
+// undefined Tensor (keep the gradient) or a replacement gradient of the same shape.
+using TensorHook = std::function<Tensor(const Tensor& grad)>;
+// Runs after a leaf's .grad has been updated by a backward pass; receives the leaf.
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 
 // dtype and device of a new tensor. Chainable: TensorOptions().dtype(kInt64).device(d).
 struct TensorOptions {
@@ -179,6 +191,35 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor to(Device device, DType dtype) const;
   Tensor detach() const;  // same data, no autograd state
+
+  // ---- autograd. These forward to gradwire::autograd (tensor/autograd_hooks.h explains
+  // the layering; docs/autograd.md the semantics, which follow PyTorch). Without
+  // gradwire::autograd linked, the queries answer "no gradient" and set_requires_grad(true),
+  // backward() and the hook registrations throw InvalidArgument.
+  bool requires_grad() const;
+  // Makes this tensor a leaf that records operations on it (floating dtypes only).
+  Tensor& set_requires_grad(bool requires_grad = true);
+  // The accumulated gradient of a leaf (or of a non-leaf after retain_grad()); undefined
+  // until a backward pass reaches it. Shares storage with the stored gradient.
+  Tensor grad() const;
+  // Replaces the stored gradient (undefined clears it, as optimizers' zero_grad does).
+  void set_grad(const Tensor& grad) const;
+  // The node that produced this tensor; null for leaves and tensors without history.
+  std::shared_ptr<autograd::Node> grad_fn() const;
+  // True for tensors without a grad_fn (every tensor that does not require grad is a leaf).
+  bool is_leaf() const;
+  // Keeps the gradient of a non-leaf in grad() after backward (a no-op on leaves).
+  void retain_grad() const;
+  bool retains_grad() const;
+  // Backpropagates from this tensor. `gradient` may be omitted for a one-element tensor.
+  // Frees the graph's saved tensors unless retain_graph.
+  void backward(const Tensor& gradient = {}, bool retain_graph = false) const;
+  // Calls `hook` with this tensor's gradient during each backward pass; it may return a
+  // replacement. Returns a handle for remove_hook().
+  uint64_t register_hook(TensorHook hook) const;
+  // Calls `hook` after each backward pass has accumulated into this leaf's grad().
+  uint64_t register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const;
+  bool remove_hook(uint64_t handle) const;
 
   // ---- in-place (return *this); bump the storage version
   Tensor& copy_(const Tensor& src);  // broadcasts src, converts dtype and device
