@@ -145,8 +145,19 @@ Tensor AutogradHooksImpl::mm(const Tensor& a, const Tensor& b) {
   rec.save(b);
   return rec.finish(
       out, GRADWIRE_FORMULA() {
-        return {maybe(n.needs(0), [&] { return gw::mm(g[0], n.saved(1).t()); }),
-                maybe(n.needs(1), [&] { return gw::mm(n.saved(0).t(), g[0]); })};
+        // Each gradient is produced in its operand's layout: for a column-major operand
+        // (typically a weight used as W.t()) compute the transposed product and return its
+        // transpose, so the gradient reaches the weight's accumulator contiguous instead of
+        // being copied into shape there on every step.
+        auto column_major = [](const Tensor& t) {
+          return t.dim() == 2 && t.stride(0) == 1 && t.stride(1) != 1;
+        };
+        const Tensor x = n.saved(0), y = n.saved(1);
+        return {
+            maybe(n.needs(0),
+                  [&] { return column_major(x) ? gw::mm(y, g[0].t()).t() : gw::mm(g[0], y.t()); }),
+            maybe(n.needs(1),
+                  [&] { return column_major(y) ? gw::mm(g[0].t(), x).t() : gw::mm(x.t(), g[0]); })};
       });
 }
 

@@ -16,6 +16,8 @@
 #include "gradwire/core/future.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/thread_pool.h"
+#include "gradwire/nn/nn.h"
+#include "gradwire/optim/optim.h"
 #include "gradwire/tensor/dlpack.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"

@@ -148,7 +148,10 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   const Tensor in = a.dim() == 0 ? a.reshape({1}) : a.contiguous();
   const int64_t d = in.wrap_dim(dim, "index_select");
   const std::vector<int64_t> idx = read_indices("index_select", index, d, in.size(d));
-  const auto [outer, inner] = outer_inner(in, d);
+  // Plain variables, not a structured binding: the kernels below capture them, which
+  // clang before 16 refuses for bindings.
+  const auto shape_in = outer_inner(in, d);
+  const int64_t outer = shape_in.first, inner = shape_in.second;
   const int64_t n = in.size(d), k = static_cast<int64_t>(idx.size());
   Shape out_shape = in.sizes();
   out_shape[d] = k;
@@ -261,7 +264,10 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   const std::vector<int64_t> idx = read_indices("index_add", index, d, a1.size(d));
   Tensor out = a1.clone();
   const Tensor s = source_as("index_add", src1, out).contiguous();
-  const auto [outer, inner] = outer_inner(out, d);
+  // Plain variables, not a structured binding: the kernels below capture them, which
+  // clang before 16 refuses for bindings.
+  const auto shape_out = outer_inner(out, d);
+  const int64_t outer = shape_out.first, inner = shape_out.second;
   const int64_t n = out.size(d), k = static_cast<int64_t>(idx.size());
   detail::dispatch_numeric(out.dtype(), "index_add", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -1,0 +1,143 @@
+// nn/ + optim/ figure: one training step of a 784-1024-1024-1024-10 ReLU MLP at batch 64
+// in float32 (zero_grad, forward, cross-entropy, backward, SGD step), against the same
+// model and step in PyTorch 1.13 (bench/pytorch/mlp_peer.py under /usr/bin/python3 or
+// $GRADWIRE_BENCH_PYTHON), measured in the same run.
+//
+// Threads: both sides use the same count n: $GRADWIRE_BENCH_THREADS, else the number of
+// online CPUs. gradwire's GEMMs run in OpenBLAS, so this process calls
+// openblas_set_num_threads(n); the PyTorch child gets torch.set_num_threads(n) plus
+// OMP_NUM_THREADS=n and OPENBLAS_NUM_THREADS=n in its environment.
+//
+// Timing: gradwire's steps run before and after the PyTorch child (never at the same
+// time, so the two never share the cores); each side reports the median per-step time
+// after its warm-up.
+#include <cblas.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "gradwire/core/env.h"
+#include "gradwire/nn/nn.h"
+#include "gradwire/optim/optim.h"
+#include "gradwire/tensor/factory.h"
+
+namespace gradwire::bench {
+namespace {
+
+#ifndef GRADWIRE_BENCH_PYTORCH_DIR
+#define GRADWIRE_BENCH_PYTORCH_DIR "bench/pytorch"
+#endif
+
+constexpr int kWarmup = 5;
+constexpr int kSteps = 20;  // per round; gradwire runs two rounds
+
+// Per-step seconds of the PyTorch peer, or nullopt with the reason in `why`.
+std::optional<std::vector<double>> pytorch_steps(int threads, std::string& why,
+                                                 std::string& version) {
+  const char* python = std::getenv("GRADWIRE_BENCH_PYTHON");
+  const std::string n = std::to_string(threads);
+  const std::string command = "OMP_NUM_THREADS=" + n + " OPENBLAS_NUM_THREADS=" + n + " " +
+                              std::string(python && *python ? python : "/usr/bin/python3") +
+                              " " GRADWIRE_BENCH_PYTORCH_DIR "/mlp_peer.py " + n + " " +
+                              std::to_string(kWarmup) + " " + std::to_string(2 * kSteps) +
+                              " 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    why = "cannot run python";
+    return std::nullopt;
+  }
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t got = std::fread(buf.data(), 1, buf.size(), pipe))
+    out.append(buf.data(), got);
+  ::pclose(pipe);
+  std::smatch m;
+  if (std::regex_search(out, m, std::regex(R"re("error": "([^"]*)")re"))) {
+    why = m[1];
+    return std::nullopt;
+  }
+  if (!std::regex_search(out, m, std::regex(R"re("seconds": \[([^\]]*)\])re"))) {
+    why = out.empty() ? "no output from mlp_peer.py" : "unexpected output from mlp_peer.py";
+    return std::nullopt;
+  }
+  std::vector<double> seconds;
+  const std::string list = m[1];
+  const std::regex number(R"([0-9.eE+-]+)");
+  for (auto it = std::sregex_iterator(list.begin(), list.end(), number);
+       it != std::sregex_iterator(); ++it) {
+    seconds.push_back(std::stod(it->str()));
+  }
+  if (std::regex_search(out, m, std::regex(R"re("torch": "([^"]*)")re"))) version = m[1];
+  if (seconds.empty()) {
+    why = "no timings from mlp_peer.py";
+    return std::nullopt;
+  }
+  return seconds;
+}
+
+const Register mlp_bench({"nn.mlp_step_ms"}, [](const auto& emit) {
+  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const int threads =
+      static_cast<int>(env_int("GRADWIRE_BENCH_THREADS", online > 0 ? online : 1, 1, 1024));
+  openblas_set_num_threads(threads);
+
+  Generator gen(0);
+  nn::MLP model(nn::MLPOptions{.sizes = {784, 1024, 1024, 1024, 10}, .generator = &gen});
+  optim::SGD sgd(model.parameters(), optim::SGDOptions{.lr = 0.01});
+  const Tensor x = randn({64, 784}, &gen);
+  const Tensor y = randint(0, 10, {64}, &gen);
+  auto step = [&] {
+    sgd.zero_grad();
+    nn::cross_entropy(model(x), y).backward();
+    sgd.step();
+  };
+  std::vector<double> ours;
+  auto round = [&](int warmup) {
+    for (int i = 0; i < warmup; ++i)
+      step();
+    for (int i = 0; i < kSteps; ++i)
+      ours.push_back(time_once(step));
+  };
+  round(kWarmup);
+  std::string why, version;
+  const auto theirs = pytorch_steps(threads, why, version);
+  round(1);
+
+  Figure f{"nn.mlp_step_ms",
+           median(ours) * 1e3,
+           "ms",
+           {{"model", "784-1024-1024-1024-10 ReLU MLP"},
+            {"batch", 64.0},
+            {"dtype", "float32"},
+            {"step", "zero_grad + forward + cross_entropy + backward + SGD(lr=0.01)"},
+            {"steps", double(ours.size())},
+            {"threads", double(threads)},
+            {"threads_how",
+             "GRADWIRE_BENCH_THREADS or online CPUs; openblas_set_num_threads(n) here, "
+             "torch.set_num_threads(n) + OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=n in the peer"},
+            {"openblas_threads", double(openblas_get_num_threads())}}};
+  if (theirs) {
+    const double theirs_ms = median(*theirs) * 1e3;
+    f.params.push_back({"pytorch", "torch " + version});
+    f.params.push_back({"pytorch_ms", theirs_ms});
+    f.params.push_back({"ratio", f.value / theirs_ms});
+  } else {
+    f.params.push_back({"pytorch", "unavailable"});
+    f.params.push_back({"pytorch_reason", why});
+    f.params.push_back({"pytorch_ms", std::numeric_limits<double>::quiet_NaN()});
+    f.params.push_back({"ratio", std::numeric_limits<double>::quiet_NaN()});
+  }
+  f.params.push_back({"target_ratio_max", 1.0});
+  emit(f);
+});
+
+}  // namespace
+}  // namespace gradwire::bench

@@ -1,0 +1,101 @@
+// Adam and AdamW, with bias correction and the amsgrad variant (torch.optim.Adam and
+// torch.optim.AdamW, 1.13).
+//
+// For each parameter p with gradient g, at step t (counted per parameter, from 1):
+//   Adam:  g = g + weight_decay * p                   (L2 penalty, when weight_decay != 0)
+//   AdamW: p = p * (1 - lr * weight_decay)            (decoupled weight decay)
+//   m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
+//   v_hat = max(v_max, v) when amsgrad (kept in v_max), else v
+//   p = p - (lr / (1 - beta1^t)) * m / (sqrt(v_hat) / sqrt(1 - beta2^t) + eps)
+//
+// Errors: validate() throws InvalidArgument for lr < 0, eps < 0, a beta outside [0, 1),
+// or weight_decay < 0; see optimizer.h for the parameter and gradient checks.
+//
+// Thread-safety: see optimizer.h.
+//
+// Example:
+//   optim::Adam opt(net.parameters(), optim::AdamOptions{.lr = 1e-3, .amsgrad = true});
+//   optim::AdamState state;                                        // functional form
+//   optim::adamw_step(params, grads, state, optim::AdamWOptions{});
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gradwire/optim/optimizer.h"
+
+namespace gradwire::optim {
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool amsgrad = false;
+  void validate() const;
+};
+
+// AdamW's defaults differ from Adam's only in weight_decay (1e-2, as PyTorch).
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+  void validate() const;
+};
+
+struct AdamParamState {
+  int64_t step = 0;       // steps taken by this parameter
+  Tensor exp_avg;         // m
+  Tensor exp_avg_sq;      // v
+  Tensor max_exp_avg_sq;  // v_max (amsgrad only)
+};
+
+// Per-parameter state of Adam and AdamW (the same shape; either step may use it).
+struct AdamState {
+  std::vector<AdamParamState> params;
+
+  // "state.<i>.step" / "exp_avg" / "exp_avg_sq" / "max_exp_avg_sq" for each stepped param.
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& state, const std::vector<Tensor>& params);
+};
+
+void adam_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, AdamState& state,
+               const AdamOptions& options);
+void adamw_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, AdamState& state,
+                const AdamWOptions& options);
+
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, const AdamOptions& options);
+  void step() override;
+  StateDict state_dict() const override { return state_.state_dict(); }
+  void load_state_dict(const StateDict& state) override { state_.load_state_dict(state, params_); }
+  const AdamOptions& options() const { return options_; }
+  void set_options(const AdamOptions& options);
+  const AdamState& state() const { return state_; }
+
+ private:
+  AdamOptions options_;
+  AdamState state_;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, const AdamWOptions& options);
+  void step() override;
+  StateDict state_dict() const override { return state_.state_dict(); }
+  void load_state_dict(const StateDict& state) override { state_.load_state_dict(state, params_); }
+  const AdamWOptions& options() const { return options_; }
+  void set_options(const AdamWOptions& options);
+  const AdamState& state() const { return state_; }
+
+ private:
+  AdamWOptions options_;
+  AdamState state_;
+};
+
+}  // namespace gradwire::optim

@@ -1,0 +1,72 @@
+// SGD with momentum, dampening, Nesterov momentum and weight decay (torch.optim.SGD, 1.13).
+//
+// For each parameter p with gradient g (PyTorch's update, step for step):
+//   g = g + weight_decay * p                          (when weight_decay != 0)
+//   buf = g (first step) | momentum * buf + (1 - dampening) * g   (when momentum != 0)
+//   g = g + momentum * buf (nesterov) | buf                        (when momentum != 0)
+//   p = p - lr * g
+//
+// Errors: SGDOptions::validate() throws InvalidArgument for lr < 0, momentum < 0,
+// weight_decay < 0, dampening outside [0, 1], or nesterov with momentum == 0 or
+// dampening != 0 (each message names the option and the value); see optimizer.h for the
+// parameter and gradient checks.
+//
+// Thread-safety: see optimizer.h.
+//
+// Example:
+//   optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .nesterov = true};
+//   optim::SGD opt(net.parameters(), o);
+//   opt.step();
+//   // functional form, as the distributed optimizer uses it:
+//   optim::SGDState state;
+//   optim::sgd_step(params, grads, state, o);
+#pragma once
+
+#include <vector>
+
+#include "gradwire/optim/optimizer.h"
+
+namespace gradwire::optim {
+
+struct SGDOptions {
+  double lr = 0.01;  // torch.optim.SGD has no default; 0.01 is torch.optim's usual one
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  void validate() const;
+};
+
+// Per-parameter momentum buffers (undefined until a parameter's first step with momentum).
+struct SGDState {
+  std::vector<Tensor> momentum_buffers;
+
+  // "state.<i>.momentum_buffer" for each parameter that has one.
+  StateDict state_dict() const;
+  // Replaces the state with `state`, checked against `params` (see optimizer.h).
+  void load_state_dict(const StateDict& state, const std::vector<Tensor>& params);
+};
+
+// One SGD step over params[i] with grads[i] (undefined grads are skipped), in place.
+void sgd_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, SGDState& state,
+              const SGDOptions& options);
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, const SGDOptions& options);
+
+  void step() override;
+  StateDict state_dict() const override { return state_.state_dict(); }
+  void load_state_dict(const StateDict& state) override { state_.load_state_dict(state, params_); }
+
+  const SGDOptions& options() const { return options_; }
+  // Changes the options (a learning-rate schedule); validated.
+  void set_options(const SGDOptions& options);
+  const SGDState& state() const { return state_; }
+
+ private:
+  SGDOptions options_;
+  SGDState state_;
+};
+
+}  // namespace gradwire::optim

@@ -1,0 +1,150 @@
+#include "gradwire/optim/adam.h"
+
+#include <cmath>
+
+#include "gradwire/autograd/grad_mode.h"
+#include "gradwire/core/check.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+
+namespace gradwire::optim {
+namespace {
+
+// The hyperparameters both variants share; `decoupled` selects AdamW's weight decay.
+struct Hyper {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool amsgrad, decoupled;
+};
+
+void validate(const char* what, double lr, double beta1, double beta2, double eps,
+              double weight_decay) {
+  GRADWIRE_CHECK_ARG(lr >= 0.0) << what << ": lr must be >= 0, got " << lr;
+  GRADWIRE_CHECK_ARG(eps >= 0.0) << what << ": eps must be >= 0, got " << eps;
+  GRADWIRE_CHECK_ARG(beta1 >= 0.0 && beta1 < 1.0)
+      << what << ": beta1 must be in [0, 1), got " << beta1;
+  GRADWIRE_CHECK_ARG(beta2 >= 0.0 && beta2 < 1.0)
+      << what << ": beta2 must be in [0, 1), got " << beta2;
+  GRADWIRE_CHECK_ARG(weight_decay >= 0.0)
+      << what << ": weight_decay must be >= 0, got " << weight_decay;
+}
+
+void step_impl(const char* op, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+               AdamState& state, const Hyper& h) {
+  detail::check_step_args(op, params, grads, state.params.size());
+  state.params.resize(params.size());
+  autograd::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    Tensor& p = params[i];
+    Tensor g = grads[i];
+    AdamParamState& s = state.params[i];
+    if (!s.exp_avg.defined()) {
+      s.exp_avg = zeros_like(p);
+      s.exp_avg_sq = zeros_like(p);
+    }
+    if (h.amsgrad && !s.max_exp_avg_sq.defined()) s.max_exp_avg_sq = zeros_like(p);
+    s.step += 1;
+    if (h.weight_decay != 0.0) {
+      if (h.decoupled) {
+        p.mul_(1.0 - h.lr * h.weight_decay);
+      } else {
+        g = add(g, p, h.weight_decay);
+      }
+    }
+    s.exp_avg.mul_(h.beta1).add_(g, 1.0 - h.beta1);
+    s.exp_avg_sq.mul_(h.beta2).add_(square(g), 1.0 - h.beta2);
+    const double t = static_cast<double>(s.step);
+    const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
+    const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
+    const double step_size = h.lr / bias_correction1;
+    Tensor denom;
+    if (h.amsgrad) {
+      s.max_exp_avg_sq.copy_(maximum(s.max_exp_avg_sq, s.exp_avg_sq));
+      denom = sqrt(s.max_exp_avg_sq);
+    } else {
+      denom = sqrt(s.exp_avg_sq);
+    }
+    denom.div_(bias_correction2_sqrt).add_(h.eps);
+    p.add_(div(s.exp_avg, denom), -step_size);
+  }
+}
+
+}  // namespace
+
+void AdamOptions::validate() const {
+  optim::validate("AdamOptions", lr, beta1, beta2, eps, weight_decay);
+}
+void AdamWOptions::validate() const {
+  optim::validate("AdamWOptions", lr, beta1, beta2, eps, weight_decay);
+}
+
+StateDict AdamState::state_dict() const {
+  StateDict out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const AdamParamState& s = params[i];
+    if (s.step == 0 && !s.exp_avg.defined()) continue;
+    out.emplace_back(detail::state_key(i, "step"), scalar_tensor(s.step, TensorOptions(kInt64)));
+    out.emplace_back(detail::state_key(i, "exp_avg"), s.exp_avg.detach());
+    out.emplace_back(detail::state_key(i, "exp_avg_sq"), s.exp_avg_sq.detach());
+    if (s.max_exp_avg_sq.defined()) {
+      out.emplace_back(detail::state_key(i, "max_exp_avg_sq"), s.max_exp_avg_sq.detach());
+    }
+  }
+  return out;
+}
+
+void AdamState::load_state_dict(const StateDict& state, const std::vector<Tensor>& params_in) {
+  detail::StateReader reader("Adam", state, params_in);
+  std::vector<AdamParamState> loaded(params_in.size());
+  for (size_t i = 0; i < params_in.size(); ++i) {
+    if (!reader.has(i)) continue;
+    loaded[i].step = reader.step(i);
+    loaded[i].exp_avg = reader.tensor(i, "exp_avg", true);
+    loaded[i].exp_avg_sq = reader.tensor(i, "exp_avg_sq", true);
+    loaded[i].max_exp_avg_sq = reader.tensor(i, "max_exp_avg_sq", false);
+  }
+  reader.finish();
+  params = std::move(loaded);
+}
+
+void adam_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, AdamState& state,
+               const AdamOptions& o) {
+  o.validate();
+  step_impl("adam_step", params, grads, state,
+            Hyper{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.amsgrad, false});
+}
+
+void adamw_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, AdamState& state,
+                const AdamWOptions& o) {
+  o.validate();
+  step_impl("adamw_step", params, grads, state,
+            Hyper{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.amsgrad, true});
+}
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
+    : Optimizer(std::move(params), "Adam"), options_(options) {
+  options_.validate();
+}
+void Adam::set_options(const AdamOptions& options) {
+  options.validate();
+  options_ = options;
+}
+void Adam::step() {
+  std::vector<Tensor> g = grads();
+  adam_step(params_, g, state_, options_);
+}
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : Optimizer(std::move(params), "AdamW"), options_(options) {
+  options_.validate();
+}
+void AdamW::set_options(const AdamWOptions& options) {
+  options.validate();
+  options_ = options;
+}
+void AdamW::step() {
+  std::vector<Tensor> g = grads();
+  adamw_step(params_, g, state_, options_);
+}
+
+}  // namespace gradwire::optim
