@@ -1,8 +1,11 @@
 #include "bench.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <regex>
 #include <sstream>
 
 namespace gradwire::bench {
@@ -72,6 +75,53 @@ std::pair<double, double> time_interleaved(const std::function<void()>& measured
     b.push_back(time_once(baseline));
   }
   return {median(a), median(b)};
+}
+
+#ifndef GRADWIRE_BENCH_PYTORCH_DIR
+#define GRADWIRE_BENCH_PYTORCH_DIR "bench/pytorch"
+#endif
+
+std::optional<PeerTimings> run_pytorch_peer(const std::string& script, const std::string& args,
+                                            const std::string& env, std::string& why) {
+  const char* python = std::getenv("GRADWIRE_BENCH_PYTHON");
+  const std::string command = env + (env.empty() ? "" : " ") +
+                              std::string(python && *python ? python : "/usr/bin/python3") +
+                              " " GRADWIRE_BENCH_PYTORCH_DIR "/" + script + " " + args +
+                              " 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    why = "cannot run python";
+    return std::nullopt;
+  }
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t got = std::fread(buf.data(), 1, buf.size(), pipe))
+    out.append(buf.data(), got);
+  ::pclose(pipe);
+  std::smatch m;
+  if (std::regex_search(out, m, std::regex(R"re("error": "([^"]*)")re"))) {
+    why = m[1];
+    return std::nullopt;
+  }
+  if (!std::regex_search(out, m, std::regex(R"re("seconds": \[([^\]]*)\])re"))) {
+    why = (out.empty() ? "no output from " : "unexpected output from ") + script;
+    return std::nullopt;
+  }
+  PeerTimings timings;
+  const std::string list = m[1];
+  const std::regex number(R"([0-9.eE+-]+)");
+  for (auto it = std::sregex_iterator(list.begin(), list.end(), number);
+       it != std::sregex_iterator(); ++it) {
+    timings.seconds.push_back(std::stod(it->str()));
+  }
+  if (timings.seconds.empty()) {
+    why = "no timings from " + script;
+    return std::nullopt;
+  }
+  if (std::regex_search(out, m, std::regex(R"re("torch": "([^"]*)")re"))) {
+    timings.torch_version = m[1];
+  }
+  return timings;
 }
 
 }  // namespace gradwire::bench

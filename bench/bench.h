@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -57,5 +58,19 @@ std::pair<double, double> time_interleaved(const std::function<void()>& measured
                                            const std::function<void()>& baseline, int rounds);
 
 double median(std::vector<double> values);
+
+// What a PyTorch peer script (bench/pytorch/*.py) measured: the per-round or per-step
+// seconds it printed as JSON ({"seconds": [...], "torch": "<version>"}).
+struct PeerTimings {
+  std::vector<double> seconds;
+  std::string torch_version;
+};
+
+// Runs `script` (in bench/pytorch) with `args` under $GRADWIRE_BENCH_PYTHON or
+// /usr/bin/python3, with `env` ("NAME=value ..." or empty) prepended. Returns nullopt, with
+// the reason in `why`, when python, torch or the script is unavailable or printed an
+// error, so a figure can still be reported without its baseline.
+std::optional<PeerTimings> run_pytorch_peer(const std::string& script, const std::string& args,
+                                            const std::string& env, std::string& why);
 
 }  // namespace gradwire::bench

@@ -14,12 +14,10 @@
 #include <cblas.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <optional>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -32,55 +30,19 @@
 namespace gradwire::bench {
 namespace {
 
-#ifndef GRADWIRE_BENCH_PYTORCH_DIR
-#define GRADWIRE_BENCH_PYTORCH_DIR "bench/pytorch"
-#endif
-
 constexpr int kWarmup = 5;
 constexpr int kSteps = 20;  // per round; gradwire runs two rounds
 
 // Per-step seconds of the PyTorch peer, or nullopt with the reason in `why`.
 std::optional<std::vector<double>> pytorch_steps(int threads, std::string& why,
                                                  std::string& version) {
-  const char* python = std::getenv("GRADWIRE_BENCH_PYTHON");
   const std::string n = std::to_string(threads);
-  const std::string command = "OMP_NUM_THREADS=" + n + " OPENBLAS_NUM_THREADS=" + n + " " +
-                              std::string(python && *python ? python : "/usr/bin/python3") +
-                              " " GRADWIRE_BENCH_PYTORCH_DIR "/mlp_peer.py " + n + " " +
-                              std::to_string(kWarmup) + " " + std::to_string(2 * kSteps) +
-                              " 2>/dev/null";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    why = "cannot run python";
-    return std::nullopt;
-  }
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t got = std::fread(buf.data(), 1, buf.size(), pipe))
-    out.append(buf.data(), got);
-  ::pclose(pipe);
-  std::smatch m;
-  if (std::regex_search(out, m, std::regex(R"re("error": "([^"]*)")re"))) {
-    why = m[1];
-    return std::nullopt;
-  }
-  if (!std::regex_search(out, m, std::regex(R"re("seconds": \[([^\]]*)\])re"))) {
-    why = out.empty() ? "no output from mlp_peer.py" : "unexpected output from mlp_peer.py";
-    return std::nullopt;
-  }
-  std::vector<double> seconds;
-  const std::string list = m[1];
-  const std::regex number(R"([0-9.eE+-]+)");
-  for (auto it = std::sregex_iterator(list.begin(), list.end(), number);
-       it != std::sregex_iterator(); ++it) {
-    seconds.push_back(std::stod(it->str()));
-  }
-  if (std::regex_search(out, m, std::regex(R"re("torch": "([^"]*)")re"))) version = m[1];
-  if (seconds.empty()) {
-    why = "no timings from mlp_peer.py";
-    return std::nullopt;
-  }
-  return seconds;
+  auto timings = run_pytorch_peer(
+      "mlp_peer.py", n + " " + std::to_string(kWarmup) + " " + std::to_string(2 * kSteps),
+      "OMP_NUM_THREADS=" + n + " OPENBLAS_NUM_THREADS=" + n, why);
+  if (!timings) return std::nullopt;
+  version = timings->torch_version;
+  return timings->seconds;
 }
 
 const Register mlp_bench({"nn.mlp_step_ms"}, [](const auto& emit) {

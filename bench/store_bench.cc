@@ -9,14 +9,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,10 +32,6 @@ using c10d::TCPStoreOptions;
 using c10d::TCPStoreServer;
 using c10d::TCPStoreServerOptions;
 
-#ifndef GRADWIRE_BENCH_PYTORCH_DIR
-#define GRADWIRE_BENCH_PYTORCH_DIR "bench/pytorch"
-#endif
-
 constexpr int kRounds = 3;
 
 TCPStoreOptions client_options(uint16_t port) {
@@ -53,42 +47,10 @@ TCPStoreOptions client_options(uint16_t port) {
 // nullopt (with the reason in `why`) when torch or the script is unavailable.
 std::optional<double> pytorch_seconds(const std::string& args, std::string& why,
                                       std::string& version) {
-  const char* python = std::getenv("GRADWIRE_BENCH_PYTHON");
-  const std::string command = std::string(python && *python ? python : "/usr/bin/python3") +
-                              " " GRADWIRE_BENCH_PYTORCH_DIR "/store_peer.py " + args +
-                              " 2>/dev/null";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    why = "cannot run python";
-    return std::nullopt;
-  }
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe))
-    out.append(buf.data(), n);
-  ::pclose(pipe);
-  std::smatch m;
-  if (std::regex_search(out, m, std::regex(R"re("error": "([^"]*)")re"))) {
-    why = m[1];
-    return std::nullopt;
-  }
-  if (!std::regex_search(out, m, std::regex(R"re("seconds": \[([^\]]*)\])re"))) {
-    why = out.empty() ? "no output from store_peer.py" : "unexpected output from store_peer.py";
-    return std::nullopt;
-  }
-  std::vector<double> seconds;
-  const std::string list = m[1];
-  const std::regex number(R"([0-9.eE+-]+)");
-  for (auto it = std::sregex_iterator(list.begin(), list.end(), number);
-       it != std::sregex_iterator(); ++it) {
-    seconds.push_back(std::stod(it->str()));
-  }
-  if (seconds.empty()) {
-    why = "no timings from store_peer.py";
-    return std::nullopt;
-  }
-  if (std::regex_search(out, m, std::regex(R"re("torch": "([^"]*)")re"))) version = m[1];
-  return median(seconds);
+  auto timings = run_pytorch_peer("store_peer.py", args, "", why);
+  if (!timings) return std::nullopt;
+  version = timings->torch_version;
+  return median(timings->seconds);
 }
 
 // Adds the PyTorch side to a figure: its value, the ratio ours/theirs (higher is better
