@@ -131,26 +131,11 @@ std::array<StridedIndexer, N> make_indexers(const char* op, const Shape& shape,
 
 // ---------------------------------------------------------------- element types on device
 
-// The type arithmetic happens in: float for the 16-bit floats, int for bool (so that the
-// generic arithmetic compiles; results are mapped back by != 0), the type itself otherwise.
+// The type arithmetic happens in: compute_t (dispatch.h: float for the 16-bit floats),
+// except int for bool so that the generic arithmetic compiles (results are mapped back by
+// != 0).
 template <typename T>
-struct DeviceCompute {
-  using type = T;
-};
-template <>
-struct DeviceCompute<Half> {
-  using type = float;
-};
-template <>
-struct DeviceCompute<BFloat16> {
-  using type = float;
-};
-template <>
-struct DeviceCompute<bool> {
-  using type = int;
-};
-template <typename T>
-using dcompute_t = typename DeviceCompute<T>::type;
+using dcompute_t = std::conditional_t<std::is_same_v<T, bool>, int, compute_t<T>>;
 
 template <typename T>
 __host__ __device__ inline bool is_nan(T v) {
