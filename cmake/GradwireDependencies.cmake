@@ -41,7 +41,7 @@ endif()
 
 # TensorPipe and Gloo ship no CMake config: our own Find modules (cmake/Find*.cmake).
 find_package(TensorPipe)
-find_package(Gloo)
+find_package(Gloo REQUIRED)
 
 # ---- CUDA and NCCL: AUTO turns them on when the toolkit is found, ON insists, OFF skips.
 set(GRADWIRE_HAS_CUDA OFF)

@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -115,6 +116,18 @@ constexpr int kRuntimeThreads = 0;
 #else
 constexpr int kRuntimeThreads = 0;
 #endif
+
+// OpenBLAS (loaded by the tensor module) starts its worker threads when the library is
+// loaded, before main. It registers blas_thread_shutdown_ as a fork handler itself, so
+// fork() is safe with them; calling it here first stops them, so that the thread count
+// below sees only threads that fork() would really abandon. OpenBLAS restarts its
+// threads on its next parallel call.
+void stop_blas_threads() {
+  using Shutdown = int (*)();
+  if (void* symbol = ::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_")) {
+    reinterpret_cast<Shutdown>(symbol)();
+  }
+}
 
 int count_threads() {
   DIR* dir = ::opendir("/proc/self/task");
@@ -369,6 +382,7 @@ RankResults run_ranks_as_processes(int world_size, const std::function<void(int)
                                    milliseconds deadline) {
   check_arguments("run_ranks_as_processes", world_size, deadline);
   RankResults results = make_results(world_size);
+  stop_blas_threads();
   const int threads = count_threads();
   // -1: no /proc to count with; trust the caller.
   if (threads > 1 + kRuntimeThreads) {
