@@ -616,7 +616,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks,
   ProcessGroupOptions sub_options = options ? *options : options_;
   if (!options) sub_options.name = options_.name + "/" + prefix;
   if (!sub_options.debug_level) sub_options.debug_level = debug_level_;
-  auto group = make_subgroup(std::make_shared<PrefixStore>(prefix + "/", store_), sub_rank,
+  auto group = make_subgroup(std::make_shared<PrefixStore>(prefix, store_), sub_rank,
                              static_cast<int>(ranks.size()), std::move(sub_options));
   std::vector<int> parent;
   parent.reserve(ranks.size());

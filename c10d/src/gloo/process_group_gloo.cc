@@ -156,6 +156,93 @@ class WaiterThreads {
   std::vector<std::thread> threads_;
 };
 
+// The queue of collectives and its worker threads. Operations start in call order. A
+// caller that waits for an operation still at the head of the queue runs it itself rather
+// than handing it to a worker and being woken again: on a busy machine those two thread
+// switches are a large part of a small all_reduce.
+class OpQueue;
+
+struct QueuedOp : WorkState {
+  using WorkState::WorkState;
+  void wait(milliseconds timeout) override;
+  // Runs the operation once; whoever calls it first (a worker or the waiting caller).
+  void execute() {
+    if (started.exchange(true)) return;
+    body(*this);
+  }
+  std::function<void(WorkState&)> body;
+  std::weak_ptr<OpQueue> queue;
+  milliseconds deadline{0};
+  std::atomic<bool> started{false};
+};
+
+class OpQueue : public std::enable_shared_from_this<OpQueue> {
+ public:
+  void start(int threads) {
+    for (int i = 0; i < threads; ++i)
+      workers_.emplace_back([this] { loop(); });
+  }
+
+  void push(std::shared_ptr<QueuedOp> op) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) throw Error(op->description() + ": the process group is being destroyed");
+      queue_.push_back(std::move(op));
+    }
+    cv_.notify_one();
+  }
+
+  // Takes `op` off the queue if it is next in line; true when the caller should run it.
+  bool take_if_next(const QueuedOp* op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.empty() || queue_.front().get() != op) return false;
+    queue_.pop_front();
+    return true;
+  }
+
+  // Lets the workers drain what is queued, then joins them.
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_)
+      t.join();
+    workers_.clear();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::shared_ptr<QueuedOp> op = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      op->execute();
+      op.reset();
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<QueuedOp>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+void QueuedOp::wait(milliseconds timeout) {
+  // Only a wait that would outlast the operation's own deadline may run it here, so that
+  // wait(timeout) never blocks longer than asked.
+  if (timeout >= deadline) {
+    if (std::shared_ptr<OpQueue> q = queue.lock(); q && q->take_if_next(this)) execute();
+  }
+  wait_for_future(timeout);
+}
+
 // Sets a Gloo option's single output (or input) by element width, so that the reduce
 // kernels receive element counts.
 template <typename Options, bool kInput>
@@ -211,7 +298,7 @@ struct P2PState : WorkState {
 struct ProcessGroupGloo::Impl {
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> context;
-  std::unique_ptr<ThreadPool> workers;
+  std::shared_ptr<OpQueue> workers;
   std::unique_ptr<WaiterThreads> waiters;
   std::mutex p2p_mutex;
   // Point-to-point operations not yet completed, and failed ones whose buffers the
@@ -239,6 +326,11 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     throw InvalidArgument(what + ": GlooOptions::threads must be at least 1, got " +
                           std::to_string(gloo_options_.threads));
   }
+  if (gloo_options_.all_reduce_segment_bytes < 4096) {
+    throw InvalidArgument(what +
+                          ": GlooOptions::all_reduce_segment_bytes must be at least 4096, got " +
+                          std::to_string(gloo_options_.all_reduce_segment_bytes));
+  }
   if (gloo_options_.host.empty()) gloo_options_.host = default_host();
   try {
     ::gloo::transport::tcp::attr attr;
@@ -253,12 +345,12 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
 void ProcessGroupGloo::connect(const std::string& what) {
   impl_->context = std::make_shared<::gloo::rendezvous::Context>(rank(), size());
   impl_->context->setTimeout(timeout());
-  StoreAdapter adapter(std::make_shared<PrefixStore>("gloo/", store()), timeout());
+  StoreAdapter adapter(std::make_shared<PrefixStore>("gloo", store()), timeout());
   try {
     impl_->context->connectFullMesh(adapter, impl_->device);
   } catch (const TimeoutError&) {
     std::vector<int> missing;
-    PrefixStore keys("gloo/", store());
+    PrefixStore keys("gloo", store());
     for (int r = 0; r < size(); ++r) {
       if (!keys.check({std::to_string(r)})) missing.push_back(r);
     }
@@ -275,8 +367,8 @@ void ProcessGroupGloo::connect(const std::string& what) {
   } catch (const ::gloo::Exception& e) {
     throw NetworkError(what + ": connecting to the other ranks failed: " + e.what());
   }
-  impl_->workers = std::make_unique<ThreadPool>(
-      ThreadPoolOptions{.num_threads = gloo_options_.threads, .name = "gloo-" + name()});
+  impl_->workers = std::make_shared<OpQueue>();
+  impl_->workers->start(gloo_options_.threads);
   impl_->waiters = std::make_unique<WaiterThreads>("gloo-p2p-" + name());
   if (debug_level() != DebugLevel::kOff) {
     GRADWIRE_LOG(kInfo) << what << ": connected on " << gloo_options_.host;
@@ -305,23 +397,27 @@ ProcessGroupGloo::~ProcessGroupGloo() {
 
 // ---- running operations
 
-Work ProcessGroupGloo::enqueue(const OpContext& ctx, std::shared_ptr<WorkState> state,
+Work ProcessGroupGloo::enqueue(const OpContext& ctx, std::vector<Tensor> outputs,
                                std::function<void(WorkState&)> run) {
-  // The destructor drains the workers before anything they use is torn down, so the
-  // task may use `this`.
-  impl_->workers->execute([this, ctx, state, run = std::move(run)] {
+  auto op = std::make_shared<QueuedOp>(ctx.description, std::move(outputs), ctx.timeout);
+  op->deadline = ctx.timeout;
+  op->queue = impl_->workers;
+  // The destructor drains the queue before anything the body uses is torn down, so the
+  // body may use `this`.
+  op->body = [this, ctx, run = std::move(run)](WorkState& state) {
     try {
-      run(*state);
-      state->finish();
+      run(state);
+      state.finish();
     } catch (const ::gloo::IoException& e) {
-      fail_operation(ctx, *state, e.what(), is_timeout(e.what()));
+      fail_operation(ctx, state, e.what(), is_timeout(e.what()));
     } catch (const ::gloo::Exception& e) {
-      fail_operation(ctx, *state, e.what(), false);
+      fail_operation(ctx, state, e.what(), false);
     } catch (...) {
-      fail_operation(ctx, *state, std::current_exception());
+      fail_operation(ctx, state, std::current_exception());
     }
-  });
-  return Work(std::move(state));
+  };
+  impl_->workers->push(op);
+  return Work(std::move(op));
 }
 
 namespace {
@@ -334,9 +430,9 @@ uint32_t tag_of(uint64_t seq) {
 
 Work ProcessGroupGloo::do_all_reduce(std::vector<Tensor> tensors, ReduceOp op,
                                      const OpContext& ctx) {
-  auto state = std::make_shared<WorkState>(ctx.description, tensors, ctx.timeout);
+  std::vector<Tensor> work_outputs = tensors;
   std::vector<Tensor> work = detached(tensors);
-  return enqueue(ctx, state, [this, work, op, ctx](WorkState&) mutable {
+  return enqueue(ctx, std::move(work_outputs), [this, work, op, ctx](WorkState&) mutable {
     // One transfer per dtype: tensors of a dtype are packed into one buffer.
     std::map<DType, std::vector<Tensor>> by_dtype;
     for (const Tensor& t : work)
@@ -352,6 +448,7 @@ Work ProcessGroupGloo::do_all_reduce(std::vector<Tensor> tensors, ReduceOp op,
                            ? ::gloo::AllreduceOptions::Algorithm::BCUBE
                            : ::gloo::AllreduceOptions::Algorithm::RING);
         o.setReduceFunction(gloo_backend::reduce_kernel(dtype, op));
+        o.setMaxSegmentSize(gloo_options_.all_reduce_segment_bytes);
         set_buffer<::gloo::AllreduceOptions, false>(o, buffer.data_ptr(), buffer.numel(),
                                                     buffer.element_size());
         ::gloo::allreduce(o);
@@ -367,9 +464,9 @@ Work ProcessGroupGloo::do_all_reduce(std::vector<Tensor> tensors, ReduceOp op,
 }
 
 Work ProcessGroupGloo::do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) {
-  auto state = std::make_shared<WorkState>(ctx.description, tensors, ctx.timeout);
+  std::vector<Tensor> work_outputs = tensors;
   std::vector<Tensor> work = detached(tensors);
-  return enqueue(ctx, state, [this, work, root, ctx](WorkState&) mutable {
+  return enqueue(ctx, std::move(work_outputs), [this, work, root, ctx](WorkState&) mutable {
     if (size() == 1) return;
     for (const Tensor& t : work) {
       if (t.numel() == 0) continue;
@@ -386,10 +483,9 @@ Work ProcessGroupGloo::do_broadcast(std::vector<Tensor> tensors, int root, const
 
 Work ProcessGroupGloo::do_reduce(const Tensor& tensor, int root, ReduceOp op,
                                  const OpContext& ctx) {
-  auto state =
-      std::make_shared<WorkState>(ctx.description, std::vector<Tensor>{tensor}, ctx.timeout);
+  std::vector<Tensor> work_outputs = std::vector<Tensor>{tensor};
   Tensor t = tensor.detach();
-  return enqueue(ctx, state, [this, t, root, op, ctx](WorkState&) mutable {
+  return enqueue(ctx, std::move(work_outputs), [this, t, root, op, ctx](WorkState&) mutable {
     if (t.numel() > 0 && size() > 1) {
       ::gloo::ReduceOptions o(impl_->context);
       o.setTag(tag_of(ctx.seq));
@@ -411,10 +507,10 @@ Work ProcessGroupGloo::do_reduce(const Tensor& tensor, int root, ReduceOp op,
 
 Work ProcessGroupGloo::do_all_gather(std::vector<Tensor> outputs, const Tensor& input,
                                      const OpContext& ctx) {
-  auto state = std::make_shared<WorkState>(ctx.description, outputs, ctx.timeout);
+  std::vector<Tensor> work_outputs = outputs;
   std::vector<Tensor> outs = detached(outputs);
   Tensor in = input.detach();
-  return enqueue(ctx, state, [this, outs, in, ctx](WorkState&) mutable {
+  return enqueue(ctx, std::move(work_outputs), [this, outs, in, ctx](WorkState&) mutable {
     if (size() == 1 || in.numel() == 0) {
       outs[static_cast<size_t>(rank())].view({-1}).copy_(in.view({-1}));
       return;
@@ -435,10 +531,10 @@ Work ProcessGroupGloo::do_all_gather(std::vector<Tensor> outputs, const Tensor& 
 
 Work ProcessGroupGloo::do_gather(std::vector<Tensor> outputs, const Tensor& input, int root,
                                  const OpContext& ctx) {
-  auto state = std::make_shared<WorkState>(ctx.description, outputs, ctx.timeout);
+  std::vector<Tensor> work_outputs = outputs;
   std::vector<Tensor> outs = detached(outputs);
   Tensor in = input.detach();
-  return enqueue(ctx, state, [this, outs, in, root, ctx](WorkState&) mutable {
+  return enqueue(ctx, std::move(work_outputs), [this, outs, in, root, ctx](WorkState&) mutable {
     if (size() == 1 || in.numel() == 0) {
       if (rank() == root) outs[static_cast<size_t>(rank())].view({-1}).copy_(in.view({-1}));
       return;
@@ -464,11 +560,10 @@ Work ProcessGroupGloo::do_gather(std::vector<Tensor> outputs, const Tensor& inpu
 
 Work ProcessGroupGloo::do_scatter(const Tensor& output, std::vector<Tensor> inputs, int root,
                                   const OpContext& ctx) {
-  auto state =
-      std::make_shared<WorkState>(ctx.description, std::vector<Tensor>{output}, ctx.timeout);
+  std::vector<Tensor> work_outputs = std::vector<Tensor>{output};
   Tensor out = output.detach();
   std::vector<Tensor> ins = detached(inputs);
-  return enqueue(ctx, state, [this, out, ins, root, ctx](WorkState&) mutable {
+  return enqueue(ctx, std::move(work_outputs), [this, out, ins, root, ctx](WorkState&) mutable {
     if (size() == 1 || out.numel() == 0) {
       if (rank() == root) out.view({-1}).copy_(ins[static_cast<size_t>(rank())].view({-1}));
       return;
@@ -491,11 +586,10 @@ Work ProcessGroupGloo::do_scatter(const Tensor& output, std::vector<Tensor> inpu
 
 Work ProcessGroupGloo::do_reduce_scatter(const Tensor& output, std::vector<Tensor> inputs,
                                          ReduceOp op, const OpContext& ctx) {
-  auto state =
-      std::make_shared<WorkState>(ctx.description, std::vector<Tensor>{output}, ctx.timeout);
+  std::vector<Tensor> work_outputs = std::vector<Tensor>{output};
   Tensor out = output.detach();
   std::vector<Tensor> ins = detached(inputs);
-  return enqueue(ctx, state, [this, out, ins, op, ctx](WorkState&) mutable {
+  return enqueue(ctx, std::move(work_outputs), [this, out, ins, op, ctx](WorkState&) mutable {
     const int n = size();
     const int me = rank();
     const int64_t count = out.numel();
@@ -533,10 +627,10 @@ Work ProcessGroupGloo::do_reduce_scatter(const Tensor& output, std::vector<Tenso
 
 Work ProcessGroupGloo::do_all_to_all(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
                                      const OpContext& ctx) {
-  auto state = std::make_shared<WorkState>(ctx.description, outputs, ctx.timeout);
+  std::vector<Tensor> work_outputs = outputs;
   std::vector<Tensor> outs = detached(outputs);
   std::vector<Tensor> ins = detached(inputs);
-  return enqueue(ctx, state, [this, outs, ins, ctx](WorkState&) mutable {
+  return enqueue(ctx, std::move(work_outputs), [this, outs, ins, ctx](WorkState&) mutable {
     const auto me = static_cast<size_t>(rank());
     if (size() == 1) {
       outs[me].view({-1}).copy_(ins[me].view({-1}));
@@ -563,8 +657,8 @@ Work ProcessGroupGloo::do_all_to_all(std::vector<Tensor> outputs, std::vector<Te
 }
 
 Work ProcessGroupGloo::do_barrier(const OpContext& ctx) {
-  auto state = std::make_shared<WorkState>(ctx.description, std::vector<Tensor>{}, ctx.timeout);
-  return enqueue(ctx, state, [this, ctx](WorkState&) mutable {
+  std::vector<Tensor> work_outputs = std::vector<Tensor>{};
+  return enqueue(ctx, std::move(work_outputs), [this, ctx](WorkState&) mutable {
     if (size() == 1) return;
     ::gloo::BarrierOptions o(impl_->context);
     o.setTag(tag_of(ctx.seq));

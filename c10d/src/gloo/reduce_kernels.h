@@ -1,7 +1,6 @@
 // Elementwise combining kernels for the Gloo backend: out[i] = op(a[i], b[i]).
 //
-// Gloo calls them with raw pointers and an element count, and may pass out == a, so the
-// loops are written without restrict; GCC vectorises them with a runtime overlap check.
+// Gloo calls them with raw pointers and an element count; out may be a or b.
 // float16 and bfloat16 are combined in float32 and rounded to nearest even once.
 #pragma once
 

@@ -1,0 +1,194 @@
+// Process-group figures: all_reduce bus bandwidth at 4 KiB .. 64 MiB and small-message
+// latency, two ranks as two processes on this machine, against PyTorch 1.13's gloo
+// backend doing the same (bench/pytorch/allreduce_peer.py) in the same run.
+//
+// Both sides: float32 sum, synchronous calls (issue, then wait), warm-up calls, a barrier,
+// then every call timed on its own; the figure is the median call. Bus bandwidth is
+// algorithm bandwidth (bytes / time) times 2(n-1)/n, which is 1 for two ranks.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "gradwire/c10d/prefix_store.h"
+#include "gradwire/c10d/process_group_gloo.h"
+#include "gradwire/c10d/tcp_store.h"
+#include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/tensor/factory.h"
+
+namespace gradwire::bench {
+namespace {
+
+using namespace std::chrono_literals;
+using c10d::ProcessGroupGloo;
+
+struct Size {
+  int64_t bytes;
+  int iters;
+};
+
+const std::vector<Size> kSizes = {{4 << 10, 2000}, {1 << 20, 100}, {16 << 20, 10}, {64 << 20, 4}};
+constexpr int kWorld = 2;
+constexpr int kRounds = 2;
+
+std::string spec_text() {
+  std::string s;
+  for (const Size& size : kSizes)
+    s += (s.empty() ? "" : ",") + std::to_string(size.bytes) + ":" + std::to_string(size.iters);
+  return s;
+}
+
+// One rank: median seconds per call for each size.
+std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
+  auto group = ProcessGroupGloo::create(store, rank, kWorld,
+                                        {.timeout = 120s, .debug_level = c10d::DebugLevel::kOff},
+                                        {.host = "127.0.0.1"});
+  std::vector<double> result;
+  for (const Size& size : kSizes) {
+    Tensor t = full({size.bytes / 4}, Scalar(rank + 1), kFloat32);
+    for (int i = 0; i < std::max(3, size.iters / 10); ++i)
+      group->all_reduce(t).wait();
+    group->barrier().wait();
+    std::vector<double> times;
+    times.reserve(static_cast<size_t>(size.iters));
+    for (int i = 0; i < size.iters; ++i) {
+      times.push_back(time_once([&] { group->all_reduce(t).wait(); }));
+    }
+    result.push_back(median(times));
+  }
+  group->barrier().wait();
+  return result;
+}
+
+// Forks the two ranks, which meet through a TCPStore served here, and returns rank 0's
+// medians.
+std::vector<double> run_ours(c10d::TCPStoreServer& server, int round) {
+  const std::string prefix = "allreduce" + std::to_string(round);
+  std::fflush(nullptr);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        auto client = std::make_shared<c10d::TCPStore>(
+            c10d::TCPStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 120s});
+        auto store = std::make_shared<c10d::PrefixStore>(prefix, client);
+        const std::vector<double> medians = rank_body(store, rank);
+        if (rank == 0) {
+          std::ostringstream os;
+          os.precision(17);
+          for (double m : medians)
+            os << m << ' ';
+          store->set("result", std::string_view(os.str()));
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "c10d bench rank %d: %s\n", rank, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) throw std::runtime_error("c10d bench: a rank process failed");
+  c10d::TCPStore reader(
+      c10d::TCPStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 10s});
+  std::istringstream is(reader.get_string(prefix + "/result"));
+  std::vector<double> medians;
+  for (double m; is >> m;)
+    medians.push_back(m);
+  return medians;
+}
+
+const Register allreduce_bench(
+    {"c10d.allreduce_busbw_gbps", "c10d.allreduce_latency_us"}, [](const auto& emit) {
+      c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+      // Rounds alternate with PyTorch's, and each side keeps its best round per size, so
+      // that drift on a shared machine favours neither.
+      std::vector<double> ours(kSizes.size(), std::numeric_limits<double>::infinity());
+      std::vector<double> theirs(kSizes.size(), std::numeric_limits<double>::infinity());
+      std::string why;
+      std::string version;
+      bool have_theirs = true;
+      for (int r = 0; r < kRounds; ++r) {
+        const std::vector<double> mine = run_ours(server, r);
+        for (size_t i = 0; i < kSizes.size(); ++i)
+          ours[i] = std::min(ours[i], mine[i]);
+        if (have_theirs) {
+          auto peer = run_pytorch_peer("allreduce_peer.py", spec_text(), "", why);
+          if (!peer || peer->seconds.size() != kSizes.size()) {
+            if (peer) why = "the peer printed " + std::to_string(peer->seconds.size()) + " figures";
+            have_theirs = false;
+          } else {
+            version = peer->torch_version;
+            for (size_t i = 0; i < kSizes.size(); ++i)
+              theirs[i] = std::min(theirs[i], peer->seconds[i]);
+          }
+        }
+      }
+      const double bus_factor = 2.0 * (kWorld - 1) / kWorld;
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        const double bytes = static_cast<double>(kSizes[i].bytes);
+        const double gbps = bytes / ours[i] * bus_factor / 1e9;
+        Figure f{"c10d.allreduce_busbw_gbps",
+                 gbps,
+                 "GB/s",
+                 {{"bytes", bytes},
+                  {"dtype", "float32"},
+                  {"ranks", double(kWorld)},
+                  {"backend", "gloo (ProcessGroupGloo, processes on 127.0.0.1)"},
+                  {"calls", double(kSizes[i].iters)},
+                  {"seconds_per_call", ours[i]}}};
+        if (have_theirs) {
+          const double their_gbps = bytes / theirs[i] * bus_factor / 1e9;
+          f.params.push_back({"pytorch", "torch.distributed gloo all_reduce " + version});
+          f.params.push_back({"pytorch_gbps", their_gbps});
+          f.params.push_back({"ratio", gbps / their_gbps});
+        } else {
+          f.params.push_back({"pytorch", "unavailable"});
+          f.params.push_back({"pytorch_reason", why});
+          f.params.push_back({"pytorch_gbps", nan});
+          f.params.push_back({"ratio", nan});
+        }
+        f.params.push_back({"target_ratio_min", 1.0});
+        emit(f);
+      }
+      Figure lat{"c10d.allreduce_latency_us",
+                 ours[0] * 1e6,
+                 "us",
+                 {{"bytes", static_cast<double>(kSizes[0].bytes)},
+                  {"dtype", "float32"},
+                  {"ranks", double(kWorld)},
+                  {"statistic", "median of " + std::to_string(kSizes[0].iters) + " calls"}}};
+      if (have_theirs) {
+        lat.params.push_back({"pytorch", "torch.distributed gloo all_reduce " + version});
+        lat.params.push_back({"pytorch_us", theirs[0] * 1e6});
+        lat.params.push_back({"ratio", theirs[0] / ours[0]});
+      } else {
+        lat.params.push_back({"pytorch", "unavailable"});
+        lat.params.push_back({"pytorch_reason", why});
+        lat.params.push_back({"pytorch_us", nan});
+        lat.params.push_back({"ratio", nan});
+      }
+      lat.params.push_back({"target_ratio_min", 1.0});
+      emit(lat);
+    });
+
+}  // namespace
+}  // namespace gradwire::bench
