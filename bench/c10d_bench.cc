@@ -37,7 +37,7 @@ struct Size {
 
 const std::vector<Size> kSizes = {{4 << 10, 2000}, {1 << 20, 100}, {16 << 20, 10}, {64 << 20, 4}};
 constexpr int kWorld = 2;
-constexpr int kRounds = 2;
+constexpr int kRounds = 3;
 
 std::string spec_text() {
   std::string s;
