@@ -156,93 +156,6 @@ class WaiterThreads {
   std::vector<std::thread> threads_;
 };
 
-// The queue of collectives and its worker threads. Operations start in call order. A
-// caller that waits for an operation still at the head of the queue runs it itself rather
-// than handing it to a worker and being woken again: on a busy machine those two thread
-// switches are a large part of a small all_reduce.
-class OpQueue;
-
-struct QueuedOp : WorkState {
-  using WorkState::WorkState;
-  void wait(milliseconds timeout) override;
-  // Runs the operation once; whoever calls it first (a worker or the waiting caller).
-  void execute() {
-    if (started.exchange(true)) return;
-    body(*this);
-  }
-  std::function<void(WorkState&)> body;
-  std::weak_ptr<OpQueue> queue;
-  milliseconds deadline{0};
-  std::atomic<bool> started{false};
-};
-
-class OpQueue : public std::enable_shared_from_this<OpQueue> {
- public:
-  void start(int threads) {
-    for (int i = 0; i < threads; ++i)
-      workers_.emplace_back([this] { loop(); });
-  }
-
-  void push(std::shared_ptr<QueuedOp> op) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_) throw Error(op->description() + ": the process group is being destroyed");
-      queue_.push_back(std::move(op));
-    }
-    cv_.notify_one();
-  }
-
-  // Takes `op` off the queue if it is next in line; true when the caller should run it.
-  bool take_if_next(const QueuedOp* op) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (queue_.empty() || queue_.front().get() != op) return false;
-    queue_.pop_front();
-    return true;
-  }
-
-  // Lets the workers drain what is queued, then joins them.
-  void shutdown() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : workers_)
-      t.join();
-    workers_.clear();
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      std::shared_ptr<QueuedOp> op = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      op->execute();
-      op.reset();
-      lock.lock();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<QueuedOp>> queue_;
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
-};
-
-void QueuedOp::wait(milliseconds timeout) {
-  // Only a wait that would outlast the operation's own deadline may run it here, so that
-  // wait(timeout) never blocks longer than asked.
-  if (timeout >= deadline) {
-    if (std::shared_ptr<OpQueue> q = queue.lock(); q && q->take_if_next(this)) execute();
-  }
-  wait_for_future(timeout);
-}
-
 // Sets a Gloo option's single output (or input) by element width, so that the reduce
 // kernels receive element counts.
 template <typename Options, bool kInput>
@@ -298,7 +211,7 @@ struct P2PState : WorkState {
 struct ProcessGroupGloo::Impl {
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> context;
-  std::shared_ptr<OpQueue> workers;
+  std::unique_ptr<ThreadPool> workers;
   std::unique_ptr<WaiterThreads> waiters;
   std::mutex p2p_mutex;
   // Point-to-point operations not yet completed, and failed ones whose buffers the
@@ -367,8 +280,8 @@ void ProcessGroupGloo::connect(const std::string& what) {
   } catch (const ::gloo::Exception& e) {
     throw NetworkError(what + ": connecting to the other ranks failed: " + e.what());
   }
-  impl_->workers = std::make_shared<OpQueue>();
-  impl_->workers->start(gloo_options_.threads);
+  impl_->workers = std::make_unique<ThreadPool>(
+      ThreadPoolOptions{.num_threads = gloo_options_.threads, .name = "gloo-" + name()});
   impl_->waiters = std::make_unique<WaiterThreads>("gloo-p2p-" + name());
   if (debug_level() != DebugLevel::kOff) {
     GRADWIRE_LOG(kInfo) << what << ": connected on " << gloo_options_.host;
@@ -399,25 +312,23 @@ ProcessGroupGloo::~ProcessGroupGloo() {
 
 Work ProcessGroupGloo::enqueue(const OpContext& ctx, std::vector<Tensor> outputs,
                                std::function<void(WorkState&)> run) {
-  auto op = std::make_shared<QueuedOp>(ctx.description, std::move(outputs), ctx.timeout);
-  op->deadline = ctx.timeout;
-  op->queue = impl_->workers;
-  // The destructor drains the queue before anything the body uses is torn down, so the
-  // body may use `this`.
-  op->body = [this, ctx, run = std::move(run)](WorkState& state) {
+  auto state = std::make_shared<WorkState>(ctx.description, std::move(outputs), ctx.timeout);
+  // The destructor drains the workers before anything the task uses is torn down, so the
+  // task may use `this`. (Letting a waiting caller run a queued collective itself was
+  // measured slower: the worker woken for it still competes for the two cores.)
+  impl_->workers->execute([this, ctx, state, run = std::move(run)] {
     try {
-      run(state);
-      state.finish();
+      run(*state);
+      state->finish();
     } catch (const ::gloo::IoException& e) {
-      fail_operation(ctx, state, e.what(), is_timeout(e.what()));
+      fail_operation(ctx, *state, e.what(), is_timeout(e.what()));
     } catch (const ::gloo::Exception& e) {
-      fail_operation(ctx, state, e.what(), false);
+      fail_operation(ctx, *state, e.what(), false);
     } catch (...) {
-      fail_operation(ctx, state, std::current_exception());
+      fail_operation(ctx, *state, std::current_exception());
     }
-  };
-  impl_->workers->push(op);
-  return Work(std::move(op));
+  });
+  return Work(std::move(state));
 }
 
 namespace {
