@@ -41,6 +41,8 @@ endif()
 
 # TensorPipe and Gloo ship no CMake config: our own Find modules (cmake/Find*.cmake).
 find_package(TensorPipe)
+# Protobuf: the rpc envelope (rpc/proto). The lite runtime is all the generated code needs.
+find_package(Protobuf REQUIRED)
 find_package(Gloo REQUIRED)
 
 # ---- CUDA and NCCL: AUTO turns them on when the toolkit is found, ON insists, OFF skips.

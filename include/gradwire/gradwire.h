@@ -23,6 +23,7 @@
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/nn/nn.h"
 #include "gradwire/optim/optim.h"
+#include "gradwire/rpc/envelope.h"
 #include "gradwire/rpc/registry.h"
 #include "gradwire/rpc/value.h"
 #include "gradwire/rpc/value_convert.h"

@@ -1,0 +1,101 @@
+// The rpc envelope in C++ terms: what one request or response carries, and its encoding.
+//
+// A message is a payload (the Protobuf envelope of rpc/proto/envelope.proto) plus a list
+// of tensors that travel beside it (TensorPipe tensors, zero-copy from contiguous
+// storage). encode() turns a Request or Response into both; decode() checks a received
+// payload against EnvelopeLimits and the received tensor buffers before building anything,
+// so that a hostile or corrupt message is an InvalidArgument naming what was wrong, never
+// a crash or an unbounded allocation.
+//
+// Thread-safety: plain values and pure functions.
+// Errors: encode throws InvalidArgument for a value that cannot travel (an undefined tensor);
+// decode throws InvalidArgument("malformed rpc envelope: ...") for anything that does not
+// parse or exceeds a limit, and for an unknown version.
+//
+// Example:
+//   EncodedMessage m = encode(Envelope{Request{.id = 7, .function = "add",
+//                                             .args = {Value(a), Value(b)}}});
+//   ... m.payload and m.tensors travel ...
+//   Envelope e = decode(payload, received_buffers);
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "gradwire/core/error.h"
+#include "gradwire/rpc/value.h"
+#include "gradwire/tensor/tensor.h"
+
+namespace gradwire::rpc {
+
+inline constexpr uint32_t kEnvelopeVersion = 1;
+
+// Handler ids: who on the receiving worker handles a request. rpc/ owns kCall; the modules
+// above register their own (see the agent's handler registry).
+inline constexpr uint32_t kCallHandler = 1;
+
+struct EnvelopeLimits {
+  size_t max_payload_bytes{64u << 20};
+  int max_depth{64};            // nesting of lists and maps
+  size_t max_values{1u << 20};  // Values in one message, all levels together
+  size_t max_tensors{1u << 16};
+  size_t max_tensor_dims{64};
+  size_t max_function_name_bytes{1024};
+};
+
+struct Request {
+  uint64_t id{0};
+  uint32_t handler{kCallHandler};
+  std::string function;
+  std::vector<Value> args;
+  uint64_t autograd_context_id{0};
+  uint64_t autograd_message_id{0};
+  std::chrono::milliseconds timeout{0};  // 0: none given
+  Bytes payload;                         // a handler's own encoded message, if any
+};
+
+struct ErrorReply {
+  ErrorKind kind{ErrorKind::kError};
+  std::string message;
+  std::string worker;  // where it was raised
+};
+
+struct Response {
+  uint64_t id{0};
+  std::variant<Value, ErrorReply> result;
+  Bytes payload;
+};
+
+struct Envelope {
+  std::variant<Request, Response> body;
+};
+
+// What travels. Tensors are contiguous CPU tensors (made so by encode); `descs` says how
+// the receiver views each.
+struct EncodedMessage {
+  std::string payload;
+  std::vector<Tensor> tensors;
+};
+
+EncodedMessage encode(const Envelope& envelope);
+
+// The tensor descriptions a payload announces, checked against `limits`, so the receiver
+// can allocate buffers of the right size before the tensor data arrives.
+struct IncomingTensor {
+  DType dtype{kFloat32};
+  Shape sizes;
+  Device device{Device::cpu()};
+  size_t nbytes() const;
+};
+std::vector<IncomingTensor> peek_tensors(const std::string& payload,
+                                         const EnvelopeLimits& limits = {});
+
+// `tensors[i]` must be the i-th announced tensor (dtype and shape as peek_tensors said).
+Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
+                const EnvelopeLimits& limits = {});
+
+}  // namespace gradwire::rpc

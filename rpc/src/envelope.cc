@@ -1,0 +1,313 @@
+#include "gradwire/rpc/envelope.h"
+
+#include <string>
+#include <utility>
+
+#include "gradwire/tensor/dtype.h"
+#include "gradwire/tensor/storage.h"
+#include "proto/envelope.pb.h"
+
+namespace gradwire::rpc {
+
+namespace {
+
+[[noreturn]] void malformed(const std::string& what) {
+  throw InvalidArgument("malformed rpc envelope: " + what);
+}
+
+// ---- encoding
+
+void encode_value(const Value& v, wire::Value* out, EncodedMessage& msg) {
+  switch (v.type()) {
+    case ValueType::kNone:
+      out->mutable_none();
+      return;
+    case ValueType::kBool:
+      out->set_bool_value(v.as_bool());
+      return;
+    case ValueType::kInt:
+      out->set_int_value(v.as_int());
+      return;
+    case ValueType::kDouble:
+      out->set_double_value(v.as_double());
+      return;
+    case ValueType::kString:
+      out->set_string_value(v.as_string());
+      return;
+    case ValueType::kBytes: {
+      const Bytes& b = v.as_bytes();
+      out->set_bytes_value(std::string(b.begin(), b.end()));
+      return;
+    }
+    case ValueType::kTensor: {
+      const Tensor& t = v.as_tensor();
+      if (!t.defined()) throw InvalidArgument("an undefined Tensor cannot be sent");
+      out->set_tensor_index(static_cast<uint32_t>(msg.tensors.size()));
+      // CUDA tensors are staged through host memory (no CUDA channel); a strided view is
+      // packed first, so what travels is always a contiguous CPU block.
+      Tensor travel = t.is_cuda() ? t.to(Device::cpu()) : t;
+      msg.tensors.push_back(travel.contiguous());
+      return;
+    }
+    case ValueType::kList: {
+      wire::ListValue* list = out->mutable_list();
+      for (const Value& item : v.as_list())
+        encode_value(item, list->add_items(), msg);
+      return;
+    }
+    case ValueType::kMap: {
+      wire::MapValue* map = out->mutable_map();
+      for (const auto& [key, value] : v.as_map()) {
+        wire::MapEntry* entry = map->add_entries();
+        encode_value(key, entry->mutable_key(), msg);
+        encode_value(value, entry->mutable_value(), msg);
+      }
+      return;
+    }
+    case ValueType::kRRef: {
+      const RRefDescriptor& r = v.as_rref();
+      wire::RRefValue* out_r = out->mutable_rref();
+      out_r->set_owner(r.owner);
+      out_r->set_rref_id(r.rref_id);
+      out_r->set_fork_id(r.fork_id);
+      out_r->set_type_name(r.type_name);
+      return;
+    }
+  }
+}
+
+// ---- decoding
+
+struct Decoder {
+  const std::vector<Tensor>& tensors;
+  const EnvelopeLimits& limits;
+  size_t values = 0;
+
+  Value decode(const wire::Value& v, int depth) {
+    if (depth > limits.max_depth) {
+      malformed("values nest deeper than " + std::to_string(limits.max_depth));
+    }
+    if (++values > limits.max_values) {
+      malformed("more than " + std::to_string(limits.max_values) + " values");
+    }
+    switch (v.kind_case()) {
+      case wire::Value::kNone:
+        return Value();
+      case wire::Value::kBoolValue:
+        return Value(v.bool_value());
+      case wire::Value::kIntValue:
+        return Value(static_cast<int64_t>(v.int_value()));
+      case wire::Value::kDoubleValue:
+        return Value(v.double_value());
+      case wire::Value::kStringValue:
+        return Value(v.string_value());
+      case wire::Value::kBytesValue:
+        return Value(Bytes(v.bytes_value().begin(), v.bytes_value().end()));
+      case wire::Value::kTensorIndex: {
+        const uint32_t index = v.tensor_index();
+        if (index >= tensors.size()) {
+          malformed("tensor index " + std::to_string(index) + " is out of range (the message has " +
+                    std::to_string(tensors.size()) + " tensors)");
+        }
+        return Value(tensors[index]);
+      }
+      case wire::Value::kList: {
+        Value::List items;
+        items.reserve(static_cast<size_t>(v.list().items_size()));
+        for (const wire::Value& item : v.list().items())
+          items.push_back(decode(item, depth + 1));
+        return Value::list(std::move(items));
+      }
+      case wire::Value::kMap: {
+        Value::Map entries;
+        entries.reserve(static_cast<size_t>(v.map().entries_size()));
+        for (const wire::MapEntry& e : v.map().entries())
+          entries.emplace_back(decode(e.key(), depth + 1), decode(e.value(), depth + 1));
+        try {
+          return Value::map(std::move(entries));
+        } catch (const InvalidArgument& e) {
+          malformed(e.what());
+        }
+      }
+      case wire::Value::kRref:
+        return Value(RRefDescriptor{v.rref().owner(), v.rref().rref_id(), v.rref().fork_id(),
+                                    v.rref().type_name()});
+      case wire::Value::KIND_NOT_SET:
+        break;
+    }
+    malformed("a value of no known kind");
+  }
+};
+
+wire::Envelope parse(const std::string& payload, const EnvelopeLimits& limits) {
+  if (payload.size() > limits.max_payload_bytes) {
+    malformed("payload of " + std::to_string(payload.size()) + " bytes exceeds the limit of " +
+              std::to_string(limits.max_payload_bytes));
+  }
+  wire::Envelope env;
+  if (!env.ParseFromString(payload)) malformed("the payload does not parse");
+  if (env.version() != kEnvelopeVersion) {
+    malformed("version " + std::to_string(env.version()) + ", this worker speaks version " +
+              std::to_string(kEnvelopeVersion));
+  }
+  if (static_cast<size_t>(env.tensors_size()) > limits.max_tensors) {
+    malformed(std::to_string(env.tensors_size()) + " tensors exceed the limit of " +
+              std::to_string(limits.max_tensors));
+  }
+  return env;
+}
+
+ErrorKind error_kind_from(uint32_t kind) {
+  switch (static_cast<ErrorKind>(kind)) {
+    case ErrorKind::kError:
+    case ErrorKind::kInvalidArgument:
+    case ErrorKind::kTimeout:
+    case ErrorKind::kNetwork:
+    case ErrorKind::kStore:
+    case ErrorKind::kRemote:
+      return static_cast<ErrorKind>(kind);
+  }
+  malformed("unknown error kind " + std::to_string(kind));
+}
+
+}  // namespace
+
+size_t IncomingTensor::nbytes() const {
+  int64_t n = element_size(dtype);
+  for (int64_t s : sizes)
+    n *= s;
+  return static_cast<size_t>(n);
+}
+
+EncodedMessage encode(const Envelope& envelope) {
+  EncodedMessage msg;
+  wire::Envelope env;
+  env.set_version(kEnvelopeVersion);
+  if (const Request* req = std::get_if<Request>(&envelope.body)) {
+    wire::Request* out = env.mutable_request();
+    out->set_id(req->id);
+    out->set_handler(req->handler);
+    out->set_function(req->function);
+    for (const Value& arg : req->args)
+      encode_value(arg, out->add_args(), msg);
+    out->set_autograd_context_id(req->autograd_context_id);
+    out->set_autograd_message_id(req->autograd_message_id);
+    out->set_timeout_ms(static_cast<uint64_t>(std::max<int64_t>(0, req->timeout.count())));
+    out->set_payload(std::string(req->payload.begin(), req->payload.end()));
+  } else {
+    const Response& resp = std::get<Response>(envelope.body);
+    wire::Response* out = env.mutable_response();
+    out->set_id(resp.id);
+    if (const Value* value = std::get_if<Value>(&resp.result)) {
+      encode_value(*value, out->mutable_value(), msg);
+    } else {
+      const ErrorReply& err = std::get<ErrorReply>(resp.result);
+      wire::ErrorReply* out_err = out->mutable_error();
+      out_err->set_kind(static_cast<uint32_t>(err.kind));
+      out_err->set_message(err.message);
+      out_err->set_worker(err.worker);
+    }
+    out->set_payload(std::string(resp.payload.begin(), resp.payload.end()));
+  }
+  for (const Tensor& t : msg.tensors) {
+    wire::TensorDesc* desc = env.add_tensors();
+    desc->set_dtype(static_cast<uint32_t>(t.dtype()));
+    for (int64_t s : t.sizes())
+      desc->add_sizes(s);
+    desc->set_device_type(0);
+    desc->set_device_index(0);
+  }
+  msg.payload = env.SerializeAsString();
+  return msg;
+}
+
+std::vector<IncomingTensor> peek_tensors(const std::string& payload, const EnvelopeLimits& limits) {
+  const wire::Envelope env = parse(payload, limits);
+  std::vector<IncomingTensor> out;
+  out.reserve(static_cast<size_t>(env.tensors_size()));
+  for (int i = 0; i < env.tensors_size(); ++i) {
+    const wire::TensorDesc& d = env.tensors(i);
+    const std::string which = "tensor " + std::to_string(i);
+    if (d.dtype() >= static_cast<uint32_t>(kNumDTypes)) {
+      malformed(which + " has unknown dtype code " + std::to_string(d.dtype()));
+    }
+    if (static_cast<size_t>(d.sizes_size()) > limits.max_tensor_dims) {
+      malformed(which + " has " + std::to_string(d.sizes_size()) + " dims, more than " +
+                std::to_string(limits.max_tensor_dims));
+    }
+    IncomingTensor t;
+    t.dtype = dtype_from_index(static_cast<int>(d.dtype()));
+    // The element count must stay within the payload limit's order of magnitude: the
+    // product is checked step by step so that it cannot overflow.
+    int64_t bytes = element_size(t.dtype);
+    for (int64_t s : d.sizes()) {
+      if (s < 0) malformed(which + " has a negative size " + std::to_string(s));
+      if (s != 0 && bytes > (int64_t{1} << 46) / s) malformed(which + " is too large");
+      bytes *= s;
+      t.sizes.push_back(s);
+    }
+    if (d.device_type() != 0 || d.device_index() != 0) {
+      if (d.device_type() != 1 || d.device_index() < 0 || d.device_index() > 1024) {
+        malformed(which + " names an unknown device");
+      }
+      t.device = Device::cuda(d.device_index());
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
+                const EnvelopeLimits& limits) {
+  const std::vector<IncomingTensor> announced = peek_tensors(payload, limits);
+  if (announced.size() != tensors.size()) {
+    malformed(std::to_string(announced.size()) + " tensors announced, " +
+              std::to_string(tensors.size()) + " received");
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].dtype() != announced[i].dtype || tensors[i].sizes() != announced[i].sizes) {
+      malformed("tensor " + std::to_string(i) + " does not match its description");
+    }
+  }
+  const wire::Envelope env = parse(payload, limits);
+  Decoder decoder{tensors, limits};
+  Envelope out;
+  if (env.has_request()) {
+    const wire::Request& in = env.request();
+    if (in.function().size() > limits.max_function_name_bytes) {
+      malformed("a function name of " + std::to_string(in.function().size()) + " bytes");
+    }
+    Request req;
+    req.id = in.id();
+    req.handler = in.handler();
+    req.function = in.function();
+    req.args.reserve(static_cast<size_t>(in.args_size()));
+    for (const wire::Value& arg : in.args())
+      req.args.push_back(decoder.decode(arg, 1));
+    req.autograd_context_id = in.autograd_context_id();
+    req.autograd_message_id = in.autograd_message_id();
+    if (in.timeout_ms() > uint64_t{1} << 40) malformed("a timeout beyond any deadline");
+    req.timeout = std::chrono::milliseconds(static_cast<int64_t>(in.timeout_ms()));
+    req.payload.assign(in.payload().begin(), in.payload().end());
+    out.body = std::move(req);
+  } else if (env.has_response()) {
+    const wire::Response& in = env.response();
+    Response resp;
+    resp.id = in.id();
+    if (in.has_value()) {
+      resp.result = decoder.decode(in.value(), 1);
+    } else if (in.has_error()) {
+      resp.result =
+          ErrorReply{error_kind_from(in.error().kind()), in.error().message(), in.error().worker()};
+    } else {
+      malformed("a response with neither a value nor an error");
+    }
+    resp.payload.assign(in.payload().begin(), in.payload().end());
+    out.body = std::move(resp);
+  } else {
+    malformed("neither a request nor a response");
+  }
+  return out;
+}
+
+}  // namespace gradwire::rpc
