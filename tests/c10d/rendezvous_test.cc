@@ -71,7 +71,14 @@ TEST(RendezvousTest, TcpUrlGivesEveryRankTheSameStore) {
           EXPECT_EQ(r.store->get_string("from/" + std::to_string(other)),
                     std::to_string(other * 10));
         }
-        barrier(*r.store, "rdzv", kWorld, 20s);  // the master outlives everyone's reads
+        // The master (rank 0) hosts the server: it leaves only after every other rank has
+        // said it is done with the store. (A barrier would not do: the master can see it
+        // complete and stop the server before a slower rank's own wait reaches it.)
+        if (rank != 0) {
+          r.store->set("bye/" + std::to_string(rank), std::string_view("1"));
+        } else {
+          r.store->wait({"bye/1", "bye/2"}, 20s);
+        }
       },
       30s));
 }
