@@ -122,6 +122,17 @@ const Registry::Class& Registry::find_class(std::string_view name) const {
   return it->second;
 }
 
+const Registry::Method& Registry::find_method(std::string_view class_name,
+                                              std::string_view method) const {
+  const Class& cls = find_class(class_name);
+  auto it = cls.methods.find(method);
+  if (it == cls.methods.end()) {
+    throw InvalidArgument("class '" + std::string(class_name) + "' has no method '" +
+                          std::string(method) + "' (methods: " + known_names(cls.methods) + ")");
+  }
+  return it->second;
+}
+
 void Registry::add_constructor(std::string_view class_name, Signature signature, Constructor ctor) {
   std::unique_lock lock(mutex_);
   auto it = classes_.find(class_name);
@@ -173,13 +184,7 @@ std::shared_ptr<void> Registry::construct(std::string_view class_name,
 
 Signature Registry::method_signature(std::string_view class_name, std::string_view method) const {
   std::shared_lock lock(mutex_);
-  const Class& cls = find_class(class_name);
-  auto it = cls.methods.find(method);
-  if (it == cls.methods.end()) {
-    throw InvalidArgument("class '" + std::string(class_name) + "' has no method '" +
-                          std::string(method) + "' (methods: " + known_names(cls.methods) + ")");
-  }
-  return it->second.signature;
+  return find_method(class_name, method).signature;
 }
 
 Future<Value> Registry::invoke_method(std::string_view class_name, std::string_view method,
@@ -189,13 +194,7 @@ Future<Value> Registry::invoke_method(std::string_view class_name, std::string_v
   MethodInvoker invoker;
   try {
     std::shared_lock lock(mutex_);
-    const Class& cls = find_class(class_name);
-    auto it = cls.methods.find(method);
-    if (it == cls.methods.end()) {
-      throw InvalidArgument("class '" + std::string(class_name) + "' has no method '" +
-                            std::string(method) + "' (methods: " + known_names(cls.methods) + ")");
-    }
-    invoker = it->second.invoker;
+    invoker = find_method(class_name, method).invoker;
   } catch (...) {
     return make_failed_future<Value>(std::current_exception());
   }

@@ -16,6 +16,11 @@
 // Tensors must be contiguous CPU tensors (InvalidArgument otherwise, naming the operation
 // and the tensor).
 //
+// Signals: Gloo writes to its sockets without MSG_NOSIGNAL, so the first group created sets
+// SIGPIPE to be ignored if it still has its default action (a handler the program
+// installed is kept); a peer that dies then fails operations with an error instead of
+// killing this process with SIGPIPE.
+//
 // Thread-safety: as ProcessGroup. Destroying the group waits for queued operations to
 // finish or fail (each within its timeout).
 // Errors: creation throws TimeoutError when peers do not all appear within the timeout

@@ -225,7 +225,9 @@ class Registry {
     Constructor ctor;
     std::map<std::string, Method, std::less<>> methods;
   };
-  const Class& find_class(std::string_view name) const;  // requires mutex_ held (shared)
+  // Both require mutex_ held (shared) and throw InvalidArgument naming what exists.
+  const Class& find_class(std::string_view name) const;
+  const Method& find_method(std::string_view class_name, std::string_view method) const;
 
   mutable std::shared_mutex mutex_;
   std::map<std::string, Function, std::less<>> functions_;
