@@ -1,17 +1,27 @@
-// Train an MLP classifier on a three-arm spiral, data-parallel over threads.
+// Train an MLP classifier on a three-arm spiral, data-parallel over threads or processes.
 //
-// Every step, the batch is split into shards; each shard's forward and backward pass runs
-// as a task on a thread pool, all against the same parameters. Each shard's loss is scaled
-// by its share of the batch, so the gradients the concurrent backward passes accumulate
-// into .grad add up to exactly the full-batch gradient — what a data-parallel trainer's
-// all-reduce produces across processes. Adam then updates the parameters. At the end the
-// program reports held-out accuracy, saves the model, loads it into a fresh network and
-// checks that both give identical outputs; it exits non-zero when accuracy or the round
-// trip falls short.
+// Threads (the default): every step, the batch is split into shards; each shard's forward
+// and backward pass runs as a task on a thread pool, all against the same parameters. Each
+// shard's loss is scaled by its share of the batch, so the gradients the concurrent
+// backward passes accumulate into .grad add up to exactly the full-batch gradient.
 //
-//   gradwire-train-mlp [--steps N] [--shards K] [--save PATH]
+// Processes (--processes P): P rank processes meet through a FileStore, each holds a copy
+// of the model (same seed, so the same initial parameters) and trains on its shard; after
+// each backward pass one coalesced all_reduce over a Gloo process group sums the gradients,
+// so every rank takes the same Adam step and the copies stay identical — which the ranks
+// check at the end by gathering a checksum of their parameters.
+//
+// At the end the program reports held-out accuracy, saves the model, loads it into a fresh
+// network and checks that both give identical outputs; it exits non-zero when accuracy,
+// the round trip or the ranks' agreement falls short.
+//
+//   gradwire-train-mlp [--steps N] [--shards K | --processes P] [--save PATH]
 #include <gradwire/gradwire.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +35,7 @@ namespace {
 struct Options {
   int steps = 400;
   int shards = 4;
+  int processes = 0;  // 0: threads
   std::string save_path = "spiral_model.gw";
 };
 
@@ -40,11 +51,13 @@ Options parse_args(int argc, char** argv) {
       o.steps = static_cast<int>(parse_int("--steps", next(), 1, 1000000));
     } else if (arg == "--shards") {
       o.shards = static_cast<int>(parse_int("--shards", next(), 1, 64));
+    } else if (arg == "--processes") {
+      o.processes = static_cast<int>(parse_int("--processes", next(), 1, 16));
     } else if (arg == "--save") {
       o.save_path = next();
     } else {
       throw InvalidArgument("unknown argument '" + arg +
-                            "' (expected --steps N, --shards K, --save PATH)");
+                            "' (expected --steps N, --shards K, --processes P, --save PATH)");
     }
   }
   return o;
@@ -74,11 +87,125 @@ double accuracy(nn::Module& net, const Tensor& x, const Tensor& y) {
   return mean(eq(predicted, y).to(kFloat32)).item<double>();
 }
 
+// Saves the model, reloads it into a fresh network and reports whether both agree, and
+// whether the held-out accuracy is good enough. Returns the exit code.
+int finish(nn::MLP& net, const Tensor& test_x, const Tensor& test_y, const Options& opt,
+           double seconds, const std::string& how) {
+  const double test_accuracy = accuracy(net, test_x, test_y);
+  std::printf("trained %d steps on %s in %.2f s; held-out accuracy %.3f\n", opt.steps, how.c_str(),
+              seconds, test_accuracy);
+  nn::save(net, opt.save_path);
+  Generator other(99);
+  nn::MLP reloaded(nn::MLPOptions{.sizes = {2, 64, 64, 3}, .generator = &other});
+  nn::load(reloaded, opt.save_path);
+  autograd::NoGradGuard no_grad;
+  const bool same = equal(net(test_x), reloaded(test_x));
+  std::printf("saved to %s and reloaded: outputs %s\n", opt.save_path.c_str(),
+              same ? "identical" : "DIFFER");
+  if (!same) return 1;
+  if (opt.steps >= 300 && test_accuracy < 0.9) {
+    std::fprintf(stderr, "train-mlp: held-out accuracy %.3f is below 0.9\n", test_accuracy);
+    return 1;
+  }
+  return 0;
+}
+
+// One rank of the multi-process run.
+int train_rank(int rank, const Options& opt, const std::string& store_path) {
+  using namespace std::chrono_literals;
+  auto store = std::make_shared<c10d::FileStore>(
+      c10d::FileStoreOptions{.path = store_path, .num_workers = opt.processes, .timeout = 60s});
+  auto group = c10d::ProcessGroupGloo::create(
+      store, rank, opt.processes, {.timeout = 60s, .name = "train-mlp"}, {.host = "127.0.0.1"});
+  Generator gen(7);
+  auto [train_x, train_y] = spiral(300, gen);
+  auto [test_x, test_y] = spiral(100, gen);
+  nn::MLP net(nn::MLPOptions{.sizes = {2, 64, 64, 3}, .generator = &gen});
+  optim::Adam adam(net.parameters(), optim::AdamOptions{.lr = 0.01});
+  const Tensor x = chunk(train_x, opt.processes)[static_cast<size_t>(rank)];
+  const Tensor y = chunk(train_y, opt.processes)[static_cast<size_t>(rank)];
+  const double total = static_cast<double>(train_x.size(0));
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < opt.steps; ++step) {
+    adam.zero_grad();
+    Tensor loss = nn::cross_entropy(net(x), y) * (x.size(0) / total);
+    loss.backward();
+    std::vector<Tensor> grads;
+    for (const Tensor& p : net.parameters())
+      grads.push_back(p.grad());
+    // The shards' gradients, summed: the full-batch gradient, on every rank.
+    Tensor loss_sum = loss.detach().reshape({1});
+    grads.push_back(loss_sum);
+    group->all_reduce(grads).wait();
+    adam.step();
+    if (rank == 0 && (step % 100 == 0 || step == opt.steps - 1)) {
+      std::printf("step %4d  loss %.4f  train accuracy %.3f\n", step, loss_sum.item<float>(),
+                  accuracy(net, train_x, train_y));
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Every rank must hold the same parameters: gather a checksum from each.
+  Tensor checksum = zeros({1}, kFloat64);
+  for (const Tensor& p : net.parameters())
+    checksum.add_(sum(p.detach().to(kFloat64)).reshape({1}));
+  std::vector<Tensor> all;
+  for (int r = 0; r < opt.processes; ++r)
+    all.push_back(zeros({1}, kFloat64));
+  group->all_gather(all, checksum).wait();
+  for (int r = 1; r < opt.processes; ++r) {
+    if (!equal(all[static_cast<size_t>(r)], all[0])) {
+      std::fprintf(stderr, "train-mlp: rank %d's parameters differ from rank 0's\n", r);
+      return 1;
+    }
+  }
+  if (rank != 0) return 0;
+  std::printf("all %d ranks hold identical parameters (checksum %.6f)\n", opt.processes,
+              all[0].item<double>());
+  return finish(net, test_x, test_y, opt, seconds,
+                std::to_string(opt.processes) + " processes (gloo all_reduce)");
+}
+
+// Forks the ranks (before this process starts any thread) and waits for them.
+int run_processes(const Options& opt) {
+  char dir_template[] = "/tmp/gradwire-train-mlp-XXXXXX";
+  const char* dir = ::mkdtemp(dir_template);
+  if (dir == nullptr) throw Error("train-mlp: cannot create a temporary directory");
+  const std::string store_path = std::string(dir) + "/store";
+  std::fflush(nullptr);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < opt.processes; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw Error("train-mlp: fork failed");
+    if (pid == 0) {
+      int code = 2;
+      try {
+        code = train_rank(rank, opt, store_path);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "train-mlp rank %d: %s\n", rank, e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  int worst = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
+    worst = std::max(worst, code);
+  }
+  ::rmdir(dir);
+  return worst;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const Options opt = parse_args(argc, argv);
+    if (opt.processes > 0) return run_processes(opt);
     Generator gen(7);
     auto [train_x, train_y] = spiral(300, gen);
     auto [test_x, test_y] = spiral(100, gen);
@@ -113,24 +240,8 @@ int main(int argc, char** argv) {
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double test_accuracy = accuracy(net, test_x, test_y);
-    std::printf("trained %d steps on %d shards in %.2f s; held-out accuracy %.3f\n", opt.steps,
-                opt.shards, seconds, test_accuracy);
-
-    nn::save(net, opt.save_path);
-    Generator other(99);
-    nn::MLP reloaded(nn::MLPOptions{.sizes = {2, 64, 64, 3}, .generator = &other});
-    nn::load(reloaded, opt.save_path);
-    autograd::NoGradGuard no_grad;
-    const bool same = equal(net(test_x), reloaded(test_x));
-    std::printf("saved to %s and reloaded: outputs %s\n", opt.save_path.c_str(),
-                same ? "identical" : "DIFFER");
-    if (!same) return 1;
-    if (opt.steps >= 300 && test_accuracy < 0.9) {
-      std::fprintf(stderr, "train-mlp: held-out accuracy %.3f is below 0.9\n", test_accuracy);
-      return 1;
-    }
-    return 0;
+    return finish(net, test_x, test_y, opt, seconds,
+                  std::to_string(opt.shards) + " shards (threads)");
   } catch (const Error& e) {
     std::fprintf(stderr, "train-mlp: %s\n", e.what());
     return 2;
