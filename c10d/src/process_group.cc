@@ -12,6 +12,7 @@
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/tensor/factory.h"
+#include "rank_keys.h"
 
 namespace gradwire::c10d {
 
@@ -19,31 +20,15 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// How long a rank that saw a collective fail waits for its peers to report that they
-// reached it too. Peers fail at about the same moment (they wait on each other), so
-// this only bounds the wait for ranks that never came.
-constexpr milliseconds kMaxArrivalGrace{2000};
-
 std::string ms_text(milliseconds ms) {
   return std::to_string(ms.count()) + " ms";
 }
 
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string s = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(ranks[i]);
-  }
-  return s + "]";
-}
+using detail::ranks_text;
 
+// "float32[2, 3]".
 std::string shape_text(const Tensor& t) {
-  std::string s = std::string(dtype_name(t.dtype())) + "[";
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (d > 0) s += ", ";
-    s += std::to_string(t.size(d));
-  }
-  return s + "]";
+  return std::string(dtype_name(t.dtype())) + t.shape_string();
 }
 
 std::string tensors_text(const std::vector<Tensor>& tensors) {
@@ -64,6 +49,25 @@ milliseconds effective(milliseconds op_timeout, milliseconds group_timeout) {
 }
 
 }  // namespace
+
+namespace detail {
+
+std::vector<int> ranks_without_key(Store& store, const std::string& prefix, int size, int skip) {
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (r != skip && !store.check({prefix + std::to_string(r)})) missing.push_back(r);
+  }
+  return missing;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    s += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+}  // namespace detail
 
 DebugLevel parse_debug_level(std::string_view text) {
   if (text == "OFF" || text == "off") return DebugLevel::kOff;
@@ -218,10 +222,7 @@ void ProcessGroup::debug_check(const OpContext& ctx, const std::string& signatur
   try {
     store_->wait(keys, ctx.timeout);
   } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int r = 0; r < size_; ++r) {
-      if (!store_->check({keys[static_cast<size_t>(r)]})) missing.push_back(r);
-    }
+    const std::vector<int> missing = detail::ranks_without_key(*store_, base, size_);
     throw TimeoutError(ctx.description + ": debug check: ranks " + ranks_text(missing) +
                        " did not reach this collective within " + ms_text(ctx.timeout));
   }
@@ -256,15 +257,12 @@ std::string ProcessGroup::missing_ranks(const OpContext& ctx) {
     }
     if (others.empty()) return "";
     try {
-      store_->wait(others, std::min(ctx.timeout, kMaxArrivalGrace));
+      store_->wait(others, std::min(ctx.timeout, kFailureReportGrace));
       return "every rank reached it";
     } catch (const TimeoutError&) {
     }
-    std::vector<int> missing;
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_ && !store_->check({base + std::to_string(r)})) missing.push_back(r);
-    }
-    return "ranks that did not reach it: " + ranks_text(missing);
+    return "ranks that did not reach it: " +
+           ranks_text(detail::ranks_without_key(*store_, base, size_, rank_));
   } catch (const std::exception& e) {
     return std::string("could not ask the store which ranks reached it: ") + e.what();
   }

@@ -43,11 +43,10 @@ WorkState& Work::checked() const {
 void Work::wait() const {
   WorkState& s = checked();
   // An operation ends by its own deadline; a failed collective then spends up to that
-  // long again (at most 2 s) finding out which ranks did not come. Allow for both, so
-  // that wait() reports the operation's error rather than its own timeout.
+  // long again (at most kFailureReportGrace) finding out which ranks did not come. Allow
+  // for both, so that wait() reports the operation's error rather than its own timeout.
   const std::chrono::milliseconds deadline = s.default_timeout();
-  s.wait(deadline + std::min(deadline, std::chrono::milliseconds(2000)) +
-         std::chrono::milliseconds(1000));
+  s.wait(deadline + std::min(deadline, kFailureReportGrace) + std::chrono::milliseconds(1000));
 }
 
 void Work::wait(std::chrono::milliseconds timeout) const {

@@ -22,9 +22,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -168,15 +171,21 @@ int train_rank(int rank, const Options& opt, const std::string& store_path) {
 
 // Forks the ranks (before this process starts any thread) and waits for them.
 int run_processes(const Options& opt) {
-  char dir_template[] = "/tmp/gradwire-train-mlp-XXXXXX";
-  const char* dir = ::mkdtemp(dir_template);
-  if (dir == nullptr) throw Error("train-mlp: cannot create a temporary directory");
+  // The ranks meet through a FileStore in a fresh directory under $TMPDIR (or /tmp).
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir_template =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/gradwire-train-mlp-XXXXXX";
+  const std::string where = dir_template.substr(0, dir_template.rfind('/'));
+  const char* dir = ::mkdtemp(dir_template.data());
+  if (dir == nullptr) {
+    throw Error("cannot create a temporary directory in " + where + ": " + std::strerror(errno));
+  }
   const std::string store_path = std::string(dir) + "/store";
   std::fflush(nullptr);
   std::vector<pid_t> children;
   for (int rank = 0; rank < opt.processes; ++rank) {
     const pid_t pid = ::fork();
-    if (pid < 0) throw Error("train-mlp: fork failed");
+    if (pid < 0) throw Error(std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
       int code = 2;
       try {

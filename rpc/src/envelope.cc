@@ -221,8 +221,11 @@ EncodedMessage encode(const Envelope& envelope) {
   return msg;
 }
 
-std::vector<IncomingTensor> peek_tensors(const std::string& payload, const EnvelopeLimits& limits) {
-  const wire::Envelope env = parse(payload, limits);
+namespace {
+
+// The tensors an envelope announces, each description checked.
+std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
+                                             const EnvelopeLimits& limits) {
   std::vector<IncomingTensor> out;
   out.reserve(static_cast<size_t>(env.tensors_size()));
   for (int i = 0; i < env.tensors_size(); ++i) {
@@ -257,9 +260,16 @@ std::vector<IncomingTensor> peek_tensors(const std::string& payload, const Envel
   return out;
 }
 
+}  // namespace
+
+std::vector<IncomingTensor> peek_tensors(const std::string& payload, const EnvelopeLimits& limits) {
+  return describe_tensors(parse(payload, limits), limits);
+}
+
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
                 const EnvelopeLimits& limits) {
-  const std::vector<IncomingTensor> announced = peek_tensors(payload, limits);
+  const wire::Envelope env = parse(payload, limits);
+  const std::vector<IncomingTensor> announced = describe_tensors(env, limits);
   if (announced.size() != tensors.size()) {
     malformed(std::to_string(announced.size()) + " tensors announced, " +
               std::to_string(tensors.size()) + " received");
@@ -269,7 +279,6 @@ Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
       malformed("tensor " + std::to_string(i) + " does not match its description");
     }
   }
-  const wire::Envelope env = parse(payload, limits);
   Decoder decoder{tensors, limits};
   Envelope out;
   if (env.has_request()) {

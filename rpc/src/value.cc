@@ -159,10 +159,7 @@ std::string Value::describe() const {
       return "bytes[" + std::to_string(as_bytes().size()) + "]";
     case ValueType::kTensor: {
       const Tensor& t = as_tensor();
-      std::string s = "Tensor " + std::string(dtype_name(t.dtype())) + "[";
-      for (int64_t d = 0; d < t.dim(); ++d)
-        s += (d > 0 ? ", " : "") + std::to_string(t.size(d));
-      return s + "]";
+      return "Tensor " + std::string(dtype_name(t.dtype())) + t.shape_string();
     }
     case ValueType::kList:
       return "list[" + std::to_string(as_list().size()) + "]";

@@ -36,6 +36,7 @@
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "rank_keys.h"
 #include "reduce_kernels.h"
 
 namespace gradwire::c10d {
@@ -284,16 +285,11 @@ void ProcessGroupGloo::connect(const std::string& what) {
   try {
     impl_->context->connectFullMesh(adapter, impl_->device);
   } catch (const TimeoutError&) {
-    std::vector<int> missing;
+    // Gloo's rendezvous writes one key per rank, named by the rank.
     PrefixStore keys("gloo", store());
-    for (int r = 0; r < size(); ++r) {
-      if (!keys.check({std::to_string(r)})) missing.push_back(r);
-    }
-    std::string list;
-    for (int r : missing)
-      list += (list.empty() ? "" : ", ") + std::to_string(r);
-    throw TimeoutError(what + ": ranks [" + list + "] did not join within " +
-                       std::to_string(timeout().count()) + " ms");
+    throw TimeoutError(what + ": ranks " +
+                       detail::ranks_text(detail::ranks_without_key(keys, "", size())) +
+                       " did not join within " + std::to_string(timeout().count()) + " ms");
   } catch (const ::gloo::IoException& e) {
     if (is_timeout(e.what())) {
       throw TimeoutError(what + ": connecting to the other ranks timed out: " + e.what());
