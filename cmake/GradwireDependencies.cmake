@@ -40,7 +40,7 @@ elseif(NOT TARGET gradwire_uv)
 endif()
 
 # TensorPipe and Gloo ship no CMake config: our own Find modules (cmake/Find*.cmake).
-find_package(TensorPipe)
+find_package(TensorPipe REQUIRED)
 # Protobuf: the rpc envelope (rpc/proto). The lite runtime is all the generated code needs.
 find_package(Protobuf REQUIRED)
 find_package(Gloo REQUIRED)

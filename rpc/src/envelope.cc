@@ -47,6 +47,7 @@ void encode_value(const Value& v, wire::Value* out, EncodedMessage& msg) {
       // packed first, so what travels is always a contiguous CPU block.
       Tensor travel = t.is_cuda() ? t.to(Device::cpu()) : t;
       msg.tensors.push_back(travel.contiguous());
+      msg.targets.push_back(msg.target_device ? msg.target_device(t.device()) : Device::cpu());
       return;
     }
     case ValueType::kList: {
@@ -179,8 +180,9 @@ size_t IncomingTensor::nbytes() const {
   return static_cast<size_t>(n);
 }
 
-EncodedMessage encode(const Envelope& envelope) {
+EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device) {
   EncodedMessage msg;
+  msg.target_device = target_device;
   wire::Envelope env;
   env.set_version(kEnvelopeVersion);
   if (const Request* req = std::get_if<Request>(&envelope.body)) {
@@ -198,6 +200,8 @@ EncodedMessage encode(const Envelope& envelope) {
     const Response& resp = std::get<Response>(envelope.body);
     wire::Response* out = env.mutable_response();
     out->set_id(resp.id);
+    out->set_autograd_context_id(resp.autograd_context_id);
+    out->set_autograd_message_id(resp.autograd_message_id);
     if (const Value* value = std::get_if<Value>(&resp.result)) {
       encode_value(*value, out->mutable_value(), msg);
     } else {
@@ -206,17 +210,20 @@ EncodedMessage encode(const Envelope& envelope) {
       out_err->set_kind(static_cast<uint32_t>(err.kind));
       out_err->set_message(err.message);
       out_err->set_worker(err.worker);
+      out_err->set_rejected(err.rejected);
     }
     out->set_payload(std::string(resp.payload.begin(), resp.payload.end()));
   }
-  for (const Tensor& t : msg.tensors) {
+  for (size_t i = 0; i < msg.tensors.size(); ++i) {
+    const Tensor& t = msg.tensors[i];
     wire::TensorDesc* desc = env.add_tensors();
     desc->set_dtype(static_cast<uint32_t>(t.dtype()));
     for (int64_t s : t.sizes())
       desc->add_sizes(s);
-    desc->set_device_type(0);
-    desc->set_device_index(0);
+    desc->set_device_type(msg.targets[i].is_cuda() ? 1 : 0);
+    desc->set_device_index(msg.targets[i].index);
   }
+  msg.target_device = nullptr;
   msg.payload = env.SerializeAsString();
   return msg;
 }
@@ -266,6 +273,16 @@ std::vector<IncomingTensor> peek_tensors(const std::string& payload, const Envel
   return describe_tensors(parse(payload, limits), limits);
 }
 
+std::optional<EnvelopeHeader> peek_header(const std::string& payload,
+                                          const EnvelopeLimits& limits) {
+  if (payload.size() > limits.max_payload_bytes) return std::nullopt;
+  wire::Envelope env;
+  if (!env.ParseFromString(payload)) return std::nullopt;
+  if (env.has_request()) return EnvelopeHeader{true, env.request().id()};
+  if (env.has_response()) return EnvelopeHeader{false, env.response().id()};
+  return std::nullopt;
+}
+
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
                 const EnvelopeLimits& limits) {
   const wire::Envelope env = parse(payload, limits);
@@ -303,11 +320,13 @@ Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
     const wire::Response& in = env.response();
     Response resp;
     resp.id = in.id();
+    resp.autograd_context_id = in.autograd_context_id();
+    resp.autograd_message_id = in.autograd_message_id();
     if (in.has_value()) {
       resp.result = decoder.decode(in.value(), 1);
     } else if (in.has_error()) {
-      resp.result =
-          ErrorReply{error_kind_from(in.error().kind()), in.error().message(), in.error().worker()};
+      resp.result = ErrorReply{error_kind_from(in.error().kind()), in.error().message(),
+                               in.error().worker(), in.error().rejected()};
     } else {
       malformed("a response with neither a value nor an error");
     }

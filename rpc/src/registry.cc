@@ -23,9 +23,9 @@ std::string argument_list(const std::vector<Value>& args) {
 }
 
 void throw_arity(const Signature& sig, const std::vector<Value>& args) {
-  throw InvalidArgument(sig.text() + " takes " + std::to_string(sig.parameters.size()) +
-                        " argument" + (sig.parameters.size() == 1 ? "" : "s") + ", got " +
-                        std::to_string(args.size()) + " " + argument_list(args));
+  throw CallRejected(sig.text() + " takes " + std::to_string(sig.parameters.size()) + " argument" +
+                     (sig.parameters.size() == 1 ? "" : "s") + ", got " +
+                     std::to_string(args.size()) + " " + argument_list(args));
 }
 
 }  // namespace detail
@@ -69,8 +69,8 @@ Signature Registry::signature(std::string_view name) const {
   std::shared_lock lock(mutex_);
   auto it = functions_.find(name);
   if (it == functions_.end()) {
-    throw InvalidArgument("no function '" + std::string(name) +
-                          "' is registered (registered: " + known_names(functions_) + ")");
+    throw CallRejected("no function '" + std::string(name) +
+                       "' is registered (registered: " + known_names(functions_) + ")");
   }
   return it->second.signature;
 }
@@ -92,8 +92,8 @@ Future<Value> Registry::invoke(std::string_view name, const std::vector<Value>& 
     auto it = functions_.find(name);
     if (it == functions_.end()) {
       return make_failed_future<Value>(
-          InvalidArgument("no function '" + std::string(name) +
-                          "' is registered (registered: " + known_names(functions_) + ")"));
+          CallRejected("no function '" + std::string(name) +
+                       "' is registered (registered: " + known_names(functions_) + ")"));
     }
     invoker = it->second.invoker;
   }
@@ -116,8 +116,8 @@ void Registry::add_class(std::string name, std::type_index type) {
 const Registry::Class& Registry::find_class(std::string_view name) const {
   auto it = classes_.find(name);
   if (it == classes_.end()) {
-    throw InvalidArgument("no class '" + std::string(name) +
-                          "' is registered (registered: " + known_names(classes_) + ")");
+    throw CallRejected("no class '" + std::string(name) +
+                       "' is registered (registered: " + known_names(classes_) + ")");
   }
   return it->second;
 }
@@ -127,8 +127,8 @@ const Registry::Method& Registry::find_method(std::string_view class_name,
   const Class& cls = find_class(class_name);
   auto it = cls.methods.find(method);
   if (it == cls.methods.end()) {
-    throw InvalidArgument("class '" + std::string(class_name) + "' has no method '" +
-                          std::string(method) + "' (methods: " + known_names(cls.methods) + ")");
+    throw CallRejected("class '" + std::string(class_name) + "' has no method '" +
+                       std::string(method) + "' (methods: " + known_names(cls.methods) + ")");
   }
   return it->second;
 }
@@ -174,8 +174,8 @@ std::shared_ptr<void> Registry::construct(std::string_view class_name,
     std::shared_lock lock(mutex_);
     const Class& cls = find_class(class_name);
     if (!cls.ctor) {
-      throw InvalidArgument("class '" + std::string(class_name) +
-                            "' has no registered constructor (add .ctor<Args...>())");
+      throw CallRejected("class '" + std::string(class_name) +
+                         "' has no registered constructor (add .ctor<Args...>())");
     }
     ctor = cls.ctor;
   }
@@ -199,9 +199,8 @@ Future<Value> Registry::invoke_method(std::string_view class_name, std::string_v
     return make_failed_future<Value>(std::current_exception());
   }
   if (object == nullptr) {
-    return make_failed_future<Value>(InvalidArgument("method '" + std::string(class_name) + "." +
-                                                     std::string(method) +
-                                                     "' called on no object"));
+    return make_failed_future<Value>(CallRejected("method '" + std::string(class_name) + "." +
+                                                  std::string(method) + "' called on no object"));
   }
   try {
     return invoker(object, args, executor);

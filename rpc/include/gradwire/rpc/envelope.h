@@ -22,6 +22,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -45,6 +47,7 @@ struct EnvelopeLimits {
   size_t max_tensors{1u << 16};
   size_t max_tensor_dims{64};
   size_t max_function_name_bytes{1024};
+  size_t max_tensor_bytes{size_t{16} << 30};  // all tensors of one message together
 };
 
 struct Request {
@@ -62,26 +65,40 @@ struct ErrorReply {
   ErrorKind kind{ErrorKind::kError};
   std::string message;
   std::string worker;  // where it was raised
+  // Refused by the receiving worker's rpc machinery before any user code ran (unknown
+  // function, wrong arguments): the caller rethrows it as `kind`, not as a RemoteError.
+  bool rejected{false};
 };
 
 struct Response {
   uint64_t id{0};
   std::variant<Value, ErrorReply> result;
   Bytes payload;
+  // The request's, echoed back (interceptors may change them).
+  uint64_t autograd_context_id{0};
+  uint64_t autograd_message_id{0};
 };
 
 struct Envelope {
   std::variant<Request, Response> body;
 };
 
-// What travels. Tensors are contiguous CPU tensors (made so by encode); `descs` says how
-// the receiver views each.
+// Where a tensor that lives on `source` should land on the receiver (the sender's device
+// map); it throws InvalidArgument for a device it has no entry for. Without one, every
+// tensor lands on the CPU.
+using DeviceMapper = std::function<Device(const Device& source)>;
+
+// What travels. Tensors are contiguous CPU tensors (made so by encode: CUDA tensors are
+// staged through host memory); `targets[i]` is the device tensor i lands on, which the
+// payload announces too.
 struct EncodedMessage {
   std::string payload;
   std::vector<Tensor> tensors;
+  std::vector<Device> targets;
+  DeviceMapper target_device;  // used while encoding only
 };
 
-EncodedMessage encode(const Envelope& envelope);
+EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device = nullptr);
 
 // The tensor descriptions a payload announces, checked against `limits`, so the receiver
 // can allocate buffers of the right size before the tensor data arrives.
@@ -93,6 +110,15 @@ struct IncomingTensor {
 };
 std::vector<IncomingTensor> peek_tensors(const std::string& payload,
                                          const EnvelopeLimits& limits = {});
+
+// Whether a payload is a request or a response, and its id, when the envelope parses at
+// all: what a receiver needs to answer a message that fails decode's checks.
+struct EnvelopeHeader {
+  bool is_request{false};
+  uint64_t id{0};
+};
+std::optional<EnvelopeHeader> peek_header(const std::string& payload,
+                                          const EnvelopeLimits& limits = {});
 
 // `tensors[i]` must be the i-th announced tensor (dtype and shape as peek_tensors said).
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,

@@ -21,8 +21,9 @@
 //
 // Thread-safety: every method may be called from any thread; definitions made while calls
 // run are seen by later lookups.
-// Errors: def of a name already defined, an unknown name, a wrong arity or argument type:
-// InvalidArgument. What the function throws is stored in the returned future as is.
+// Errors: def of a name already defined: InvalidArgument. An unknown name, a wrong arity or
+// argument type: CallRejected (an InvalidArgument). What the function throws is stored in the
+// returned future as is.
 //
 // Example:
 //   rpc::registry().def("add", [](const Tensor& a, const Tensor& b) { return a + b; });
@@ -48,6 +49,15 @@
 #include "gradwire/rpc/value_convert.h"
 
 namespace gradwire::rpc {
+
+// A call the registry refused before running any user code: an unknown function, class or
+// method, a wrong number of arguments, or an argument of the wrong type. The agent sends it
+// back marked as such, so the caller gets an InvalidArgument (a mistake in the call) rather
+// than a RemoteError (a failure of the function).
+class CallRejected : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
 
 // "add(Tensor, Tensor) -> Tensor".
 struct Signature {
@@ -121,8 +131,14 @@ template <typename... Args>
 std::tuple<std::decay_t<Args>...> convert_all(const std::vector<Value>& args,
                                               const Signature& sig) {
   if (args.size() != sizeof...(Args)) throw_arity(sig, args);
-  return convert_args<std::tuple<std::decay_t<Args>...>>(args, sig,
-                                                         std::index_sequence_for<Args...>{});
+  try {
+    return convert_args<std::tuple<std::decay_t<Args>...>>(args, sig,
+                                                           std::index_sequence_for<Args...>{});
+  } catch (const CallRejected&) {
+    throw;
+  } catch (const InvalidArgument& e) {
+    throw CallRejected(e.what());
+  }
 }
 
 template <typename R, typename... Args>

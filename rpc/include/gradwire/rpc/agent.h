@@ -1,0 +1,242 @@
+// RpcAgent: one worker's endpoint for remote calls — it sends requests to other workers,
+// serves theirs, and knows every worker of the group by name and id.
+//
+// An agent is an object, not a process-wide singleton: several can live in one process
+// (tests run ranks as threads). make_tensorpipe_agent() (tensorpipe_agent.h) builds the
+// TensorPipe implementation; init_rpc() (rpc.h) builds one and makes it the default that the
+// free functions rpc_sync / rpc_async use.
+//
+// Calls. rpc_async<R>(to, "fn", args...) sends a request to call the registered function
+// "fn" on worker `to` (a name, an id or a WorkerInfo) and returns a Future<R>; rpc_sync<R>
+// waits for it. A CallOptions placed before the arguments sets a per-call timeout:
+//   agent->rpc_sync<Tensor>("ps0", "add", CallOptions{.timeout = 500ms}, a, b);
+// Each call has a deadline (the per-call timeout, else AgentOptions::rpc_timeout); when it
+// passes, the future fails with TimeoutError and a late reply is dropped.
+//
+// Extension points (what rref/ and dist_autograd/ plug into):
+// - register_handler(id, name, handler): requests whose Request::handler is `id` go to
+//   `handler` instead of the function registry. rpc/ owns kCallHandler (1).
+// - add_interceptor(interceptor): sees every outgoing and incoming request and response and
+//   may change it (set autograd ids, record tensors) or refuse it by throwing.
+// send(to, request) sends a raw Request to any handler and returns its Value.
+//
+// Thread-safety: every method may be called from any thread, concurrently, including from
+// handlers and future callbacks. Handlers and registered functions run on the agent's
+// thread pool (AgentOptions::num_worker_threads), never on an I/O thread. Interceptors
+// run on the thread that sends or receives and must not block.
+//
+// Errors, at the caller:
+// - thrown at once by rpc_async / send: InvalidArgument for an unknown worker, a
+//   non-positive timeout or a value that cannot travel; Error once the agent is shut down;
+// - stored in the future (and thrown by rpc_sync): TimeoutError when the deadline passes;
+//   NetworkError naming the worker when the connection to it is lost; InvalidArgument
+//   (naming the worker, the function, the expected and received types) when the remote
+//   worker refused the call before running it (unknown function, wrong arity or types);
+//   RemoteError (with the remote message and worker) when the function itself threw;
+//   InvalidArgument when the result does not convert to R.
+// After shutdown, every pending call has failed and every new one throws.
+//
+// Example:
+//   auto agent = rpc::make_tensorpipe_agent("trainer0", 0, 2, store);
+//   Tensor c = agent->rpc_sync<Tensor>("ps0", "add", a, b);
+//   Future<Tensor> f = agent->rpc_async<Tensor>(1, "add", a, b);
+//   agent->shutdown();   // graceful: waits for every worker
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gradwire/core/executor.h"
+#include "gradwire/core/future.h"
+#include "gradwire/rpc/envelope.h"
+#include "gradwire/rpc/registry.h"
+#include "gradwire/rpc/value.h"
+#include "gradwire/rpc/value_convert.h"
+#include "gradwire/rpc/worker_info.h"
+#include "gradwire/tensor/device.h"
+
+namespace gradwire::c10d {
+class Store;
+}  // namespace gradwire::c10d
+
+namespace gradwire::rpc {
+
+inline constexpr std::chrono::milliseconds kDefaultRpcTimeout{60'000};
+
+// Options of one call.
+struct CallOptions {
+  // The call's deadline, from now; 0 means the agent's rpc_timeout.
+  std::chrono::milliseconds timeout{0};
+};
+
+// Where CUDA tensors sent to one worker land: (device here, device there) pairs. Replies
+// travel back through the inverse pairs. CPU tensors always stay on the CPU.
+using DeviceMap = std::vector<std::pair<Device, Device>>;
+
+struct AgentOptions {
+  // Default deadline of a call; > 0.
+  std::chrono::milliseconds rpc_timeout{kDefaultRpcTimeout};
+  // How long start-up and graceful shutdown wait for every worker to arrive; > 0.
+  std::chrono::milliseconds join_timeout{120'000};
+  // Threads that run handlers and registered functions; in [1, 1024].
+  int num_worker_threads{8};
+  // Rendezvous URL for init_rpc when `store` is not given (env://, tcp://, file://).
+  std::string init_method{"env://"};
+  // A store shared by every worker (the rendezvous result); overrides init_method.
+  std::shared_ptr<c10d::Store> store;
+  // Address to listen on and announce to peers. Empty: GRADWIRE_RPC_HOST, else the
+  // address of this host's name, else 127.0.0.1.
+  std::string host;
+  // TensorPipe transports and channels to register, from {"shm", "uv"} (uv is always on:
+  // it carries the first connection) and {"xth", "cma", "mpt_uv", "basic"}. TensorPipe
+  // picks, per peer, the fastest one that both ends have: shm and cma between processes
+  // of one host, xth within one process, uv and mpt_uv across hosts.
+  std::vector<std::string> transports{"shm", "uv"};
+  std::vector<std::string> channels{"xth", "cma", "mpt_uv", "basic"};
+  // Lanes (TCP connections) of the mpt_uv channel; in [1, 64].
+  int mpt_lanes{4};
+  // Per destination worker name.
+  std::map<std::string, DeviceMap> device_maps;
+  EnvelopeLimits limits;
+  // The functions peers may call; nullptr means rpc::registry().
+  Registry* registry{nullptr};
+};
+
+// Handles requests with one handler id; runs on the agent's thread pool. The returned
+// future's value (or error) is the reply.
+using MessageHandler =
+    std::function<Future<Value>(const WorkerInfo& caller, const Request& request)>;
+
+// Sees every message an agent sends or receives. The default methods do nothing. A throw
+// from on_outgoing_request fails the send at once; from on_incoming_request, the call (the
+// caller gets a RemoteError); from on_outgoing_response, the reply becomes that error; from
+// on_incoming_response, the call's future fails with it.
+class Interceptor {
+ public:
+  virtual ~Interceptor() = default;
+  virtual void on_outgoing_request(const WorkerInfo& to, Request& request);
+  virtual void on_incoming_request(const WorkerInfo& from, Request& request);
+  virtual void on_outgoing_response(const WorkerInfo& to, const Request& request,
+                                    Response& response);
+  virtual void on_incoming_response(const WorkerInfo& from, Response& response);
+};
+
+class RpcAgent {
+ public:
+  // Called exactly once per request, with the reply's value or the call's error, on an
+  // agent thread; it must not block.
+  using ReplyCallback = std::function<void(Value value, std::exception_ptr error)>;
+
+  virtual ~RpcAgent() = default;
+  RpcAgent(const RpcAgent&) = delete;
+  RpcAgent& operator=(const RpcAgent&) = delete;
+
+  virtual const WorkerInfo& worker_info() const = 0;
+  // InvalidArgument naming the known workers when there is no such worker.
+  virtual WorkerInfo get_worker_info(const Destination& worker) const = 0;
+  virtual std::vector<WorkerInfo> get_worker_infos() const = 0;
+  virtual const AgentOptions& options() const = 0;
+  // The pool that runs handlers and the continuations of calls.
+  virtual std::shared_ptr<Executor> executor() const = 0;
+  Registry& registry() const;
+
+  // Sends `request` (its id and timeout are set here) and calls `done` with the reply.
+  // Throws at once for the errors listed in the file comment.
+  virtual void send_request(const Destination& to, Request request, CallOptions options,
+                            ReplyCallback done) = 0;
+  Future<Value> send(const Destination& to, Request request, CallOptions options = {});
+
+  // Calls the registered function `function` on `to` with Values.
+  Future<Value> call(const Destination& to, std::string function, std::vector<Value> args,
+                     CallOptions options = {});
+
+  template <typename R, typename... Args>
+  Future<R> rpc_async(const Destination& to, std::string function, CallOptions options,
+                      Args&&... args);
+  template <typename R, typename... Args>
+  Future<R> rpc_async(const Destination& to, std::string function, Args&&... args) {
+    return rpc_async<R>(to, std::move(function), CallOptions{}, std::forward<Args>(args)...);
+  }
+  template <typename R, typename... Args>
+  R rpc_sync(const Destination& to, std::string function, CallOptions options, Args&&... args);
+  template <typename R, typename... Args>
+  R rpc_sync(const Destination& to, std::string function, Args&&... args) {
+    return rpc_sync<R>(to, std::move(function), CallOptions{}, std::forward<Args>(args)...);
+  }
+
+  // Throws InvalidArgument if `id` is taken (kCallHandler always is).
+  virtual void register_handler(uint32_t id, std::string name, MessageHandler handler) = 0;
+  virtual void add_interceptor(std::shared_ptr<Interceptor> interceptor) = 0;
+
+  // graceful: every worker agrees through the store (each waits for its own pending calls
+  // and running handlers first), then the agent closes; TimeoutError naming the workers
+  // that did not arrive within join_timeout (the agent is then closed anyway).
+  // forced (graceful = false): pending calls fail at once and the agent closes.
+  // Idempotent.
+  virtual void shutdown(bool graceful = true) = 0;
+  virtual bool is_shut_down() const = 0;
+
+  // The deadline a call with these options gets.
+  std::chrono::milliseconds effective_timeout(const CallOptions& options) const;
+
+ protected:
+  RpcAgent() = default;
+};
+
+// ---- templates
+
+template <typename R, typename... Args>
+Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallOptions options,
+                              Args&&... args) {
+  std::vector<Value> values;
+  values.reserve(sizeof...(Args));
+  (values.push_back(to_value(std::forward<Args>(args))), ...);
+  WorkerInfo target = get_worker_info(to);
+  Future<R> result;
+  Request request;
+  request.handler = kCallHandler;
+  std::string where = "result of '" + function + "' on worker " + target.describe();
+  request.function = std::move(function);
+  request.args = std::move(values);
+  send_request(target, std::move(request), options,
+               [result, where = std::move(where)](Value value, std::exception_ptr error) mutable {
+                 if (error) {
+                   result.try_set_error(std::move(error));
+                   return;
+                 }
+                 try {
+                   if constexpr (std::is_void_v<R>) {
+                     result.try_set_value();
+                   } else {
+                     result.try_set_value(from_value<R>(value, where));
+                   }
+                 } catch (...) {
+                   result.try_set_error(std::current_exception());
+                 }
+               });
+  return result;
+}
+
+template <typename R, typename... Args>
+R RpcAgent::rpc_sync(const Destination& to, std::string function, CallOptions options,
+                     Args&&... args) {
+  Future<R> pending = rpc_async<R>(to, std::move(function), options, std::forward<Args>(args)...);
+  // The call's own deadline completes the future; the margin only guards against a lost
+  // completion.
+  const auto bound = effective_timeout(options) + std::chrono::seconds(30);
+  if constexpr (std::is_void_v<R>) {
+    pending.get(bound);
+  } else {
+    return pending.get(bound);
+  }
+}
+
+}  // namespace gradwire::rpc

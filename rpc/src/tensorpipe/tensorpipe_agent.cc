@@ -1,0 +1,1150 @@
+// The TensorPipe agent. See gradwire/rpc/tensorpipe_agent.h for what it does; the comments
+// here say how.
+//
+// Threads: TensorPipe's loop threads run the read/write/accept callbacks, which only
+// decode, complete futures or post work; handlers run on the agent's ThreadPool; one timer
+// thread fails calls whose deadline passed. No TensorPipe function is called with mutex_
+// held, because TensorPipe may run a callback inline when called from its own loop.
+//
+// Lifetime: the handle make_tensorpipe_agent returns owns the agent through a deleter that
+// shuts it down (forced) on the user's thread when the last handle goes, so the
+// TensorPipe context is never joined from one of its own threads. Callbacks hold weak
+// references.
+#include "gradwire/rpc/tensorpipe_agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <optional>
+#include <shared_mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include <tensorpipe/tensorpipe.h>
+
+#include "gradwire/c10d/rendezvous.h"
+#include "gradwire/c10d/store.h"
+#include "gradwire/core/env.h"
+#include "gradwire/core/logging.h"
+#include "gradwire/core/mutex.h"
+#include "gradwire/core/thread_annotations.h"
+#include "gradwire/core/thread_pool.h"
+#include "gradwire/tensor/factory.h"
+
+namespace gradwire::rpc {
+namespace {
+
+namespace tp = tensorpipe;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kUvPriority = 0;
+constexpr int64_t kShmPriority = 100;
+constexpr int64_t kBasicPriority = 0;
+constexpr int64_t kMptPriority = 100;
+constexpr int64_t kCmaPriority = 200;
+constexpr int64_t kXthPriority = 300;
+
+// TensorPipe wants a pointer even for an empty tensor.
+uint8_t empty_tensor_byte = 0;
+
+void* buffer_of(const Tensor& t) {
+  void* p = t.nbytes() == 0 ? nullptr : t.data_ptr();
+  return p != nullptr ? p : &empty_tensor_byte;
+}
+
+bool valid_name(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.' || c == ':';
+  });
+}
+
+std::string ms_text(std::chrono::milliseconds t) {
+  return std::to_string(t.count()) + " ms";
+}
+
+std::string unique_shm_name() {
+  static std::atomic<uint64_t> counter{0};
+  return "gradwire-rpc-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
+         std::to_string(Clock::now().time_since_epoch().count());
+}
+
+std::exception_ptr error_of_kind(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument:
+      return std::make_exception_ptr(InvalidArgument(message));
+    case ErrorKind::kTimeout:
+      return std::make_exception_ptr(TimeoutError(message));
+    case ErrorKind::kNetwork:
+      return std::make_exception_ptr(NetworkError(message));
+    case ErrorKind::kStore:
+      return std::make_exception_ptr(StoreError(message));
+    default:
+      return std::make_exception_ptr(Error(message));
+  }
+}
+
+// A worker's published record: its name, its uv URL and its device maps.
+struct WorkerRecord {
+  std::string name;
+  std::string url;
+  std::map<std::string, DeviceMap> device_maps;
+};
+
+std::string format_record(const WorkerRecord& r) {
+  std::string out = "gradwire-rpc 1\nname " + r.name + "\nurl " + r.url + "\n";
+  for (const auto& [worker, pairs] : r.device_maps) {
+    for (const auto& [from, to] : pairs)
+      out += "map " + worker + " " + from.str() + " " + to.str() + "\n";
+  }
+  return out;
+}
+
+WorkerRecord parse_record(const std::string& text, int rank) {
+  auto bad = [&](const std::string& why) -> InvalidArgument {
+    return InvalidArgument("rpc: the store holds a bad record for rank " + std::to_string(rank) +
+                           " (" + why + "); is another program using the same store?");
+  };
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != "gradwire-rpc 1") throw bad("unknown header");
+  WorkerRecord r;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string tag;
+    fields >> tag;
+    if (tag == "name") {
+      fields >> r.name;
+    } else if (tag == "url") {
+      fields >> r.url;
+    } else if (tag == "map") {
+      std::string worker, from, to;
+      fields >> worker >> from >> to;
+      try {
+        r.device_maps[worker].emplace_back(parse_device(from), parse_device(to));
+      } catch (const InvalidArgument&) {
+        throw bad("device map line '" + line + "'");
+      }
+    } else {
+      throw bad("line '" + line + "'");
+    }
+  }
+  if (!valid_name(r.name) || r.url.empty()) throw bad("no name or address");
+  return r;
+}
+
+class TensorPipeAgent final : public RpcAgent,
+                              public std::enable_shared_from_this<TensorPipeAgent> {
+ public:
+  TensorPipeAgent(WorkerInfo self, int world_size, std::shared_ptr<c10d::Store> store,
+                  AgentOptions options)
+      : self_(std::move(self)),
+        world_size_(world_size),
+        store_(std::move(store)),
+        options_(std::move(options)) {}
+
+  ~TensorPipeAgent() override { close(); }
+
+  void start();
+
+  const WorkerInfo& worker_info() const override { return self_; }
+  WorkerInfo get_worker_info(const Destination& worker) const override;
+  std::vector<WorkerInfo> get_worker_infos() const override { return workers_; }
+  const AgentOptions& options() const override { return options_; }
+  std::shared_ptr<Executor> executor() const override { return pool_; }
+
+  void send_request(const Destination& to, Request request, CallOptions options,
+                    ReplyCallback done) override;
+  void register_handler(uint32_t id, std::string name, MessageHandler handler) override;
+  void add_interceptor(std::shared_ptr<Interceptor> interceptor) override;
+  void shutdown(bool graceful) override;
+  bool is_shut_down() const override {
+    MutexLock lock(mutex_);
+    return state_ != State::kRunning;
+  }
+
+  // Forced close: fails what is pending, closes TensorPipe, stops the threads. Idempotent.
+  void close();
+
+ private:
+  enum class State { kStarting, kRunning, kClosing, kClosed };
+
+  struct Connection {
+    uint64_t serial{0};
+    std::shared_ptr<tp::Pipe> pipe;
+    WorkerInfo peer;
+    bool outgoing{false};
+  };
+  using Deadlines = std::multimap<Clock::time_point, uint64_t>;
+  struct Pending {
+    ReplyCallback done;
+    WorkerInfo to;
+    std::string what;  // "call 'add'" or "request to handler 3"
+    std::chrono::milliseconds timeout{0};
+    uint64_t connection{0};
+    Deadlines::iterator deadline;
+  };
+  struct HandlerEntry {
+    std::string name;
+    MessageHandler handler;
+  };
+  using Interceptors = std::vector<std::shared_ptr<Interceptor>>;
+
+  void validate_options() const;
+  std::string resolve_host() const;
+  void register_transports_and_channels(const std::string& host);
+  void join_group(const std::string& url);
+  void check_device_maps() const;
+
+  std::shared_ptr<const Interceptors> interceptors() const {
+    MutexLock lock(mutex_);
+    return interceptors_;
+  }
+  std::string describe(const Request& request) const;
+  DeviceMapper mapper_to(const WorkerInfo& to) const;
+  DeviceMapper reply_mapper(const WorkerInfo& caller) const;
+
+  void accept_next();
+  void read_next(const std::shared_ptr<Connection>& conn);
+  void on_descriptor(const std::shared_ptr<Connection>& conn, tp::Descriptor descriptor);
+  void on_message(const std::shared_ptr<Connection>& conn, const std::string& metadata,
+                  std::vector<Tensor> tensors, const std::vector<Device>& targets);
+  void on_malformed(const std::shared_ptr<Connection>& conn, const std::string& metadata,
+                    const std::string& why, bool close_after);
+  void on_connection_error(const std::shared_ptr<Connection>& conn, const std::string& what);
+  void write(const std::shared_ptr<Connection>& conn, EncodedMessage message,
+             std::function<void(const std::string& error)> on_done);
+
+  void handle_request(const std::shared_ptr<Connection>& conn, Request request);
+  void respond(const std::shared_ptr<Connection>& conn, const Request& request,
+               const Future<Value>& result);
+  ErrorReply error_reply(std::exception_ptr error) const;
+  void complete_call(const std::shared_ptr<Connection>& conn, Response response);
+  void fail_call(uint64_t id, std::exception_ptr error);
+  std::exception_ptr reply_error(const ErrorReply& reply, const Pending& call) const;
+
+  void timer_loop();
+  void wait_until_idle(Clock::time_point deadline);
+  void barrier(const std::string& phase, Clock::time_point deadline);
+
+  const WorkerInfo self_;
+  const int world_size_;
+  const std::shared_ptr<c10d::Store> store_;
+  const AgentOptions options_;
+
+  // Set by start(), then constant.
+  std::shared_ptr<ThreadPool> pool_;
+  std::shared_ptr<tp::Context> context_;
+  std::shared_ptr<tp::Listener> listener_;
+  std::vector<WorkerInfo> workers_;
+  std::map<std::string, int, std::less<>> ids_by_name_;
+  std::vector<std::string> urls_;
+  std::vector<DeviceMap> reply_maps_;  // per caller id: (device here, device on the caller)
+  std::thread timer_;
+
+  mutable Mutex mutex_;
+  std::condition_variable timer_cv_;
+  std::condition_variable idle_cv_;
+  State state_ GRADWIRE_GUARDED_BY(mutex_) = State::kStarting;
+  bool stop_timer_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  bool shutdown_started_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  uint64_t next_request_id_ GRADWIRE_GUARDED_BY(mutex_) = 1;
+  uint64_t next_serial_ GRADWIRE_GUARDED_BY(mutex_) = 1;
+  int active_handlers_ GRADWIRE_GUARDED_BY(mutex_) = 0;
+  std::map<int, std::shared_ptr<Connection>> clients_ GRADWIRE_GUARDED_BY(mutex_);
+  std::map<uint64_t, std::shared_ptr<Connection>> servers_ GRADWIRE_GUARDED_BY(mutex_);
+  std::unordered_map<uint64_t, Pending> pending_ GRADWIRE_GUARDED_BY(mutex_);
+  Deadlines deadlines_ GRADWIRE_GUARDED_BY(mutex_);
+  std::shared_ptr<const Interceptors> interceptors_ GRADWIRE_GUARDED_BY(mutex_) =
+      std::make_shared<const Interceptors>();
+
+  mutable std::shared_mutex handlers_mutex_;
+  std::map<uint32_t, HandlerEntry> handlers_;  // guarded by handlers_mutex_
+};
+
+// ---- start-up
+
+void TensorPipeAgent::validate_options() const {
+  const std::string who = "rpc agent " + self_.describe() + ": ";
+  if (options_.rpc_timeout.count() <= 0) {
+    throw InvalidArgument(who + "AgentOptions::rpc_timeout must be > 0, got " +
+                          ms_text(options_.rpc_timeout));
+  }
+  if (options_.join_timeout.count() <= 0) {
+    throw InvalidArgument(who + "AgentOptions::join_timeout must be > 0, got " +
+                          ms_text(options_.join_timeout));
+  }
+  if (options_.num_worker_threads < 1 || options_.num_worker_threads > 1024) {
+    throw InvalidArgument(who + "AgentOptions::num_worker_threads must be in [1, 1024], got " +
+                          std::to_string(options_.num_worker_threads));
+  }
+  if (options_.mpt_lanes < 1 || options_.mpt_lanes > 64) {
+    throw InvalidArgument(who + "AgentOptions::mpt_lanes must be in [1, 64], got " +
+                          std::to_string(options_.mpt_lanes));
+  }
+  for (const std::string& t : options_.transports) {
+    if (t != "shm" && t != "uv") {
+      throw InvalidArgument(who + "unknown transport '" + t + "' (known: shm, uv)");
+    }
+  }
+  for (const std::string& c : options_.channels) {
+    if (c != "xth" && c != "cma" && c != "mpt_uv" && c != "basic") {
+      throw InvalidArgument(who + "unknown channel '" + c + "' (known: xth, cma, mpt_uv, basic)");
+    }
+  }
+  if (options_.channels.empty()) {
+    throw InvalidArgument(who + "AgentOptions::channels is empty: tensors need a channel");
+  }
+  for (const auto& [worker, pairs] : options_.device_maps) {
+    if (!valid_name(worker)) {
+      throw InvalidArgument(who + "device_maps names an invalid worker name '" + worker + "'");
+    }
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      const auto& [from, to] = pairs[i];
+      if (!from.is_cuda() || !to.is_cuda()) {
+        throw InvalidArgument(who + "device_maps['" + worker + "'] maps " + from.str() + " to " +
+                              to.str() +
+                              "; only CUDA devices are mapped (CPU tensors stay on "
+                              "the CPU)");
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (pairs[j].first == from || pairs[j].second == to) {
+          throw InvalidArgument(who + "device_maps['" + worker + "'] maps " + from.str() + " to " +
+                                to.str() + " but also " + pairs[j].first.str() + " to " +
+                                pairs[j].second.str() + "; a map must be one-to-one");
+        }
+      }
+    }
+  }
+}
+
+std::string TensorPipeAgent::resolve_host() const {
+  if (!options_.host.empty()) return options_.host;
+  if (auto env = env_raw("GRADWIRE_RPC_HOST"); env && !env->empty()) return *env;
+  auto [error, address] = tp::transport::uv::lookupAddrForHostname();
+  if (!error && !address.empty()) return address;
+  return "127.0.0.1";
+}
+
+void TensorPipeAgent::register_transports_and_channels(const std::string& host) {
+  auto wants = [](const std::vector<std::string>& list, const char* name) {
+    return std::find(list.begin(), list.end(), name) != list.end();
+  };
+  context_->registerTransport(kUvPriority, "uv", tp::transport::uv::create());
+  if (wants(options_.transports, "shm")) {
+    auto shm = tp::transport::shm::create();
+    if (shm->isViable()) context_->registerTransport(kShmPriority, "shm", shm);
+  }
+  if (wants(options_.channels, "basic")) {
+    context_->registerChannel(kBasicPriority, "basic", tp::channel::basic::create());
+  }
+  if (wants(options_.channels, "mpt_uv")) {
+    std::vector<std::shared_ptr<tp::transport::Context>> lanes;
+    std::vector<std::shared_ptr<tp::transport::Listener>> listeners;
+    for (int i = 0; i < options_.mpt_lanes; ++i) {
+      auto lane = tp::transport::uv::create();
+      listeners.push_back(lane->listen(host));
+      lanes.push_back(std::move(lane));
+    }
+    context_->registerChannel(kMptPriority, "mpt_uv",
+                              tp::channel::mpt::create(std::move(lanes), std::move(listeners)));
+  }
+  if (wants(options_.channels, "cma")) {
+    auto cma = tp::channel::cma::create();
+    if (cma->isViable()) context_->registerChannel(kCmaPriority, "cma", cma);
+  }
+  if (wants(options_.channels, "xth")) {
+    auto xth = tp::channel::xth::create();
+    if (xth->isViable()) context_->registerChannel(kXthPriority, "xth", xth);
+  }
+}
+
+void TensorPipeAgent::start() {
+  validate_options();
+  if (store_ == nullptr) {
+    throw InvalidArgument("rpc agent " + self_.describe() + ": no store was given");
+  }
+  pool_ = std::make_shared<ThreadPool>(
+      ThreadPoolOptions{.num_threads = options_.num_worker_threads, .name = "rpc"});
+  {
+    // rpc/ owns the call handler: registered functions, by name.
+    std::unique_lock lock(handlers_mutex_);
+    handlers_[kCallHandler] =
+        HandlerEntry{"call", [this](const WorkerInfo&, const Request& request) {
+                       return registry().invoke(request.function, request.args, pool_);
+                     }};
+  }
+  const std::string host = resolve_host();
+  context_ = std::make_shared<tp::Context>(tp::ContextOptions().name(self_.name));
+  register_transports_and_channels(host);
+  std::vector<std::string> urls{"uv://" + host + ":0"};
+  if (std::find(options_.transports.begin(), options_.transports.end(), "shm") !=
+      options_.transports.end()) {
+    auto shm = tp::transport::shm::create();
+    if (shm->isViable()) urls.push_back("shm://" + unique_shm_name());
+  }
+  listener_ = context_->listen(urls);
+  const std::string my_url = listener_->url("uv");
+  timer_ = std::thread([this] { timer_loop(); });
+  join_group(my_url);
+  check_device_maps();
+  {
+    MutexLock lock(mutex_);
+    state_ = State::kRunning;
+  }
+  accept_next();
+  GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << " listening on " << my_url;
+}
+
+void TensorPipeAgent::join_group(const std::string& url) {
+  const std::string me = "rpc agent " + self_.describe();
+  // Names are unique: the first rank to claim one keeps it.
+  const std::string rank_text = std::to_string(self_.id);
+  const c10d::Bytes owner =
+      store_->compare_set("rpc/name/" + self_.name, {}, c10d::to_bytes(rank_text));
+  if (c10d::to_string(owner) != rank_text) {
+    throw InvalidArgument(me + ": the worker name '" + self_.name + "' is already taken by rank " +
+                          c10d::to_string(owner));
+  }
+  store_->set("rpc/worker/" + rank_text,
+              format_record(WorkerRecord{self_.name, url, options_.device_maps}));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size_; ++r)
+    keys.push_back("rpc/worker/" + std::to_string(r));
+  try {
+    store_->wait(keys, options_.join_timeout);
+  } catch (const TimeoutError&) {
+    std::vector<std::string> missing;
+    for (int r = 0; r < world_size_; ++r) {
+      if (!store_->check({keys[static_cast<size_t>(r)]})) missing.push_back(std::to_string(r));
+    }
+    std::string list;
+    for (const auto& m : missing)
+      list += (list.empty() ? "" : ", ") + m;
+    throw TimeoutError(me + " waited " + ms_text(options_.join_timeout) +
+                       " for every worker to "
+                       "start; ranks that did not: [" +
+                       list + "]");
+  }
+  const std::vector<c10d::Bytes> values = store_->multi_get(keys, options_.join_timeout);
+  std::vector<WorkerRecord> records;
+  for (int r = 0; r < world_size_; ++r)
+    records.push_back(parse_record(c10d::to_string(values[static_cast<size_t>(r)]), r));
+  for (int r = 0; r < world_size_; ++r) {
+    workers_.push_back(WorkerInfo{records[static_cast<size_t>(r)].name, r});
+    urls_.push_back(records[static_cast<size_t>(r)].url);
+    ids_by_name_[records[static_cast<size_t>(r)].name] = r;
+  }
+  // What a caller maps to devices here comes back through the inverse pairs.
+  reply_maps_.resize(static_cast<size_t>(world_size_));
+  for (int r = 0; r < world_size_; ++r) {
+    auto it = records[static_cast<size_t>(r)].device_maps.find(self_.name);
+    if (it == records[static_cast<size_t>(r)].device_maps.end()) continue;
+    for (const auto& [there, here] : it->second)
+      reply_maps_[static_cast<size_t>(r)].emplace_back(here, there);
+  }
+}
+
+void TensorPipeAgent::check_device_maps() const {
+  for (const auto& [worker, pairs] : options_.device_maps) {
+    if (ids_by_name_.find(worker) == ids_by_name_.end()) {
+      throw InvalidArgument("rpc agent " + self_.describe() + ": device_maps names worker '" +
+                            worker + "', which is not in the group");
+    }
+  }
+}
+
+// ---- lookups
+
+WorkerInfo TensorPipeAgent::get_worker_info(const Destination& worker) const {
+  auto known = [&] {
+    std::string list;
+    for (const WorkerInfo& w : workers_)
+      list += (list.empty() ? "" : ", ") + w.name;
+    return "known workers: [" + list + "]";
+  };
+  const auto& target = worker.target();
+  if (const auto* name = std::get_if<std::string>(&target)) {
+    auto it = ids_by_name_.find(*name);
+    if (it == ids_by_name_.end()) {
+      throw InvalidArgument("rpc: unknown worker '" + *name + "'; " + known());
+    }
+    return workers_[static_cast<size_t>(it->second)];
+  }
+  if (const auto* id = std::get_if<int>(&target)) {
+    if (*id < 0 || *id >= world_size_) {
+      throw InvalidArgument("rpc: unknown worker id " + std::to_string(*id) + "; ids are 0.." +
+                            std::to_string(world_size_ - 1) + ", " + known());
+    }
+    return workers_[static_cast<size_t>(*id)];
+  }
+  const WorkerInfo& info = std::get<WorkerInfo>(target);
+  if (info.id < 0 || info.id >= world_size_ || workers_[static_cast<size_t>(info.id)] != info) {
+    throw InvalidArgument("rpc: unknown worker " + info.describe() + "; " + known());
+  }
+  return info;
+}
+
+std::string TensorPipeAgent::describe(const Request& request) const {
+  if (request.handler == kCallHandler) return "call '" + request.function + "'";
+  return "request to handler " + std::to_string(request.handler);
+}
+
+DeviceMapper TensorPipeAgent::mapper_to(const WorkerInfo& to) const {
+  auto it = options_.device_maps.find(to.name);
+  const DeviceMap* map = it == options_.device_maps.end() ? nullptr : &it->second;
+  return [map, to](const Device& device) {
+    if (!device.is_cuda()) return Device::cpu();
+    if (map != nullptr) {
+      for (const auto& [from, target] : *map) {
+        if (from == device) return target;
+      }
+    }
+    throw InvalidArgument("a tensor on " + device.str() + " is sent to worker " + to.describe() +
+                          ", but AgentOptions::device_maps['" + to.name + "'] has no entry for " +
+                          device.str());
+  };
+}
+
+DeviceMapper TensorPipeAgent::reply_mapper(const WorkerInfo& caller) const {
+  const DeviceMap* map = caller.id >= 0 && caller.id < world_size_
+                             ? &reply_maps_[static_cast<size_t>(caller.id)]
+                             : nullptr;
+  return [map, caller](const Device& device) {
+    if (!device.is_cuda()) return Device::cpu();
+    if (map != nullptr) {
+      for (const auto& [here, there] : *map) {
+        if (here == device) return there;
+      }
+    }
+    throw InvalidArgument("a result tensor on " + device.str() + " cannot go back to worker " +
+                          caller.describe() + ": its device map does not map any device to " +
+                          device.str());
+  };
+}
+
+// ---- handlers and interceptors
+
+void TensorPipeAgent::register_handler(uint32_t id, std::string name, MessageHandler handler) {
+  if (!handler)
+    throw InvalidArgument("rpc: register_handler(" + std::to_string(id) + ", '" + name +
+                          "') was given an empty handler");
+  std::unique_lock lock(handlers_mutex_);
+  auto it = handlers_.find(id);
+  if (it != handlers_.end()) {
+    throw InvalidArgument("rpc: handler id " + std::to_string(id) + " ('" + name +
+                          "') is already taken by '" + it->second.name + "'");
+  }
+  handlers_.emplace(id, HandlerEntry{std::move(name), std::move(handler)});
+}
+
+void TensorPipeAgent::add_interceptor(std::shared_ptr<Interceptor> interceptor) {
+  if (interceptor == nullptr) throw InvalidArgument("rpc: add_interceptor(nullptr)");
+  MutexLock lock(mutex_);
+  auto next = std::make_shared<Interceptors>(*interceptors_);
+  next->push_back(std::move(interceptor));
+  interceptors_ = std::move(next);
+}
+
+// ---- sending
+
+void TensorPipeAgent::send_request(const Destination& to, Request request, CallOptions options,
+                                   ReplyCallback done) {
+  const WorkerInfo target = get_worker_info(to);
+  if (options.timeout.count() < 0) {
+    throw InvalidArgument("rpc: " + describe(request) + " to worker " + target.describe() +
+                          " was given a negative timeout (" + ms_text(options.timeout) + ")");
+  }
+  const std::chrono::milliseconds timeout = effective_timeout(options);
+  auto refuse = [&] {
+    return Error("rpc agent " + self_.describe() + " is shut down; cannot send " +
+                 describe(request) + " to worker " + target.describe());
+  };
+  {
+    MutexLock lock(mutex_);
+    if (state_ != State::kRunning) throw refuse();
+    request.id = next_request_id_++;
+  }
+  request.timeout = timeout;
+  for (const auto& interceptor : *interceptors())
+    interceptor->on_outgoing_request(target, request);
+  const uint64_t id = request.id;
+  std::string what = describe(request);
+  EncodedMessage message = encode(Envelope{std::move(request)}, mapper_to(target));
+
+  std::shared_ptr<Connection> conn;
+  bool fresh = false;
+  {
+    // connect() takes no callback, so it may be called with mutex_ held; the pipe is set
+    // before any other sender can see the connection.
+    MutexLock lock(mutex_);
+    if (state_ != State::kRunning) throw refuse();
+    auto it = clients_.find(target.id);
+    if (it == clients_.end()) {
+      conn = std::make_shared<Connection>();
+      conn->serial = next_serial_++;
+      conn->peer = target;
+      conn->outgoing = true;
+      conn->pipe = context_->connect(urls_[static_cast<size_t>(target.id)],
+                                     tp::PipeOptions().remoteName(target.name));
+      it = clients_.emplace(target.id, conn).first;
+      fresh = true;
+    }
+    conn = it->second;
+    const Clock::time_point deadline = Clock::now() + timeout;
+    auto slot = deadlines_.emplace(deadline, id);
+    pending_.emplace(id, Pending{std::move(done), target, what, timeout, conn->serial, slot});
+    if (slot == deadlines_.begin()) timer_cv_.notify_one();
+  }
+  if (fresh) read_next(conn);
+  std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  write(conn, std::move(message), [weak, id, target, what](const std::string& error) {
+    if (error.empty()) return;
+    if (auto self = weak.lock()) {
+      self->fail_call(id, std::make_exception_ptr(NetworkError("rpc: " + what + " to worker " +
+                                                               target.describe() +
+                                                               " could not be sent: " + error)));
+    }
+  });
+}
+
+void TensorPipeAgent::write(const std::shared_ptr<Connection>& conn, EncodedMessage message,
+                            std::function<void(const std::string&)> on_done) {
+  auto keep = std::make_shared<std::vector<Tensor>>(std::move(message.tensors));
+  tp::Message out;
+  out.metadata = std::move(message.payload);
+  out.tensors.reserve(keep->size());
+  for (const Tensor& t : *keep) {
+    tp::Message::Tensor tensor;
+    tensor.buffer = tp::CpuBuffer{buffer_of(t)};
+    tensor.length = t.nbytes();
+    out.tensors.push_back(std::move(tensor));
+  }
+  conn->pipe->write(std::move(out), [keep, on_done = std::move(on_done)](const tp::Error& error) {
+    if (on_done) on_done(error ? error.what() : std::string());
+  });
+}
+
+// ---- receiving
+
+void TensorPipeAgent::accept_next() {
+  std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  listener_->accept([weak](const tp::Error& error, std::shared_ptr<tp::Pipe> pipe) {
+    auto self = weak.lock();
+    if (self == nullptr) return;
+    if (error) {
+      if (!self->is_shut_down()) {
+        GRADWIRE_LOG(kWarning) << "rpc worker " << self->self_.describe()
+                               << " stopped accepting connections: " << error.what();
+      }
+      return;
+    }
+    auto conn = std::make_shared<Connection>();
+    conn->pipe = std::move(pipe);
+    const std::string& remote = conn->pipe->getRemoteName();
+    auto it = self->ids_by_name_.find(remote);
+    conn->peer = it == self->ids_by_name_.end() ? WorkerInfo{remote, -1}
+                                                : self->workers_[static_cast<size_t>(it->second)];
+    {
+      MutexLock lock(self->mutex_);
+      if (self->state_ == State::kClosed) return;
+      conn->serial = self->next_serial_++;
+      self->servers_.emplace(conn->serial, conn);
+    }
+    self->read_next(conn);
+    self->accept_next();
+  });
+}
+
+void TensorPipeAgent::read_next(const std::shared_ptr<Connection>& conn) {
+  std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  conn->pipe->readDescriptor([weak, conn](const tp::Error& error, tp::Descriptor descriptor) {
+    auto self = weak.lock();
+    if (self == nullptr) return;
+    if (error) {
+      self->on_connection_error(conn, error.what());
+      return;
+    }
+    self->on_descriptor(conn, std::move(descriptor));
+  });
+}
+
+void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
+                                    tp::Descriptor descriptor) {
+  std::vector<IncomingTensor> announced;
+  try {
+    if (!descriptor.payloads.empty()) {
+      throw InvalidArgument("malformed rpc envelope: a message with " +
+                            std::to_string(descriptor.payloads.size()) + " payloads");
+    }
+    announced = peek_tensors(descriptor.metadata, options_.limits);
+    if (announced.size() != descriptor.tensors.size()) {
+      throw InvalidArgument("malformed rpc envelope: " + std::to_string(announced.size()) +
+                            " tensors announced, " + std::to_string(descriptor.tensors.size()) +
+                            " sent");
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < announced.size(); ++i) {
+      if (announced[i].nbytes() != descriptor.tensors[i].length) {
+        throw InvalidArgument("malformed rpc envelope: tensor " + std::to_string(i) +
+                              " is announced as " + std::to_string(announced[i].nbytes()) +
+                              " bytes but " + std::to_string(descriptor.tensors[i].length) +
+                              " are sent");
+      }
+      total += announced[i].nbytes();
+    }
+    if (total > options_.limits.max_tensor_bytes) {
+      throw InvalidArgument("malformed rpc envelope: " + std::to_string(total) +
+                            " tensor bytes, more than the limit of " +
+                            std::to_string(options_.limits.max_tensor_bytes));
+    }
+  } catch (const std::exception& e) {
+    on_malformed(conn, descriptor.metadata, e.what(), /*close_after=*/true);
+    return;
+  }
+  tp::Allocation allocation;
+  std::vector<Tensor> tensors;
+  std::vector<Device> targets;
+  tensors.reserve(announced.size());
+  for (const IncomingTensor& a : announced) {
+    Tensor t = gradwire::empty(a.sizes, a.dtype);
+    tp::Allocation::Tensor slot;
+    slot.buffer = tp::CpuBuffer{buffer_of(t)};
+    allocation.tensors.push_back(std::move(slot));
+    tensors.push_back(std::move(t));
+    targets.push_back(a.device);
+  }
+  std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  conn->pipe->read(
+      std::move(allocation),
+      [weak, conn, metadata = std::move(descriptor.metadata), tensors = std::move(tensors),
+       targets = std::move(targets)](const tp::Error& error) mutable {
+        auto self = weak.lock();
+        if (self == nullptr) return;
+        if (error) {
+          self->on_connection_error(conn, error.what());
+          return;
+        }
+        self->read_next(conn);
+        self->on_message(conn, metadata, std::move(tensors), targets);
+      });
+}
+
+void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
+                                 const std::string& metadata, std::vector<Tensor> tensors,
+                                 const std::vector<Device>& targets) {
+  const bool to_device =
+      std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
+  auto process = [self = shared_from_this(), conn, metadata, tensors = std::move(tensors),
+                  targets]() mutable {
+    Envelope envelope;
+    try {
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (targets[i].is_cuda()) tensors[i] = tensors[i].to(targets[i]);
+      }
+      envelope = decode(metadata, tensors, self->options_.limits);
+    } catch (const std::exception& e) {
+      self->on_malformed(conn, metadata, e.what(), /*close_after=*/false);
+      return;
+    }
+    if (Request* request = std::get_if<Request>(&envelope.body)) {
+      {
+        MutexLock lock(self->mutex_);
+        if (self->state_ == State::kClosed) return;
+        ++self->active_handlers_;
+      }
+      self->handle_request(conn, std::move(*request));
+    } else {
+      self->complete_call(conn, std::move(std::get<Response>(envelope.body)));
+    }
+  };
+  // Requests always run on the pool. Replies complete their call here, on the I/O thread,
+  // unless tensors must first be copied to a device.
+  if (!to_device) {
+    process();
+  } else {
+    try {
+      pool_->execute(std::move(process));
+    } catch (const Error&) {
+      // The pool is shut down: the agent is closing and the message is moot.
+    }
+  }
+}
+
+void TensorPipeAgent::on_malformed(const std::shared_ptr<Connection>& conn,
+                                   const std::string& metadata, const std::string& why,
+                                   bool close_after) {
+  GRADWIRE_LOG(kWarning) << "rpc worker " << self_.describe() << ": malformed message from "
+                         << conn->peer.describe() << ": " << why;
+  std::optional<EnvelopeHeader> header = peek_header(metadata, options_.limits);
+  if (header && header->is_request) {
+    Response reply;
+    reply.id = header->id;
+    reply.result = ErrorReply{ErrorKind::kInvalidArgument, why, self_.name, /*rejected=*/true};
+    // Unread tensor data of a bad descriptor cannot be skipped: after the reply, the
+    // connection goes.
+    std::shared_ptr<tp::Pipe> pipe = conn->pipe;
+    write(conn, encode(Envelope{std::move(reply)}), [pipe, close_after](const std::string&) {
+      if (close_after) pipe->close();
+    });
+    return;
+  }
+  if (header) {
+    {
+      MutexLock lock(mutex_);
+      auto it = pending_.find(header->id);
+      if (it == pending_.end() || it->second.connection != conn->serial) header.reset();
+    }
+    if (header) {
+      fail_call(header->id,
+                std::make_exception_ptr(InvalidArgument("rpc: worker " + conn->peer.describe() +
+                                                        " sent a malformed reply: " + why)));
+    }
+  }
+  if (close_after) conn->pipe->close();
+}
+
+void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& conn,
+                                          const std::string& what) {
+  std::vector<Pending> lost;
+  bool closing = false;
+  {
+    MutexLock lock(mutex_);
+    closing = state_ != State::kRunning;
+    if (conn->outgoing) {
+      auto it = clients_.find(conn->peer.id);
+      if (it != clients_.end() && it->second == conn) clients_.erase(it);
+      for (auto it2 = pending_.begin(); it2 != pending_.end();) {
+        if (it2->second.connection == conn->serial) {
+          deadlines_.erase(it2->second.deadline);
+          lost.push_back(std::move(it2->second));
+          it2 = pending_.erase(it2);
+        } else {
+          ++it2;
+        }
+      }
+    } else {
+      servers_.erase(conn->serial);
+    }
+  }
+  if (!closing && conn->outgoing) {
+    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": connection to "
+                        << conn->peer.describe() << " lost: " << what;
+  }
+  for (Pending& call : lost) {
+    call.done(Value(), std::make_exception_ptr(
+                           NetworkError("rpc: " + call.what + " to worker " + call.to.describe() +
+                                        " failed: the connection to it was lost (" + what + ")")));
+  }
+}
+
+// ---- serving
+
+void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Request request) {
+  auto run = [self = shared_from_this(), conn, request = std::move(request)]() mutable {
+    Future<Value> result;
+    try {
+      for (const auto& interceptor : *self->interceptors())
+        interceptor->on_incoming_request(conn->peer, request);
+      MessageHandler handler;
+      {
+        std::shared_lock lock(self->handlers_mutex_);
+        auto it = self->handlers_.find(request.handler);
+        if (it == self->handlers_.end()) {
+          std::string known;
+          for (const auto& [id, entry] : self->handlers_)
+            known += (known.empty() ? "" : ", ") + std::to_string(id) + " (" + entry.name + ")";
+          throw CallRejected("worker " + self->self_.describe() + " has no handler with id " +
+                             std::to_string(request.handler) + " (registered: " + known + ")");
+        }
+        handler = it->second.handler;
+      }
+      result = handler(conn->peer, request);
+    } catch (...) {
+      result = make_failed_future<Value>(std::current_exception());
+    }
+    if (result.completed()) {
+      self->respond(conn, request, result);
+    } else {
+      result.add_callback(self->pool_, [self, conn, request](Future<Value> done) {
+        self->respond(conn, request, done);
+      });
+    }
+  };
+  try {
+    pool_->execute(std::move(run));
+  } catch (const Error&) {
+    MutexLock lock(mutex_);
+    --active_handlers_;
+    idle_cv_.notify_all();
+  }
+}
+
+ErrorReply TensorPipeAgent::error_reply(std::exception_ptr error) const {
+  try {
+    std::rethrow_exception(std::move(error));
+  } catch (const CallRejected& e) {
+    return ErrorReply{ErrorKind::kInvalidArgument, e.what(), self_.name, /*rejected=*/true};
+  } catch (const Error& e) {
+    return ErrorReply{e.kind(), e.what(), self_.name, false};
+  } catch (const std::exception& e) {
+    return ErrorReply{ErrorKind::kError, e.what(), self_.name, false};
+  } catch (...) {
+    return ErrorReply{ErrorKind::kError, "an exception that is not a std::exception", self_.name,
+                      false};
+  }
+}
+
+void TensorPipeAgent::respond(const std::shared_ptr<Connection>& conn, const Request& request,
+                              const Future<Value>& result) {
+  Response response;
+  response.id = request.id;
+  response.autograd_context_id = request.autograd_context_id;
+  response.autograd_message_id = request.autograd_message_id;
+  if (result.has_error()) {
+    response.result = error_reply(result.error());
+  } else {
+    response.result = result.value();
+  }
+  EncodedMessage message;
+  try {
+    for (const auto& interceptor : *interceptors())
+      interceptor->on_outgoing_response(conn->peer, request, response);
+    message = encode(Envelope{response}, reply_mapper(conn->peer));
+  } catch (...) {
+    ErrorReply reply = error_reply(std::current_exception());
+    reply.message = "the reply to " + describe(request) + " could not be sent: " + reply.message;
+    response.result = std::move(reply);
+    message = encode(Envelope{std::move(response)});
+  }
+  write(conn, std::move(message), nullptr);
+  MutexLock lock(mutex_);
+  --active_handlers_;
+  idle_cv_.notify_all();
+}
+
+// ---- completing calls
+
+std::exception_ptr TensorPipeAgent::reply_error(const ErrorReply& reply,
+                                                const Pending& call) const {
+  if (reply.rejected) {
+    return error_of_kind(reply.kind, "rpc: worker " + call.to.describe() + " refused " + call.what +
+                                         ": " + reply.message);
+  }
+  return std::make_exception_ptr(RemoteError(reply.worker.empty() ? call.to.name : reply.worker,
+                                             std::string(error_kind_name(reply.kind)),
+                                             reply.message));
+}
+
+void TensorPipeAgent::complete_call(const std::shared_ptr<Connection>& conn, Response response) {
+  Pending call;
+  {
+    MutexLock lock(mutex_);
+    auto it = pending_.find(response.id);
+    if (it == pending_.end() || it->second.connection != conn->serial) {
+      GRADWIRE_LOG(kDebug) << "rpc worker " << self_.describe() << ": dropped the reply "
+                           << response.id << " from " << conn->peer.describe()
+                           << " (its call timed out or was never made)";
+      return;
+    }
+    deadlines_.erase(it->second.deadline);
+    call = std::move(it->second);
+    pending_.erase(it);
+    if (pending_.empty()) idle_cv_.notify_all();
+  }
+  try {
+    for (const auto& interceptor : *interceptors())
+      interceptor->on_incoming_response(call.to, response);
+  } catch (...) {
+    call.done(Value(), std::current_exception());
+    return;
+  }
+  if (Value* value = std::get_if<Value>(&response.result)) {
+    call.done(std::move(*value), nullptr);
+  } else {
+    call.done(Value(), reply_error(std::get<ErrorReply>(response.result), call));
+  }
+}
+
+void TensorPipeAgent::fail_call(uint64_t id, std::exception_ptr error) {
+  Pending call;
+  {
+    MutexLock lock(mutex_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    deadlines_.erase(it->second.deadline);
+    call = std::move(it->second);
+    pending_.erase(it);
+    if (pending_.empty()) idle_cv_.notify_all();
+  }
+  call.done(Value(), std::move(error));
+}
+
+void TensorPipeAgent::timer_loop() {
+  for (;;) {
+    std::vector<Pending> expired;
+    {
+      MutexLock lock(mutex_);
+      while (!stop_timer_ && (deadlines_.empty() || Clock::now() < deadlines_.begin()->first)) {
+        if (deadlines_.empty()) {
+          lock.wait(timer_cv_);
+        } else {
+          const Clock::time_point next = deadlines_.begin()->first;
+          lock.wait_until(timer_cv_, next);
+        }
+      }
+      if (stop_timer_) return;
+      const Clock::time_point now = Clock::now();
+      while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+        auto it = pending_.find(deadlines_.begin()->second);
+        deadlines_.erase(deadlines_.begin());
+        if (it == pending_.end()) continue;
+        expired.push_back(std::move(it->second));
+        pending_.erase(it);
+      }
+      if (pending_.empty()) idle_cv_.notify_all();
+    }
+    for (Pending& call : expired) {
+      call.done(Value(), std::make_exception_ptr(
+                             TimeoutError("rpc: " + call.what + " to worker " + call.to.describe() +
+                                          " timed out after " + ms_text(call.timeout))));
+    }
+  }
+}
+
+// ---- shutdown
+
+void TensorPipeAgent::wait_until_idle(Clock::time_point deadline) {
+  MutexLock lock(mutex_);
+  while (!pending_.empty() || active_handlers_ > 0) {
+    if (lock.wait_until(idle_cv_, deadline) == std::cv_status::timeout &&
+        (!pending_.empty() || active_handlers_ > 0)) {
+      throw TimeoutError("rpc agent " + self_.describe() + ": graceful shutdown waited " +
+                         ms_text(options_.join_timeout) + " for " +
+                         std::to_string(pending_.size()) + " pending calls and " +
+                         std::to_string(active_handlers_) + " running handlers");
+    }
+  }
+}
+
+void TensorPipeAgent::barrier(const std::string& phase, Clock::time_point deadline) {
+  const std::string prefix = "rpc/shutdown/" + phase + "/";
+  store_->set(prefix + std::to_string(self_.id), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size_; ++r)
+    keys.push_back(prefix + std::to_string(r));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  try {
+    store_->wait(keys, std::max(left, std::chrono::milliseconds(1)));
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < world_size_; ++r) {
+      if (!store_->check({keys[static_cast<size_t>(r)]})) {
+        missing += (missing.empty() ? "" : ", ") + workers_[static_cast<size_t>(r)].describe();
+      }
+    }
+    throw TimeoutError("rpc agent " + self_.describe() + ": graceful shutdown waited " +
+                       ms_text(options_.join_timeout) +
+                       " for every worker to agree; workers that did not: [" + missing + "]");
+  }
+}
+
+void TensorPipeAgent::shutdown(bool graceful) {
+  {
+    MutexLock lock(mutex_);
+    // A second shutdown returns at once; calls may still be made while a graceful one
+    // waits for the other workers.
+    if (state_ != State::kRunning || shutdown_started_) return;
+    shutdown_started_ = true;
+  }
+  if (graceful) {
+    const Clock::time_point deadline = Clock::now() + options_.join_timeout;
+    try {
+      // Each worker first finishes its own calls; once all agree, no new call can depend
+      // on a worker that has gone, and a second round lets replies still in flight land.
+      wait_until_idle(deadline);
+      barrier("1", deadline);
+      wait_until_idle(deadline);
+      barrier("2", deadline);
+    } catch (...) {
+      close();
+      throw;
+    }
+  }
+  close();
+}
+
+void TensorPipeAgent::close() {
+  std::vector<Pending> abandoned;
+  {
+    MutexLock lock(mutex_);
+    if (state_ == State::kClosed || state_ == State::kClosing) return;
+    state_ = State::kClosing;
+    for (auto& [id, call] : pending_)
+      abandoned.push_back(std::move(call));
+    pending_.clear();
+    deadlines_.clear();
+    stop_timer_ = true;
+    timer_cv_.notify_all();
+    idle_cv_.notify_all();
+  }
+  for (Pending& call : abandoned) {
+    call.done(Value(), std::make_exception_ptr(
+                           Error("rpc agent " + self_.describe() + " was shut down before " +
+                                 call.what + " to worker " + call.to.describe() + " completed")));
+  }
+  if (listener_) listener_->close();
+  if (context_) {
+    context_->close();
+    context_->join();
+  }
+  if (timer_.joinable()) timer_.join();
+  if (pool_) pool_->shutdown();
+  std::map<int, std::shared_ptr<Connection>> clients;
+  std::map<uint64_t, std::shared_ptr<Connection>> servers;
+  {
+    MutexLock lock(mutex_);
+    state_ = State::kClosed;
+    clients.swap(clients_);
+    servers.swap(servers_);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<RpcAgent> make_tensorpipe_agent(std::string name, int rank, int world_size,
+                                                std::shared_ptr<c10d::Store> store,
+                                                AgentOptions options) {
+  if (!valid_name(name)) {
+    throw InvalidArgument("rpc: invalid worker name '" + name +
+                          "': use 1 to 128 characters from [A-Za-z0-9_.:-]");
+  }
+  if (world_size < 1) {
+    throw InvalidArgument("rpc: world_size must be >= 1, got " + std::to_string(world_size));
+  }
+  if (rank < 0 || rank >= world_size) {
+    throw InvalidArgument("rpc: rank " + std::to_string(rank) + " is outside [0, " +
+                          std::to_string(world_size) + ")");
+  }
+  auto agent = std::make_shared<TensorPipeAgent>(WorkerInfo{std::move(name), rank}, world_size,
+                                                 std::move(store), std::move(options));
+  try {
+    agent->start();
+  } catch (...) {
+    agent->close();
+    throw;
+  }
+  // The handle's deleter closes the agent on the thread that drops the last handle.
+  RpcAgent* raw = agent.get();
+  return std::shared_ptr<RpcAgent>(raw, [agent](RpcAgent*) mutable {
+    agent->close();
+    agent.reset();
+  });
+}
+
+}  // namespace gradwire::rpc

@@ -1,0 +1,673 @@
+// The TensorPipe agent: calls between workers (ranks as threads, several agents in one
+// process, and ranks as processes where a peer dies), typed results checked against values
+// worked out here, every error of the call path, handlers and interceptors, malformed
+// messages from a raw TensorPipe peer, timeouts, and graceful and forced shutdown.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <tensorpipe/tensorpipe.h>
+
+#include "gradwire/c10d/file_store.h"
+#include "gradwire/c10d/hash_store.h"
+#include "gradwire/core/error.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/rpc.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+#include "support/harness.h"
+#include "support/sync.h"
+
+namespace gradwire::rpc {
+namespace {
+
+using namespace std::chrono_literals;
+using Agents = std::vector<std::shared_ptr<RpcAgent>>;
+
+std::string worker_name(int rank) {
+  return "w" + std::to_string(rank);
+}
+
+AgentOptions test_options(Registry& reg) {
+  AgentOptions o;
+  o.registry = &reg;
+  o.rpc_timeout = 20s;
+  o.join_timeout = 20s;
+  o.num_worker_threads = 4;
+  o.mpt_lanes = 2;
+  return o;
+}
+
+// Starts `n` agents on one store, concurrently (each waits for all).
+Agents start_agents(int n, const AgentOptions& options,
+                    std::shared_ptr<c10d::Store> store = std::make_shared<c10d::HashStore>(20s)) {
+  Agents agents(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        agents[static_cast<size_t>(r)] =
+            make_tensorpipe_agent(worker_name(r), r, n, store, options);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  for (int r = 0; r < n; ++r) {
+    if (!errors[static_cast<size_t>(r)].empty()) {
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)]);
+    }
+  }
+  return agents;
+}
+
+// Graceful shutdown of every agent, concurrently; returns the errors, "" for success.
+std::vector<std::string> shutdown_all(const Agents& agents) {
+  std::vector<std::string> errors(agents.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < agents.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        agents[r]->shutdown();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  return errors;
+}
+
+void expect_clean_shutdown(const Agents& agents) {
+  for (const std::string& e : shutdown_all(agents))
+    EXPECT_EQ(e, "");
+}
+
+template <typename E, typename F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "(no exception)";
+}
+
+void register_basics(Registry& reg) {
+  reg.def("add", [](const Tensor& a, const Tensor& b) { return add(a, b); });
+  reg.def("scale", [](const Tensor& a, double k) { return mul(a, k); });
+  reg.def("concat", [](const std::string& a, const std::string& b) { return a + b; });
+  reg.def("sum_list", [](const std::vector<int64_t>& xs) {
+    int64_t s = 0;
+    for (int64_t x : xs)
+      s += x;
+    return s;
+  });
+  reg.def("fail", [](const std::string& why) -> int64_t { throw std::runtime_error(why); });
+  reg.def("echo", [](const Tensor& t) { return t; });
+  reg.def("nothing", [] {});
+}
+
+TEST(RpcAgent, CallsByNameIdAndWorkerInfoAcrossThreeWorkers) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(3, test_options(reg));
+  const Tensor a = tensor<float>({1.5f, -2.0f}, {2});
+  const Tensor b = tensor<float>({0.25f, 4.0f}, {2});
+  for (int from = 0; from < 3; ++from) {
+    for (int to = 0; to < 3; ++to) {
+      Tensor c = agents[static_cast<size_t>(from)]->rpc_sync<Tensor>(worker_name(to), "add", a, b);
+      EXPECT_EQ(c.to_vector<float>(), (std::vector<float>{1.75f, 2.0f}));
+    }
+  }
+  RpcAgent& w0 = *agents[0];
+  EXPECT_EQ(w0.rpc_sync<std::string>(1, "concat", std::string("ab"), std::string("cd")), "abcd");
+  const WorkerInfo w2 = w0.get_worker_info("w2");
+  EXPECT_EQ(w2, (WorkerInfo{"w2", 2}));
+  EXPECT_EQ(w0.rpc_sync<int64_t>(w2, "sum_list", std::vector<int64_t>{1, 2, 3, 40}), 46);
+  Tensor scaled = w0.rpc_sync<Tensor>("w1", "scale", a, 2.0);
+  EXPECT_EQ(scaled.to_vector<float>(), (std::vector<float>{3.0f, -4.0f}));
+  w0.rpc_sync<void>("w1", "nothing");
+  EXPECT_EQ(w0.worker_info(), (WorkerInfo{"w0", 0}));
+  EXPECT_EQ(w0.get_worker_infos().size(), 3u);
+  EXPECT_EQ(w0.get_worker_info(1).name, "w1");
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, ManyAsyncCallsInFlightAllComplete) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(2, test_options(reg));
+  std::vector<Future<int64_t>> futures;
+  for (int64_t i = 0; i < 200; ++i)
+    futures.push_back(agents[0]->rpc_async<int64_t>("w1", "sum_list", std::vector<int64_t>{i, i}));
+  for (int64_t i = 0; i < 200; ++i)
+    EXPECT_EQ(futures[static_cast<size_t>(i)].get(10s), 2 * i);
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, TensorsKeepDtypeShapeAndValuesIncludingStridedAndEmpty) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(2, test_options(reg));
+  RpcAgent& w0 = *agents[0];
+  // A transposed (non-contiguous) view travels as its logical contents.
+  Tensor m = tensor<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor back = w0.rpc_sync<Tensor>("w1", "echo", m.transpose(0, 1));
+  EXPECT_EQ(back.sizes(), (Shape{3, 2}));
+  EXPECT_EQ(back.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  Tensor ints = tensor<int64_t>({-7, 1LL << 40}, {2, 1});
+  Tensor ints_back = w0.rpc_sync<Tensor>("w1", "echo", ints);
+  EXPECT_EQ(ints_back.dtype(), kInt64);
+  EXPECT_EQ(ints_back.sizes(), (Shape{2, 1}));
+  EXPECT_EQ(ints_back.to_vector<int64_t>(), (std::vector<int64_t>{-7, 1LL << 40}));
+  Tensor none = zeros({0, 4});
+  Tensor none_back = w0.rpc_sync<Tensor>("w1", "echo", none);
+  EXPECT_EQ(none_back.sizes(), (Shape{0, 4}));
+  // 4 MiB: the bytes arrive intact (sum of 0..n-1 computed here).
+  const int64_t n = 1 << 20;
+  Tensor big = arange(0, n, 1, kFloat64);
+  Tensor big_back = w0.rpc_sync<Tensor>("w1", "echo", big);
+  EXPECT_DOUBLE_EQ(sum(big_back).item<double>(), static_cast<double>(n) * (n - 1) / 2);
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, UnknownWorkerIsAnInvalidArgumentNamingTheKnownOnes) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(2, test_options(reg));
+  const std::string by_name = error_text<InvalidArgument>(
+      [&] { agents[0]->rpc_sync<int64_t>("ps9", "sum_list", std::vector<int64_t>{}); });
+  EXPECT_NE(by_name.find("unknown worker 'ps9'"), std::string::npos) << by_name;
+  EXPECT_NE(by_name.find("[w0, w1]"), std::string::npos) << by_name;
+  const std::string by_id = error_text<InvalidArgument>([&] { agents[0]->get_worker_info(5); });
+  EXPECT_NE(by_id.find("unknown worker id 5"), std::string::npos) << by_id;
+  const std::string by_info = error_text<InvalidArgument>([&] {
+    agents[0]->get_worker_info(WorkerInfo{"w1", 0});
+  });
+  EXPECT_NE(by_info.find("unknown worker 'w1' (rank 0)"), std::string::npos) << by_info;
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, RefusedCallsAreInvalidArgumentsNamingFunctionAndTypes) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(2, test_options(reg));
+  RpcAgent& w0 = *agents[0];
+  const Tensor a = ones({2});
+  const std::string unknown =
+      error_text<InvalidArgument>([&] { w0.rpc_sync<Tensor>("w1", "sub", a, a); });
+  EXPECT_NE(unknown.find("worker 'w1' (rank 1) refused call 'sub'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("no function 'sub'"), std::string::npos) << unknown;
+  const std::string arity =
+      error_text<InvalidArgument>([&] { w0.rpc_sync<Tensor>("w1", "add", a); });
+  EXPECT_NE(arity.find("add(Tensor, Tensor) -> Tensor"), std::string::npos) << arity;
+  const std::string type =
+      error_text<InvalidArgument>([&] { w0.rpc_sync<Tensor>("w1", "add", a, int64_t{3}); });
+  EXPECT_NE(type.find("argument 2 of add(Tensor, Tensor) -> Tensor"), std::string::npos) << type;
+  EXPECT_NE(type.find("int"), std::string::npos) << type;
+  // The result converts to the caller's R or the call fails naming both types.
+  const std::string result =
+      error_text<InvalidArgument>([&] { w0.rpc_sync<std::string>("w1", "add", a, a); });
+  EXPECT_NE(result.find("result of 'add' on worker 'w1' (rank 1)"), std::string::npos) << result;
+  EXPECT_NE(result.find("Tensor"), std::string::npos) << result;
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, RemoteExceptionIsARemoteErrorWithMessageAndWorker) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(2, test_options(reg));
+  try {
+    agents[0]->rpc_sync<int64_t>("w1", "fail", std::string("disk on fire"));
+    FAIL() << "no exception";
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.worker(), "w1");
+    EXPECT_EQ(e.remote_message(), "disk on fire");
+    EXPECT_NE(std::string(e.what()).find("disk on fire"), std::string::npos);
+  }
+  // The worker keeps serving.
+  EXPECT_EQ(agents[0]->rpc_sync<std::string>("w1", "concat", std::string("x"), std::string("y")),
+            "xy");
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, TimeoutFailsTheCallAndTheLateReplyIsDropped) {
+  Registry reg;
+  test::CountdownLatch release(1);
+  test::CountdownLatch entered(1);
+  reg.def("slow", [&] {
+    entered.count_down();
+    EXPECT_TRUE(release.wait(20s));
+    return int64_t{7};
+  });
+  reg.def("fast", [] { return int64_t{8}; });
+  Agents agents = start_agents(2, test_options(reg));
+  const auto t0 = std::chrono::steady_clock::now();
+  Future<int64_t> slow = agents[0]->rpc_async<int64_t>("w1", "slow", CallOptions{.timeout = 200ms});
+  EXPECT_TRUE(slow.wait(10s));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, 200ms);
+  const std::string text = error_text<TimeoutError>([&] { slow.value(); });
+  EXPECT_NE(text.find("call 'slow' to worker 'w1' (rank 1) timed out after 200 ms"),
+            std::string::npos)
+      << text;
+  ASSERT_TRUE(entered.wait(10s));
+  release.count_down();  // the late reply arrives and must be dropped quietly
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "fast"), 8);
+  const std::string negative = error_text<InvalidArgument>(
+      [&] { agents[0]->rpc_sync<int64_t>("w1", "fast", CallOptions{.timeout = -5ms}); });
+  EXPECT_NE(negative.find("negative timeout"), std::string::npos) << negative;
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, AsyncFunctionRepliesWhenItsFutureCompletes) {
+  Registry reg;
+  Future<int64_t> gate;
+  reg.def("wait_gate", [&]() { return gate; });
+  reg.def("open_gate", [&](int64_t v) { gate.set_value(v); });
+  AgentOptions options = test_options(reg);
+  options.num_worker_threads = 1;  // the waiting call must not hold the only thread
+  Agents agents = start_agents(2, options);
+  Future<int64_t> waiting = agents[0]->rpc_async<int64_t>("w1", "wait_gate");
+  agents[0]->rpc_sync<void>("w1", "open_gate", int64_t{41});
+  EXPECT_EQ(waiting.get(10s), 41);
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, NestedCallsFromAHandlerReachAThirdWorker) {
+  Registry reg;
+  register_basics(reg);
+  std::vector<std::shared_ptr<RpcAgent>> group;
+  reg.def("relay", [&](const std::string& to, const Tensor& a) {
+    // Runs on w1, which calls w2: an asynchronous function, so no thread blocks.
+    return group[1]->rpc_async<Tensor>(to, "add", a, a);
+  });
+  group = start_agents(3, test_options(reg));
+  Tensor r = group[0]->rpc_sync<Tensor>("w1", "relay", std::string("w2"), full({3}, 2.5));
+  EXPECT_EQ(r.to_vector<float>(), (std::vector<float>{5.0f, 5.0f, 5.0f}));
+  expect_clean_shutdown(group);
+}
+
+class RecordingInterceptor : public Interceptor {
+ public:
+  void on_outgoing_request(const WorkerInfo& to, Request& request) override {
+    if (request.handler == 100) request.autograd_context_id = 1000 + static_cast<uint64_t>(to.id);
+    outgoing_requests++;
+  }
+  void on_incoming_request(const WorkerInfo& from, Request& request) override {
+    if (request.handler == 100) seen_context = request.autograd_context_id;
+    if (request.function == "forbidden") throw InvalidArgument("interceptor refuses 'forbidden'");
+    last_caller = from.name;
+    incoming_requests++;
+  }
+  void on_outgoing_response(const WorkerInfo&, const Request&, Response& response) override {
+    response.autograd_message_id = 77;
+    outgoing_responses++;
+  }
+  void on_incoming_response(const WorkerInfo&, Response& response) override {
+    last_response_message_id = response.autograd_message_id;
+    incoming_responses++;
+  }
+  std::atomic<int> outgoing_requests{0}, incoming_requests{0}, outgoing_responses{0},
+      incoming_responses{0};
+  std::atomic<uint64_t> seen_context{0}, last_response_message_id{0};
+  std::string last_caller;
+};
+
+TEST(RpcAgent, OwnHandlerAndInterceptorSeeEveryMessage) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(2, test_options(reg));
+  auto sender = std::make_shared<RecordingInterceptor>();
+  auto receiver = std::make_shared<RecordingInterceptor>();
+  agents[0]->add_interceptor(sender);
+  agents[1]->add_interceptor(receiver);
+  // A handler of our own: it answers with the payload length and the context id it got.
+  agents[1]->register_handler(100, "probe", [](const WorkerInfo& caller, const Request& request) {
+    return make_ready_future(
+        Value::list({Value(caller.name), Value(static_cast<int64_t>(request.payload.size())),
+                     Value(static_cast<int64_t>(request.autograd_context_id))}));
+  });
+  Request probe;
+  probe.handler = 100;
+  probe.payload = Bytes{1, 2, 3};
+  Value reply = agents[0]->send("w1", probe).get(10s);
+  ASSERT_EQ(reply.as_list().size(), 3u);
+  EXPECT_EQ(reply.as_list()[0].as_string(), "w0");
+  EXPECT_EQ(reply.as_list()[1].as_int(), 3);
+  EXPECT_EQ(reply.as_list()[2].as_int(), 1001);  // set by the sender's interceptor
+  EXPECT_EQ(receiver->seen_context.load(), 1001u);
+  EXPECT_EQ(sender->last_response_message_id.load(), 77u);  // set by the receiver's
+  EXPECT_EQ(sender->outgoing_requests.load(), 1);
+  EXPECT_EQ(sender->incoming_responses.load(), 1);
+  EXPECT_EQ(receiver->incoming_requests.load(), 1);
+  EXPECT_EQ(receiver->outgoing_responses.load(), 1);
+  EXPECT_EQ(receiver->last_caller, "w0");
+  // An interceptor can refuse an incoming call: the caller gets the error.
+  reg.def("forbidden", [] { return int64_t{1}; });
+  const std::string refused =
+      error_text<RemoteError>([&] { agents[0]->rpc_sync<int64_t>("w1", "forbidden"); });
+  EXPECT_NE(refused.find("interceptor refuses 'forbidden'"), std::string::npos) << refused;
+  // Handler ids are unique; an id nobody registered is refused by the receiver.
+  const std::string taken = error_text<InvalidArgument>([&] {
+    agents[1]->register_handler(
+        100, "again", [](const WorkerInfo&, const Request&) { return make_ready_future(Value()); });
+  });
+  EXPECT_NE(taken.find("already taken by 'probe'"), std::string::npos) << taken;
+  EXPECT_THROW(agents[1]->register_handler(
+                   kCallHandler, "x",
+                   [](const WorkerInfo&, const Request&) { return make_ready_future(Value()); }),
+               InvalidArgument);
+  Request stray;
+  stray.handler = 77;
+  const std::string unknown =
+      error_text<InvalidArgument>([&] { agents[0]->send("w1", stray).get(10s); });
+  EXPECT_NE(unknown.find("no handler with id 77"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("100 (probe)"), std::string::npos) << unknown;
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, CallsAfterShutdownFailAtOnce) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(2, test_options(reg));
+  expect_clean_shutdown(agents);
+  EXPECT_TRUE(agents[0]->is_shut_down());
+  const std::string text = error_text<Error>(
+      [&] { agents[0]->rpc_sync<int64_t>("w1", "sum_list", std::vector<int64_t>{1}); });
+  EXPECT_NE(text.find("rpc agent 'w0' (rank 0) is shut down"), std::string::npos) << text;
+  agents[0]->shutdown();  // idempotent
+}
+
+TEST(RpcAgent, GracefulShutdownLetsOutstandingCallsFinish) {
+  Registry reg;
+  test::CountdownLatch release(1);
+  test::CountdownLatch entered(1);
+  reg.def("hold", [&] {
+    entered.count_down();
+    EXPECT_TRUE(release.wait(20s));
+    return int64_t{5};
+  });
+  Agents agents = start_agents(2, test_options(reg));
+  Future<int64_t> held = agents[0]->rpc_async<int64_t>("w1", "hold");
+  ASSERT_TRUE(entered.wait(10s));
+  std::vector<std::string> errors;
+  std::thread closer([&] { errors = shutdown_all(agents); });
+  release.count_down();
+  closer.join();
+  EXPECT_EQ(held.get(1s), 5);  // completed before the agents closed
+  for (const std::string& e : errors)
+    EXPECT_EQ(e, "");
+}
+
+TEST(RpcAgent, ForcedShutdownOfAPeerFailsItsPendingCallsWithNetworkError) {
+  Registry reg;
+  test::CountdownLatch release(1);
+  test::CountdownLatch entered(1);
+  reg.def("hold", [&] {
+    entered.count_down();
+    EXPECT_TRUE(release.wait(20s));
+    return int64_t{5};
+  });
+  Agents agents = start_agents(2, test_options(reg));
+  std::vector<Future<int64_t>> held;
+  for (int i = 0; i < 3; ++i)
+    held.push_back(agents[0]->rpc_async<int64_t>("w1", "hold"));
+  ASSERT_TRUE(entered.wait(10s));
+  const auto t0 = std::chrono::steady_clock::now();
+  // w1 goes away; its pool waits for the held handler, so close it on another thread.
+  std::thread killer([&] { agents[1]->shutdown(false); });
+  for (auto& f : held) {
+    ASSERT_TRUE(f.wait(10s));
+    const std::string text = error_text<NetworkError>([&] { f.value(); });
+    EXPECT_NE(text.find("call 'hold' to worker 'w1' (rank 1)"), std::string::npos) << text;
+    EXPECT_NE(text.find("connection to it was lost"), std::string::npos) << text;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  release.count_down();
+  killer.join();
+  agents[0]->shutdown(false);
+}
+
+TEST(RpcAgent, APeerProcessThatDiesFailsPendingCallsPromptly) {
+  Registry reg;
+  reg.def("die", []() -> int64_t { ::_exit(0); });
+  reg.def("ping", [] { return int64_t{1}; });
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("gradwire-rpc-die-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "store").string();
+  test::RankResults results = test::run_ranks_as_processes(
+      2,
+      [&](int rank) {
+        auto store = std::make_shared<c10d::FileStore>(
+            c10d::FileStoreOptions{.path = path, .num_workers = 2, .timeout = 20s});
+        auto agent = make_tensorpipe_agent(worker_name(rank), rank, 2, store, test_options(reg));
+        if (rank == 1) {
+          // Serves until "die" ends the process; the wait only bounds a broken test.
+          store->wait({"never"}, 30s);
+          return;
+        }
+        EXPECT_EQ(agent->rpc_sync<int64_t>("w1", "ping"), 1);
+        Future<int64_t> a = agent->rpc_async<int64_t>("w1", "ping", CallOptions{.timeout = 25s});
+        Future<int64_t> b = agent->rpc_async<int64_t>("w1", "die", CallOptions{.timeout = 25s});
+        const auto t0 = std::chrono::steady_clock::now();
+        ASSERT_TRUE(b.wait(20s));
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+        const std::string text = error_text<NetworkError>([&] { b.value(); });
+        EXPECT_NE(text.find("worker 'w1' (rank 1)"), std::string::npos) << text;
+        EXPECT_TRUE(a.wait(1s));
+        agent->shutdown(false);
+      },
+      60s);
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(results.ranks[0].ok) << results.summary();
+  // Rank 1 ended inside "die", as planned.
+  EXPECT_EQ(results.ranks[1].exit_code, 0) << results.summary();
+}
+
+// The address a worker published, read back from the store.
+std::string published_url(c10d::Store& store, int rank) {
+  std::istringstream in(c10d::to_string(store.get("rpc/worker/" + std::to_string(rank))));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("url ", 0) == 0) return line.substr(4);
+  }
+  return "";
+}
+
+TEST(RpcAgent, MalformedMessagesGetAnErrorReplyOrLoseTheirConnection) {
+  Registry reg;
+  register_basics(reg);
+  auto store = std::make_shared<c10d::HashStore>(20s);
+  Agents agents = start_agents(1, test_options(reg), store);
+  const std::string url = published_url(*store, 0);
+  ASSERT_FALSE(url.empty());
+
+  namespace tp = tensorpipe;
+  auto context = std::make_shared<tp::Context>(tp::ContextOptions().name("intruder"));
+  context->registerTransport(0, "uv", tp::transport::uv::create());
+  context->registerChannel(0, "basic", tp::channel::basic::create());
+
+  // 1. A request announcing a tensor it does not send: an error reply with its id, then
+  //    the connection closes.
+  {
+    auto pipe = context->connect(url);
+    Request req;
+    req.id = 42;
+    req.function = "echo";
+    req.args = {Value(ones({4}))};
+    EncodedMessage encoded = encode(Envelope{req});
+    tp::Message message;
+    message.metadata = encoded.payload;  // and no tensors
+    test::CountdownLatch done(1);
+    std::string reply_payload;
+    std::string read_error;
+    pipe->write(std::move(message), [](const tp::Error&) {});
+    pipe->readDescriptor([&](const tp::Error& error, tp::Descriptor descriptor) {
+      if (error) {
+        read_error = error.what();
+        done.count_down();
+        return;
+      }
+      reply_payload = descriptor.metadata;
+      pipe->read(tp::Allocation{}, [&](const tp::Error&) { done.count_down(); });
+    });
+    ASSERT_TRUE(done.wait(10s));
+    ASSERT_EQ(read_error, "");
+    Envelope reply = decode(reply_payload, {});
+    const Response& response = std::get<Response>(reply.body);
+    EXPECT_EQ(response.id, 42u);
+    const ErrorReply& err = std::get<ErrorReply>(response.result);
+    EXPECT_EQ(err.kind, ErrorKind::kInvalidArgument);
+    EXPECT_TRUE(err.rejected);
+    EXPECT_NE(err.message.find("1 tensors announced, 0 sent"), std::string::npos) << err.message;
+    pipe->close();
+  }
+  // 2. Noise: the connection is dropped.
+  {
+    auto pipe = context->connect(url);
+    tp::Message message;
+    message.metadata = std::string("\xff\xff\x01 not a protobuf \x00\x07", 20);
+    pipe->write(std::move(message), [](const tp::Error&) {});
+    test::CountdownLatch done(1);
+    bool failed = false;
+    pipe->readDescriptor([&](const tp::Error& error, tp::Descriptor) {
+      failed = static_cast<bool>(error);
+      done.count_down();
+    });
+    ASSERT_TRUE(done.wait(10s));
+    EXPECT_TRUE(failed);
+  }
+  context->close();
+  context->join();
+  // The worker still serves everyone else.
+  EXPECT_EQ(agents[0]->rpc_sync<std::string>("w0", "concat", std::string("o"), std::string("k")),
+            "ok");
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcAgent, StartupChecksNamesOptionsAndMissingWorkers) {
+  Registry reg;
+  auto store = std::make_shared<c10d::HashStore>(5s);
+  AgentOptions options = test_options(reg);
+  EXPECT_THROW(make_tensorpipe_agent("bad name", 0, 1, store, options), InvalidArgument);
+  EXPECT_THROW(make_tensorpipe_agent("", 0, 1, store, options), InvalidArgument);
+  EXPECT_THROW(make_tensorpipe_agent("w0", 2, 2, store, options), InvalidArgument);
+  AgentOptions bad = options;
+  bad.rpc_timeout = 0ms;
+  EXPECT_NE(error_text<InvalidArgument>([&] {
+              make_tensorpipe_agent("w0", 0, 1, store, bad);
+            }).find("rpc_timeout must be > 0"),
+            std::string::npos);
+  bad = options;
+  bad.channels = {"carrier-pigeon"};
+  EXPECT_NE(error_text<InvalidArgument>([&] {
+              make_tensorpipe_agent("w0", 0, 1, store, bad);
+            }).find("unknown channel 'carrier-pigeon'"),
+            std::string::npos);
+  bad = options;
+  bad.device_maps["w1"] = {{Device::cpu(), Device::cuda(0)}};
+  EXPECT_NE(error_text<InvalidArgument>([&] {
+              make_tensorpipe_agent("w0", 0, 1, store, bad);
+            }).find("only CUDA devices are mapped"),
+            std::string::npos);
+  bad = options;
+  bad.device_maps["w1"] = {{Device::cuda(0), Device::cuda(1)}, {Device::cuda(1), Device::cuda(1)}};
+  EXPECT_NE(error_text<InvalidArgument>([&] {
+              make_tensorpipe_agent("w0", 0, 1, store, bad);
+            }).find("one-to-one"),
+            std::string::npos);
+  bad = options;
+  bad.device_maps["ghost"] = {{Device::cuda(0), Device::cuda(0)}};
+  EXPECT_NE(error_text<InvalidArgument>([&] {
+              make_tensorpipe_agent("w0", 0, 1, std::make_shared<c10d::HashStore>(5s), bad);
+            }).find("device_maps names worker 'ghost'"),
+            std::string::npos);
+
+  // A name is taken by the first rank that claims it.
+  auto shared = std::make_shared<c10d::HashStore>(5s);
+  AgentOptions quick = options;
+  quick.join_timeout = 300ms;
+  std::shared_ptr<RpcAgent> first;
+  std::thread t([&] {
+    try {
+      first = make_tensorpipe_agent("same", 0, 2, shared, quick);
+    } catch (const TimeoutError&) {
+    }
+  });
+  t.join();  // rank 1 never came: rank 0 timed out naming it
+  const std::string missing = error_text<TimeoutError>(
+      [&] { make_tensorpipe_agent("other", 0, 2, std::make_shared<c10d::HashStore>(5s), quick); });
+  EXPECT_NE(missing.find("ranks that did not: [1]"), std::string::npos) << missing;
+  const std::string taken =
+      error_text<InvalidArgument>([&] { make_tensorpipe_agent("same", 1, 2, shared, quick); });
+  EXPECT_NE(taken.find("'same' is already taken by rank 0"), std::string::npos) << taken;
+}
+
+TEST(RpcAgent, CudaTensorsLandOnTheMappedDevice) {
+  if (!cuda_is_available()) GTEST_SKIP() << "no CUDA device";
+  Registry reg;
+  reg.def("where", [](const Tensor& t) { return t.device().str(); });
+  reg.def("echo", [](const Tensor& t) { return t; });
+  AgentOptions options = test_options(reg);
+  options.device_maps["w1"] = {{Device::cuda(0), Device::cuda(0)}};
+  Agents agents = start_agents(2, options);
+  Tensor x = tensor<float>({1, 2, 3}, {3}).to(Device::cuda(0));
+  EXPECT_EQ(agents[0]->rpc_sync<std::string>("w1", "where", x), "cuda:0");
+  Tensor back = agents[0]->rpc_sync<Tensor>("w1", "echo", x);
+  EXPECT_TRUE(back.is_cuda());
+  EXPECT_EQ(back.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  // w1 has no map back to w0 for its own sends.
+  const std::string unmapped =
+      error_text<InvalidArgument>([&] { agents[1]->rpc_sync<std::string>("w0", "where", x); });
+  EXPECT_NE(unmapped.find("has no entry for cuda:0"), std::string::npos) << unmapped;
+  expect_clean_shutdown(agents);
+}
+
+TEST(RpcFreeFunctions, InitCallAndShutdownTheDefaultAgent) {
+  Registry& reg = registry();  // the free functions use the process's default registry
+  if (!reg.has_function("gw_test_mul")) {
+    reg.def("gw_test_mul", [](int64_t a, int64_t b) { return a * b; });
+  }
+  EXPECT_THROW(default_agent(), Error);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("gradwire-rpc-init-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  AgentOptions options;
+  options.init_method = "file://" + (dir / "store").string();
+  options.join_timeout = 10s;
+  init_rpc("solo", 0, 1, options);
+  EXPECT_THROW(init_rpc("again", 0, 1, options), Error);
+  EXPECT_EQ(get_worker_info().name, "solo");
+  EXPECT_EQ(rpc_sync<int64_t>("solo", "gw_test_mul", int64_t{6}, int64_t{7}), 42);
+  EXPECT_EQ(rpc_async<int64_t>(0, "gw_test_mul", int64_t{3}, int64_t{5}).get(10s), 15);
+  EXPECT_EQ(
+      rpc_sync<int64_t>("solo", "gw_test_mul", CallOptions{.timeout = 5s}, int64_t{2}, int64_t{2}),
+      4);
+  shutdown();
+  EXPECT_THROW(rpc_sync<int64_t>("solo", "gw_test_mul", int64_t{1}, int64_t{1}), Error);
+  EXPECT_THROW(shutdown(), Error);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gradwire::rpc
