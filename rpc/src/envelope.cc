@@ -1,9 +1,12 @@
 #include "gradwire/rpc/envelope.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 
 #include "gradwire/tensor/dtype.h"
+#include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/storage.h"
 #include "proto/envelope.pb.h"
 
@@ -180,7 +183,8 @@ size_t IncomingTensor::nbytes() const {
   return static_cast<size_t>(n);
 }
 
-EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device) {
+EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device,
+                      size_t inline_tensor_bytes) {
   EncodedMessage msg;
   msg.target_device = target_device;
   wire::Envelope env;
@@ -214,6 +218,11 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
     }
     out->set_payload(std::string(resp.payload.begin(), resp.payload.end()));
   }
+  // Small tensors travel inside the envelope: one TensorPipe message part instead of a
+  // channel transfer each, which is most of the cost of a small call.
+  std::vector<Tensor> out_of_line;
+  std::vector<Device> out_of_line_targets;
+  size_t inlined = 0;
   for (size_t i = 0; i < msg.tensors.size(); ++i) {
     const Tensor& t = msg.tensors[i];
     wire::TensorDesc* desc = env.add_tensors();
@@ -222,7 +231,18 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
       desc->add_sizes(s);
     desc->set_device_type(msg.targets[i].is_cuda() ? 1 : 0);
     desc->set_device_index(msg.targets[i].index);
+    const size_t bytes = t.nbytes();
+    if (bytes <= inline_tensor_bytes && inlined + bytes <= kMaxInlineBytesPerMessage) {
+      desc->set_inline_data(static_cast<const char*>(t.data_ptr()), bytes);
+      desc->set_is_inline(true);
+      inlined += bytes;
+    } else {
+      out_of_line.push_back(t);
+      out_of_line_targets.push_back(msg.targets[i]);
+    }
   }
+  msg.tensors = std::move(out_of_line);
+  msg.targets = std::move(out_of_line_targets);
   msg.target_device = nullptr;
   msg.payload = env.SerializeAsString();
   return msg;
@@ -262,6 +282,13 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
       }
       t.device = Device::cuda(d.device_index());
     }
+    if (d.is_inline()) {
+      if (static_cast<int64_t>(d.inline_data().size()) != bytes) {
+        malformed(which + " carries " + std::to_string(d.inline_data().size()) +
+                  " inline bytes for " + std::to_string(bytes) + " bytes of data");
+      }
+      t.is_inline = true;
+    }
     out.push_back(std::move(t));
   }
   return out;
@@ -270,7 +297,12 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
 }  // namespace
 
 std::vector<IncomingTensor> peek_tensors(const std::string& payload, const EnvelopeLimits& limits) {
-  return describe_tensors(parse(payload, limits), limits);
+  std::vector<IncomingTensor> all = describe_tensors(parse(payload, limits), limits);
+  std::vector<IncomingTensor> out;
+  for (IncomingTensor& t : all) {
+    if (!t.is_inline) out.push_back(std::move(t));
+  }
+  return out;
 }
 
 std::optional<EnvelopeHeader> peek_header(const std::string& payload,
@@ -287,16 +319,34 @@ Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
                 const EnvelopeLimits& limits) {
   const wire::Envelope env = parse(payload, limits);
   const std::vector<IncomingTensor> announced = describe_tensors(env, limits);
-  if (announced.size() != tensors.size()) {
-    malformed(std::to_string(announced.size()) + " tensors announced, " +
+  // Every tensor of the message by index: inline ones built from their bytes, the others
+  // the received ones in order; each then moved to the device it was sent to.
+  const size_t out_of_line = static_cast<size_t>(std::count_if(
+      announced.begin(), announced.end(), [](const IncomingTensor& t) { return !t.is_inline; }));
+  if (out_of_line != tensors.size()) {
+    malformed(std::to_string(out_of_line) + " tensors announced, " +
               std::to_string(tensors.size()) + " received");
   }
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].dtype() != announced[i].dtype || tensors[i].sizes() != announced[i].sizes) {
-      malformed("tensor " + std::to_string(i) + " does not match its description");
+  std::vector<Tensor> all;
+  all.reserve(announced.size());
+  size_t next = 0;
+  for (size_t i = 0; i < announced.size(); ++i) {
+    const IncomingTensor& a = announced[i];
+    Tensor t;
+    if (a.is_inline) {
+      t = empty(a.sizes, a.dtype);
+      const std::string& bytes = env.tensors(static_cast<int>(i)).inline_data();
+      if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    } else {
+      t = tensors[next++];
+      if (t.dtype() != a.dtype || t.sizes() != a.sizes) {
+        malformed("tensor " + std::to_string(i) + " does not match its description");
+      }
     }
+    if (a.device.is_cuda() && t.device() != a.device) t = t.to(a.device);
+    all.push_back(std::move(t));
   }
-  Decoder decoder{tensors, limits};
+  Decoder decoder{all, limits};
   Envelope out;
   if (env.has_request()) {
     const wire::Request& in = env.request();

@@ -514,7 +514,7 @@ TEST(RpcAgent, MalformedMessagesGetAnErrorReplyOrLoseTheirConnection) {
     Request req;
     req.id = 42;
     req.function = "echo";
-    req.args = {Value(ones({4}))};
+    req.args = {Value(ones({8192}))};  // 32 KiB: travels beside the envelope
     EncodedMessage encoded = encode(Envelope{req});
     tp::Message message;
     message.metadata = encoded.payload;  // and no tensors

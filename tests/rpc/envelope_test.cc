@@ -52,9 +52,15 @@ TEST(EnvelopeTest, RequestsRoundTripWithTheirTensors) {
   req.autograd_message_id = 6;
   req.timeout = 1500ms;
   req.payload = {9, 8};
-  EncodedMessage m = encode(Envelope{req});
+  EncodedMessage m = encode(Envelope{req}, nullptr, /*inline_tensor_bytes=*/0);
   ASSERT_EQ(m.tensors.size(), 2u);
   EXPECT_TRUE(m.tensors[1].is_contiguous());
+  // By default, small tensors travel inside the payload and come back the same.
+  EncodedMessage small = encode(Envelope{req});
+  EXPECT_EQ(small.tensors.size(), 0u);
+  const Request inlined = std::get<Request>(transport(small).body);
+  EXPECT_TRUE(equal(inlined.args[0].as_tensor(), a));
+  EXPECT_TRUE(equal(inlined.args[2].as_map()[0].second.as_tensor(), strided));
 
   const Request back = std::get<Request>(transport(m).body);
   EXPECT_EQ(back.id, 42u);
@@ -124,7 +130,7 @@ TEST(EnvelopeTest, LimitsAreEnforcedBeforeBuilding) {
 TEST(EnvelopeTest, MismatchedTensorsAndIndicesAreRejected) {
   Request req;
   req.args = {Value(zeros({2, 2}))};
-  EncodedMessage m = encode(Envelope{req});
+  EncodedMessage m = encode(Envelope{req}, nullptr, 0);
   EXPECT_NE(malformed([&] { decode(m.payload, {}); }).find("1 tensors announced, 0 received"),
             std::string::npos);
   EXPECT_NE(malformed([&] { decode(m.payload, {zeros({4})}); }).find("does not match"),
@@ -138,7 +144,7 @@ TEST(EnvelopeTest, MismatchedTensorsAndIndicesAreRejected) {
   // packed sizes [3]: 0x12 0x01 0x03) leaves tensor index 1 without a tensor.
   Request two;
   two.args = {Value(zeros({2})), Value(zeros({3}))};
-  std::string forged = encode(Envelope{two}).payload;
+  std::string forged = encode(Envelope{two}, nullptr, 0).payload;
   ASSERT_EQ(forged.substr(forged.size() - 5), std::string("\x22\x03\x12\x01\x03"));
   forged.resize(forged.size() - 5);
   EXPECT_NE(malformed([&] {

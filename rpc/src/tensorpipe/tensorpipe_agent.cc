@@ -740,13 +740,10 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
                                  const std::vector<Device>& targets) {
   const bool to_device =
       std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
-  auto process = [self = shared_from_this(), conn, metadata, tensors = std::move(tensors),
-                  targets]() mutable {
+  auto process = [self = shared_from_this(), conn, metadata,
+                  tensors = std::move(tensors)]() mutable {
     Envelope envelope;
     try {
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        if (targets[i].is_cuda()) tensors[i] = tensors[i].to(targets[i]);
-      }
       envelope = decode(metadata, tensors, self->options_.limits);
     } catch (const std::exception& e) {
       self->on_malformed(conn, metadata, e.what(), /*close_after=*/false);

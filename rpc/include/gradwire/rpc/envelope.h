@@ -88,9 +88,10 @@ struct Envelope {
 // tensor lands on the CPU.
 using DeviceMapper = std::function<Device(const Device& source)>;
 
-// What travels. Tensors are contiguous CPU tensors (made so by encode: CUDA tensors are
-// staged through host memory); `targets[i]` is the device tensor i lands on, which the
-// payload announces too.
+// What travels. `tensors` are the tensors that travel beside the payload (the small ones
+// are inside it): contiguous CPU tensors, made so by encode (CUDA tensors are staged
+// through host memory); `targets[i]` is the device tensor i lands on, which the payload
+// announces too.
 struct EncodedMessage {
   std::string payload;
   std::vector<Tensor> tensors;
@@ -98,14 +99,21 @@ struct EncodedMessage {
   DeviceMapper target_device;  // used while encoding only
 };
 
-EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device = nullptr);
+// Tensors of at most `inline_tensor_bytes` travel inside the payload (up to
+// kMaxInlineBytesPerMessage in all); the others are EncodedMessage::tensors.
+inline constexpr size_t kDefaultInlineTensorBytes = 16 * 1024;
+inline constexpr size_t kMaxInlineBytesPerMessage = 1 << 20;
+EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device = nullptr,
+                      size_t inline_tensor_bytes = kDefaultInlineTensorBytes);
 
-// The tensor descriptions a payload announces, checked against `limits`, so the receiver
-// can allocate buffers of the right size before the tensor data arrives.
+// The descriptions of the tensors that travel beside a payload (not those inside it),
+// checked against `limits`, so the receiver can allocate buffers of the right size before
+// the tensor data arrives.
 struct IncomingTensor {
   DType dtype{kFloat32};
   Shape sizes;
   Device device{Device::cpu()};
+  bool is_inline{false};
   size_t nbytes() const;
 };
 std::vector<IncomingTensor> peek_tensors(const std::string& payload,
@@ -120,7 +128,8 @@ struct EnvelopeHeader {
 std::optional<EnvelopeHeader> peek_header(const std::string& payload,
                                           const EnvelopeLimits& limits = {});
 
-// `tensors[i]` must be the i-th announced tensor (dtype and shape as peek_tensors said).
+// `tensors[i]` must be the i-th tensor peek_tensors described (dtype and shape as it
+// said). Tensors announced on a CUDA device are moved there.
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
                 const EnvelopeLimits& limits = {});
 

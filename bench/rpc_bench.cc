@@ -1,0 +1,336 @@
+// rpc figures: two workers as two processes on this machine (they meet through a TCPStore
+// served here), against PyTorch 1.13's TensorPipe agent doing the same calls
+// (bench/pytorch/rpc_peer.py) and raw baselines, all in the same run:
+//   rpc.latency_us         p50 and p99 of rpc_sync "add" on two 2-element float32
+//                          tensors; baseline: a raw TCP_NODELAY ping-pong between the same
+//                          two processes (params.tcp_pingpong_us), and PyTorch's
+//                          rpc_sync(torch.add) (params.pytorch_us)
+//   rpc.bandwidth_gbps     rpc_sync "sum" of one float32 tensor of 1, 16 and 64 MiB
+//                          (one-way payload, a scalar back), bytes / median call; baseline:
+//                          memcpy of the same size between warm buffers
+//                          (params.memcpy_gbps), and PyTorch's rpc_sync(torch.sum)
+//   rpc.async_calls_per_s  rpc_async "add" with 64 calls in flight (a sliding window)
+// Rounds alternate with PyTorch's and each side keeps its best round, so that drift on a
+// shared machine favours neither.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "gradwire/c10d/prefix_store.h"
+#include "gradwire/c10d/tcp_store.h"
+#include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+
+namespace gradwire::bench {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int kLatencyCalls = 2000;
+constexpr int kPingPongs = 2000;
+constexpr int kBandwidthCalls = 5;
+constexpr int kAsyncCalls = 10000;
+constexpr int kWindow = 64;
+constexpr int kRounds = 2;
+const std::vector<int64_t> kBandwidthBytes = {1 << 20, 16 << 20, 64 << 20};
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+void check(bool ok, const char* what) {
+  if (!ok)
+    throw std::runtime_error(std::string("rpc bench: ") + what + ": " + std::strerror(errno));
+}
+
+// Rank 1 echoes every byte it reads; rank 0 times round trips of one byte.
+void serve_echo(int listener) {
+  const int fd = ::accept(listener, nullptr, nullptr);
+  check(fd >= 0, "accept");
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  char byte = 0;
+  while (::read(fd, &byte, 1) == 1) {
+    if (::write(fd, &byte, 1) != 1) break;
+  }
+  ::close(fd);
+}
+
+std::vector<double> ping_pong(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  check(fd >= 0, "socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  check(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "connect");
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  std::vector<double> times;
+  char byte = 'x';
+  for (int i = 0; i < kPingPongs + 200; ++i) {
+    const double t = time_once([&] {
+      check(::write(fd, &byte, 1) == 1, "write");
+      check(::read(fd, &byte, 1) == 1, "read");
+    });
+    if (i >= 200) times.push_back(t);
+  }
+  ::close(fd);
+  return times;
+}
+
+// Rank 0's figures, in the order of PyTorch's peer: p50, p99, bandwidth seconds per
+// size, seconds per async call; then the ping-pong p50.
+std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
+  rpc::Registry reg;
+  reg.def("add", [](const Tensor& a, const Tensor& b) { return add(a, b); });
+  reg.def("sum", [](const Tensor& t) { return sum(t).item<double>(); });
+  // The raw ping-pong first, between the same two processes.
+  int listener = -1;
+  std::thread echo;
+  if (rank == 1) {
+    listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    check(listener >= 0, "socket");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    check(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "bind");
+    check(::listen(listener, 1) == 0, "listen");
+    socklen_t len = sizeof addr;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    store->set("echo_port", std::to_string(ntohs(addr.sin_port)));
+    echo = std::thread([listener] { serve_echo(listener); });
+  }
+  std::vector<double> pings;
+  if (rank == 0)
+    pings = ping_pong(static_cast<uint16_t>(std::stoi(store->get_string("echo_port"))));
+
+  rpc::AgentOptions options;
+  options.registry = &reg;
+  options.host = "127.0.0.1";
+  options.rpc_timeout = 120s;
+  auto agent = rpc::make_tensorpipe_agent("w" + std::to_string(rank), rank, 2, store, options);
+  std::vector<double> out;
+  if (rank == 0) {
+    const Tensor a = tensor<float>({1.5f, -2.0f}, {2});
+    const Tensor b = tensor<float>({0.25f, 4.0f}, {2});
+    for (int i = 0; i < 200; ++i)
+      agent->rpc_sync<Tensor>("w1", "add", a, b);
+    std::vector<double> times;
+    times.reserve(kLatencyCalls);
+    for (int i = 0; i < kLatencyCalls; ++i)
+      times.push_back(time_once([&] { agent->rpc_sync<Tensor>("w1", "add", a, b); }));
+    out.push_back(median(times));
+    out.push_back(percentile(times, 0.99));
+    for (int64_t bytes : kBandwidthBytes) {
+      const Tensor t = ones({bytes / 4});
+      for (int i = 0; i < 2; ++i)
+        agent->rpc_sync<double>("w1", "sum", t);
+      std::vector<double> bw;
+      for (int i = 0; i < kBandwidthCalls; ++i) {
+        bw.push_back(time_once([&] {
+          const double s = agent->rpc_sync<double>("w1", "sum", t);
+          if (s != static_cast<double>(bytes / 4)) throw std::runtime_error("rpc bench: bad sum");
+        }));
+      }
+      out.push_back(median(bw));
+    }
+    std::deque<Future<Tensor>> window;
+    const double total = time_once([&] {
+      for (int i = 0; i < kAsyncCalls; ++i) {
+        if (window.size() == kWindow) {
+          window.front().get(60s);
+          window.pop_front();
+        }
+        window.push_back(agent->rpc_async<Tensor>("w1", "add", a, b));
+      }
+      for (auto& f : window)
+        f.get(60s);
+    });
+    out.push_back(total / kAsyncCalls);
+    out.push_back(median(pings));
+  }
+  agent->shutdown();
+  if (rank == 1) {
+    echo.join();
+    ::close(listener);
+  }
+  return out;
+}
+
+std::vector<double> run_ours(c10d::TCPStoreServer& server, int round) {
+  const std::string prefix = "rpc" + std::to_string(round);
+  std::fflush(nullptr);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        auto client = std::make_shared<c10d::TCPStore>(
+            c10d::TCPStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 120s});
+        auto store = std::make_shared<c10d::PrefixStore>(prefix, client);
+        const std::vector<double> figures = rank_body(store, rank);
+        if (rank == 0) {
+          std::ostringstream os;
+          os.precision(17);
+          for (double f : figures)
+            os << f << ' ';
+          store->set("result", std::string_view(os.str()));
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rpc bench rank %d: %s\n", rank, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) throw std::runtime_error("rpc bench: a worker process failed");
+  c10d::TCPStore reader(
+      c10d::TCPStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 10s});
+  std::istringstream is(reader.get_string(prefix + "/result"));
+  std::vector<double> figures;
+  for (double f; is >> f;)
+    figures.push_back(f);
+  return figures;
+}
+
+double memcpy_seconds(int64_t bytes) {
+  std::vector<char> from(static_cast<size_t>(bytes), 1);
+  std::vector<char> to(static_cast<size_t>(bytes), 0);
+  std::vector<double> times;
+  for (int i = 0; i < 7; ++i) {
+    times.push_back(time_once([&] { std::memcpy(to.data(), from.data(), to.size()); }));
+  }
+  if (to[static_cast<size_t>(bytes) - 1] != 1) throw std::runtime_error("memcpy baseline");
+  return median(times);
+}
+
+const Register rpc_bench(
+    {"rpc.latency_us", "rpc.bandwidth_gbps", "rpc.async_calls_per_s"}, [](const auto& emit) {
+      c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+      const size_t n = 2 + kBandwidthBytes.size() + 1;
+      const double inf = std::numeric_limits<double>::infinity();
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      std::vector<double> ours(n + 1, inf);
+      std::vector<double> theirs(n, inf);
+      std::vector<double> memcpy_s(kBandwidthBytes.size(), inf);
+      std::string why;
+      std::string version;
+      bool have_theirs = true;
+      std::string sizes;
+      for (int64_t b : kBandwidthBytes)
+        sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
+      const std::string args = std::to_string(kLatencyCalls) + " " +
+                               std::to_string(kBandwidthCalls) + " " + std::to_string(kAsyncCalls) +
+                               " " + sizes;
+      for (int r = 0; r < kRounds; ++r) {
+        const std::vector<double> mine = run_ours(server, r);
+        for (size_t i = 0; i < ours.size() && i < mine.size(); ++i)
+          ours[i] = std::min(ours[i], mine[i]);
+        for (size_t i = 0; i < kBandwidthBytes.size(); ++i)
+          memcpy_s[i] = std::min(memcpy_s[i], memcpy_seconds(kBandwidthBytes[i]));
+        if (have_theirs) {
+          auto peer = run_pytorch_peer("rpc_peer.py", args, "", why);
+          if (!peer || peer->seconds.size() != n) {
+            if (peer) why = "the peer printed " + std::to_string(peer->seconds.size()) + " figures";
+            have_theirs = false;
+          } else {
+            version = peer->torch_version;
+            for (size_t i = 0; i < n; ++i)
+              theirs[i] = std::min(theirs[i], peer->seconds[i]);
+          }
+        }
+      }
+      auto pytorch = [&](Figure& f, const std::string& what, const std::string& key, double value) {
+        if (have_theirs) {
+          f.params.push_back({"pytorch", what + " " + version});
+          f.params.push_back({key, value});
+        } else {
+          f.params.push_back({"pytorch", "unavailable"});
+          f.params.push_back({"pytorch_reason", why});
+          f.params.push_back({key, nan});
+        }
+      };
+      const double ping_us = ours[n] * 1e6;
+      const char* labels[] = {"p50", "p99"};
+      for (size_t q = 0; q < 2; ++q) {
+        const double us = ours[q] * 1e6;
+        Figure f{"rpc.latency_us",
+                 us,
+                 "us",
+                 {{"statistic", std::string(labels[q]) + " of " + std::to_string(kLatencyCalls) +
+                                    " rpc_sync calls"},
+                  {"call", "add(Tensor float32[2], Tensor float32[2]) -> Tensor"},
+                  {"workers", "2 processes on 127.0.0.1"},
+                  {"tcp_pingpong_us", ping_us},
+                  {"ratio_to_pingpong", us / ping_us}}};
+        pytorch(f, "torch.distributed.rpc rpc_sync(torch.add), TensorPipe agent", "pytorch_us",
+                theirs[q] * 1e6);
+        f.params.push_back({"pytorch_over_ours", have_theirs ? theirs[q] / ours[q] : nan});
+        if (q == 0) {
+          f.params.push_back({"target_pytorch_over_ours_min", 5.0});
+          f.params.push_back({"target_ratio_to_pingpong_max", 3.0});
+        }
+        emit(f);
+      }
+      for (size_t i = 0; i < kBandwidthBytes.size(); ++i) {
+        const double bytes = static_cast<double>(kBandwidthBytes[i]);
+        const double gbps = bytes / ours[2 + i] / 1e9;
+        const double memcpy_gbps = bytes / memcpy_s[i] / 1e9;
+        Figure f{"rpc.bandwidth_gbps",
+                 gbps,
+                 "GB/s",
+                 {{"bytes", bytes},
+                  {"call", "sum(Tensor float32) -> double, one-way payload"},
+                  {"statistic", "median of " + std::to_string(kBandwidthCalls) + " calls"},
+                  {"memcpy_gbps", memcpy_gbps},
+                  {"ratio_to_memcpy", gbps / memcpy_gbps}}};
+        pytorch(f, "torch.distributed.rpc rpc_sync(torch.sum), TensorPipe agent", "pytorch_gbps",
+                bytes / theirs[2 + i] / 1e9);
+        if (i + 1 == kBandwidthBytes.size())
+          f.params.push_back({"target_ratio_to_memcpy_min", 0.5});
+        emit(f);
+      }
+      const size_t a = 2 + kBandwidthBytes.size();
+      Figure f{"rpc.async_calls_per_s",
+               1.0 / ours[a],
+               "calls/s",
+               {{"in_flight", double(kWindow)},
+                {"calls", double(kAsyncCalls)},
+                {"call", "add(Tensor float32[2], Tensor float32[2]) -> Tensor"}}};
+      pytorch(f, "torch.distributed.rpc rpc_async(torch.add), TensorPipe agent",
+              "pytorch_calls_per_s", 1.0 / theirs[a]);
+      f.params.push_back({"ratio", have_theirs ? theirs[a] / ours[a] : nan});
+      f.params.push_back({"target_ratio_min", 5.0});
+      emit(f);
+    });
+
+}  // namespace
+}  // namespace gradwire::bench
