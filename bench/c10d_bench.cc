@@ -23,6 +23,7 @@
 #include "gradwire/c10d/tcp_store.h"
 #include "gradwire/c10d/tcp_store_server.h"
 #include "gradwire/tensor/factory.h"
+#include "ranks.h"
 
 namespace gradwire::bench {
 namespace {
@@ -71,48 +72,8 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
 // Forks the two ranks, which meet through a TCPStore served here, and returns rank 0's
 // medians.
 std::vector<double> run_ours(c10d::TCPStoreServer& server, int round) {
-  const std::string prefix = "allreduce" + std::to_string(round);
-  std::fflush(nullptr);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        auto client = std::make_shared<c10d::TCPStore>(
-            c10d::TCPStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 120s});
-        auto store = std::make_shared<c10d::PrefixStore>(prefix, client);
-        const std::vector<double> medians = rank_body(store, rank);
-        if (rank == 0) {
-          std::ostringstream os;
-          os.precision(17);
-          for (double m : medians)
-            os << m << ' ';
-          store->set("result", std::string_view(os.str()));
-        }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "c10d bench rank %d: %s\n", rank, e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-    children.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (!ok) throw std::runtime_error("c10d bench: a rank process failed");
-  c10d::TCPStore reader(
-      c10d::TCPStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 10s});
-  std::istringstream is(reader.get_string(prefix + "/result"));
-  std::vector<double> medians;
-  for (double m; is >> m;)
-    medians.push_back(m);
-  return medians;
+  return run_rank_processes(server.port(), "allreduce" + std::to_string(round), kWorld, rank_body,
+                            "c10d");
 }
 
 const Register allreduce_bench(

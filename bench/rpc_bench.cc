@@ -37,6 +37,7 @@
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "ranks.h"
 
 namespace gradwire::bench {
 namespace {
@@ -177,48 +178,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
 }
 
 std::vector<double> run_ours(c10d::TCPStoreServer& server, int round) {
-  const std::string prefix = "rpc" + std::to_string(round);
-  std::fflush(nullptr);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < 2; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        auto client = std::make_shared<c10d::TCPStore>(
-            c10d::TCPStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 120s});
-        auto store = std::make_shared<c10d::PrefixStore>(prefix, client);
-        const std::vector<double> figures = rank_body(store, rank);
-        if (rank == 0) {
-          std::ostringstream os;
-          os.precision(17);
-          for (double f : figures)
-            os << f << ' ';
-          store->set("result", std::string_view(os.str()));
-        }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rpc bench rank %d: %s\n", rank, e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-    children.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (!ok) throw std::runtime_error("rpc bench: a worker process failed");
-  c10d::TCPStore reader(
-      c10d::TCPStoreOptions{.host = "127.0.0.1", .port = server.port(), .timeout = 10s});
-  std::istringstream is(reader.get_string(prefix + "/result"));
-  std::vector<double> figures;
-  for (double f; is >> f;)
-    figures.push_back(f);
-  return figures;
+  return run_rank_processes(server.port(), "rpc" + std::to_string(round), 2, rank_body, "rpc");
 }
 
 double memcpy_seconds(int64_t bytes) {

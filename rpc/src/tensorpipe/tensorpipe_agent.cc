@@ -212,7 +212,7 @@ class TensorPipeAgent final : public RpcAgent,
   void accept_next();
   void read_next(const std::shared_ptr<Connection>& conn);
   void on_descriptor(const std::shared_ptr<Connection>& conn, tp::Descriptor descriptor);
-  void on_message(const std::shared_ptr<Connection>& conn, const std::string& metadata,
+  void on_message(const std::shared_ptr<Connection>& conn, std::string metadata,
                   std::vector<Tensor> tensors, const std::vector<Device>& targets);
   void on_malformed(const std::shared_ptr<Connection>& conn, const std::string& metadata,
                     const std::string& why, bool close_after);
@@ -731,16 +731,15 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
           return;
         }
         self->read_next(conn);
-        self->on_message(conn, metadata, std::move(tensors), targets);
+        self->on_message(conn, std::move(metadata), std::move(tensors), targets);
       });
 }
 
-void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
-                                 const std::string& metadata, std::vector<Tensor> tensors,
-                                 const std::vector<Device>& targets) {
+void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn, std::string metadata,
+                                 std::vector<Tensor> tensors, const std::vector<Device>& targets) {
   const bool to_device =
       std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
-  auto process = [self = shared_from_this(), conn, metadata,
+  auto process = [self = shared_from_this(), conn, metadata = std::move(metadata),
                   tensors = std::move(tensors)]() mutable {
     Envelope envelope;
     try {

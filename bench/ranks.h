@@ -1,0 +1,24 @@
+// Runs the ranks of a multi-process benchmark: forks one process per rank, each of which
+// joins a TCPStore served by the caller (under its own key prefix) and runs `body`; rank 0's
+// figures come back through the store.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gradwire::c10d {
+class Store;
+}  // namespace gradwire::c10d
+
+namespace gradwire::bench {
+
+using RankBody = std::function<std::vector<double>(std::shared_ptr<c10d::Store> store, int rank)>;
+
+// Throws std::runtime_error naming `what` when a rank process fails.
+std::vector<double> run_rank_processes(uint16_t store_port, const std::string& prefix, int world,
+                                       const RankBody& body, const std::string& what);
+
+}  // namespace gradwire::bench
