@@ -5,22 +5,16 @@
 // Both sides: float32 sum, synchronous calls (issue, then wait), warm-up calls, a barrier,
 // then every call timed on its own; the figure is the median call. Bus bandwidth is
 // algorithm bandwidth (bytes / time) times 2(n-1)/n, which is 1 for two ranks.
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench.h"
-#include "gradwire/c10d/prefix_store.h"
 #include "gradwire/c10d/process_group_gloo.h"
-#include "gradwire/c10d/tcp_store.h"
 #include "gradwire/c10d/tcp_store_server.h"
 #include "gradwire/tensor/factory.h"
 #include "ranks.h"

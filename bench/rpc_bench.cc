@@ -15,24 +15,20 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench.h"
-#include "gradwire/c10d/prefix_store.h"
-#include "gradwire/c10d/tcp_store.h"
+#include "gradwire/c10d/store.h"
 #include "gradwire/c10d/tcp_store_server.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"

@@ -26,7 +26,6 @@
 
 #include <tensorpipe/tensorpipe.h>
 
-#include "gradwire/c10d/rendezvous.h"
 #include "gradwire/c10d/store.h"
 #include "gradwire/core/env.h"
 #include "gradwire/core/logging.h"
