@@ -184,11 +184,22 @@ size_t IncomingTensor::nbytes() const {
 }
 
 EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device,
-                      size_t inline_tensor_bytes) {
+                      size_t inline_tensor_bytes, const Lender& lender) {
   EncodedMessage msg;
   msg.target_device = target_device;
   wire::Envelope env;
   env.set_version(kEnvelopeVersion);
+  if (const Release* release = std::get_if<Release>(&envelope.body)) {
+    wire::Release* out = env.mutable_release();
+    for (const Loan& loan : release->loans) {
+      wire::Loan* l = out->add_loans();
+      l->set_slot(loan.slot);
+      l->set_token(loan.token);
+    }
+    msg.target_device = nullptr;
+    msg.payload = env.SerializeAsString();
+    return msg;
+  }
   if (const Request* req = std::get_if<Request>(&envelope.body)) {
     wire::Request* out = env.mutable_request();
     out->set_id(req->id);
@@ -236,6 +247,9 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
       desc->set_inline_data(static_cast<const char*>(t.data_ptr()), bytes);
       desc->set_is_inline(true);
       inlined += bytes;
+    } else if (std::optional<Loan> loan = lender ? lender(t) : std::nullopt) {
+      desc->mutable_loan()->set_slot(loan->slot);
+      desc->mutable_loan()->set_token(loan->token);
     } else {
       out_of_line.push_back(t);
       out_of_line_targets.push_back(msg.targets[i]);
@@ -289,6 +303,11 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
       }
       t.is_inline = true;
     }
+    if (d.has_loan()) {
+      if (t.is_inline) malformed(which + " is both inline and lent");
+      if (d.loan().token() == 0) malformed(which + " is lent with the null token");
+      t.loan = Loan{d.loan().slot(), d.loan().token()};
+    }
     out.push_back(std::move(t));
   }
   return out;
@@ -312,12 +331,23 @@ std::optional<EnvelopeHeader> peek_header(const std::string& payload,
   if (!env.ParseFromString(payload)) return std::nullopt;
   if (env.has_request()) return EnvelopeHeader{true, env.request().id()};
   if (env.has_response()) return EnvelopeHeader{false, env.response().id()};
-  return std::nullopt;
+  return std::nullopt;  // a release, or nothing known
 }
 
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
                 const EnvelopeLimits& limits) {
   const wire::Envelope env = parse(payload, limits);
+  if (env.has_release()) {
+    if (env.tensors_size() != 0 || !tensors.empty()) malformed("a release with tensors");
+    if (static_cast<size_t>(env.release().loans_size()) > limits.max_tensors) {
+      malformed("a release of " + std::to_string(env.release().loans_size()) +
+                " loans exceeds the limit of " + std::to_string(limits.max_tensors));
+    }
+    Release release;
+    for (const wire::Loan& l : env.release().loans())
+      release.loans.push_back(Loan{l.slot(), l.token()});
+    return Envelope{std::move(release)};
+  }
   const std::vector<IncomingTensor> announced = describe_tensors(env, limits);
   // Every tensor of the message by index: inline ones built from their bytes, the others
   // the received ones in order; each then moved to the device it was sent to.
@@ -383,7 +413,7 @@ Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
     resp.payload.assign(in.payload().begin(), in.payload().end());
     out.body = std::move(resp);
   } else {
-    malformed("neither a request nor a response");
+    malformed("neither a request, a response nor a release");
   }
   return out;
 }

@@ -484,6 +484,106 @@ TEST(RpcAgent, APeerProcessThatDiesFailsPendingCallsPromptly) {
   EXPECT_EQ(results.ranks[1].exit_code, 0) << results.summary();
 }
 
+// x[i] == i + offset exactly (float32 holds every integer below 2^24).
+bool holds_arange(const Tensor& t, int64_t n, float scale, float offset) {
+  if (t.dtype() != kFloat32 || t.sizes() != Shape{n}) return false;
+  const float* p = t.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (p[i] != scale * static_cast<float>(i) + offset) return false;
+  }
+  return true;
+}
+
+// Large tensors between two agents that can read each other's memory are lent: the receiver
+// copies them straight out of the sender (arguments and results alike), every loan is
+// released, and the values arrive intact, including sizes that do not split evenly into
+// copy pieces and several lent tensors in one message.
+TEST(RpcAgent, LargeTensorsAreLentAndCopiedStraightFromTheSender) {
+  Registry reg;
+  register_basics(reg);
+  Agents agents = start_agents(2, test_options(reg));
+  const int64_t n = 1'000'003;  // ~4 MB: several copy pieces, the last one short
+  const Tensor a = arange(n, TensorOptions{kFloat32});
+  const Tensor b = add(arange(n, TensorOptions{kFloat32}), 1.0);
+  const Tensor sum = agents[0]->rpc_sync<Tensor>("w1", "add", a, b);
+  EXPECT_TRUE(holds_arange(sum, n, 2.0f, 1.0f));
+  // Below the threshold: sent through TensorPipe as before.
+  const Tensor small = arange(1000, TensorOptions{kFloat32});
+  EXPECT_TRUE(holds_arange(agents[0]->rpc_sync<Tensor>("w1", "echo", small), 1000, 1.0f, 0.0f));
+  const AgentMetrics caller = agents[0]->metrics();
+  EXPECT_EQ(caller.tensors_lent, 2u);  // a and b
+  EXPECT_EQ(caller.bytes_lent, 2u * 4u * static_cast<uint64_t>(n));
+  EXPECT_EQ(caller.tensors_copied_in, 1u);  // the result
+  // The callee released a and b before it ran "add", so before its reply came.
+  EXPECT_EQ(caller.loans_outstanding, 0);
+  expect_clean_shutdown(agents);
+  // Graceful shutdown waits for loans: the caller has released the result by now.
+  EXPECT_EQ(agents[1]->metrics().loans_outstanding, 0);
+  EXPECT_EQ(agents[1]->metrics().tensors_lent, 1u);
+  EXPECT_EQ(agents[1]->metrics().tensors_copied_in, 2u);
+}
+
+TEST(RpcAgent, DirectCopiesCanBeTurnedOffOrRaisedAboveATensor) {
+  Registry reg;
+  register_basics(reg);
+  const int64_t n = 300'000;  // 1.2 MB
+  const Tensor a = arange(n, TensorOptions{kFloat32});
+  for (int variant = 0; variant < 2; ++variant) {
+    AgentOptions o = test_options(reg);
+    if (variant == 0) {
+      o.direct_copy_threads = 0;
+    } else {
+      o.direct_copy_min_bytes = 8u << 20;
+    }
+    Agents agents = start_agents(2, o);
+    EXPECT_TRUE(holds_arange(agents[0]->rpc_sync<Tensor>("w1", "echo", a), n, 1.0f, 0.0f));
+    EXPECT_EQ(agents[0]->metrics().tensors_lent, 0u);
+    EXPECT_EQ(agents[1]->metrics().tensors_lent, 0u);
+    expect_clean_shutdown(agents);
+  }
+  AgentOptions bad = test_options(reg);
+  bad.direct_copy_threads = 65;
+  EXPECT_NE(error_text<InvalidArgument>([&] {
+              start_agents(1, bad);
+            }).find("direct_copy_threads must be in [0, 64], got 65"),
+            std::string::npos);
+}
+
+// Between processes: the sender's memory is another address space, read with
+// process_vm_readv; the peer's result comes back the same way.
+TEST(RpcAgent, LargeTensorsAreLentBetweenProcesses) {
+  Registry reg;
+  register_basics(reg);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("gradwire-rpc-lend-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "store").string();
+  test::RankResults results = test::run_ranks_as_processes(
+      2,
+      [&](int rank) {
+        auto store = std::make_shared<c10d::FileStore>(
+            c10d::FileStoreOptions{.path = path, .num_workers = 2, .timeout = 20s});
+        auto agent = make_tensorpipe_agent(worker_name(rank), rank, 2, store, test_options(reg));
+        if (rank == 0) {
+          const int64_t n = 2'000'001;
+          const Tensor a = arange(n, TensorOptions{kFloat32});
+          for (int i = 0; i < 3; ++i) {
+            const Tensor r = agent->rpc_sync<Tensor>("w1", "scale", a, 3.0);
+            EXPECT_TRUE(holds_arange(r, n, 3.0f, 0.0f));
+          }
+          const AgentMetrics m = agent->metrics();
+          EXPECT_EQ(m.tensors_lent, 3u);
+          EXPECT_EQ(m.tensors_copied_in, 3u);
+          EXPECT_EQ(m.bytes_copied_in, 3u * 4u * static_cast<uint64_t>(n));
+        }
+        agent->shutdown();
+        EXPECT_EQ(agent->metrics().loans_outstanding, 0);
+      },
+      60s);
+  std::filesystem::remove_all(dir);
+  EXPECT_PRED_FORMAT1(test::AllRanksOk, results);
+}
+
 // The address a worker published, read back from the store.
 std::string published_url(c10d::Store& store, int rank) {
   std::istringstream in(c10d::to_string(store.get("rpc/worker/" + std::to_string(rank))));
@@ -542,7 +642,63 @@ TEST(RpcAgent, MalformedMessagesGetAnErrorReplyOrLoseTheirConnection) {
     EXPECT_NE(err.message.find("1 tensors announced, 0 sent"), std::string::npos) << err.message;
     pipe->close();
   }
-  // 2. Noise: the connection is dropped.
+  // 2. A request with a forged loan: the worker names no memory to read for an unknown
+  //    peer, refuses a token its lender never issued, and answers with a NetworkError.
+  for (const char* as : {"intruder", "w0"}) {
+    auto forger = std::make_shared<tp::Context>(tp::ContextOptions().name(as));
+    forger->registerTransport(0, "uv", tp::transport::uv::create());
+    forger->registerChannel(0, "basic", tp::channel::basic::create());
+    auto pipe = forger->connect(url);
+    Request req;
+    req.id = 43;
+    req.function = "echo";
+    req.args = {Value(ones({1 << 20}))};
+    EncodedMessage encoded =
+        encode(Envelope{req}, nullptr, kDefaultInlineTensorBytes, [](const Tensor&) {
+          return Loan{3, 0x1234567};
+        });
+    ASSERT_TRUE(encoded.tensors.empty());
+    tp::Message message;
+    message.metadata = encoded.payload;
+    test::CountdownLatch done(1);
+    std::string reply_payload;
+    pipe->write(std::move(message), [](const tp::Error&) {});
+    // A release comes first (the forged loans are given back), then the reply.
+    std::function<void()> read_one = [&] {
+      pipe->readDescriptor([&](const tp::Error& error, tp::Descriptor descriptor) {
+        if (error) {
+          done.count_down();
+          return;
+        }
+        std::string payload = descriptor.metadata;
+        pipe->read(tp::Allocation{}, [&, payload](const tp::Error&) {
+          if (std::holds_alternative<Response>(decode(payload, {}).body)) {
+            reply_payload = payload;
+            done.count_down();
+          } else {
+            read_one();
+          }
+        });
+      });
+    };
+    read_one();
+    ASSERT_TRUE(done.wait(10s));
+    ASSERT_FALSE(reply_payload.empty()) << as;
+    const Response response = std::get<Response>(decode(reply_payload, {}).body);
+    EXPECT_EQ(response.id, 43u);
+    const ErrorReply& err = std::get<ErrorReply>(response.result);
+    EXPECT_EQ(err.kind, ErrorKind::kNetwork);
+    EXPECT_NE(err.message.find("could not copy the tensors lent by worker"), std::string::npos)
+        << err.message;
+    EXPECT_NE(err.message.find(std::string(as) == "w0" ? "not (or no longer) lent under its token"
+                                                       : "cannot be read from here"),
+              std::string::npos)
+        << err.message;
+    pipe->close();
+    forger->close();
+    forger->join();
+  }
+  // 3. Noise: the connection is dropped.
   {
     auto pipe = context->connect(url);
     tp::Message message;

@@ -96,6 +96,63 @@ TEST(EnvelopeTest, ResponsesCarryAValueOrATypedError) {
   EXPECT_EQ(err.worker, "ps0");
 }
 
+// A lender takes the tensors it wants (never inline ones); they are announced with their
+// loan and do not travel beside the payload; a Release round-trips its loans.
+TEST(EnvelopeTest, LentTensorsAreAnnouncedWithTheirLoanAndReleasesRoundTrip) {
+  Request req;
+  req.id = 1;
+  req.function = "f";
+  const Tensor big = arange(Scalar(10000), kFloat32);  // 40 KB: lent
+  const Tensor other = arange(Scalar(9000), kInt64);   // 72 KB: refused by the lender
+  const Tensor tiny = arange(Scalar(4), kFloat32);     // inline, never offered
+  req.args = {Value(big), Value(other), Value(tiny)};
+  std::vector<int64_t> offered;
+  EncodedMessage m = encode(Envelope{req}, nullptr, kDefaultInlineTensorBytes,
+                            [&](const Tensor& t) -> std::optional<Loan> {
+                              offered.push_back(t.numel());
+                              if (t.dtype() == kFloat32) return Loan{7, 0xabcdef};
+                              return std::nullopt;
+                            });
+  EXPECT_EQ(offered, (std::vector<int64_t>{10000, 9000}));
+  ASSERT_EQ(m.tensors.size(), 1u);  // only `other` travels beside the payload
+  EXPECT_EQ(m.tensors[0].numel(), 9000);
+  const std::vector<IncomingTensor> announced = peek_tensors(m.payload);
+  ASSERT_EQ(announced.size(), 2u);
+  ASSERT_TRUE(announced[0].loan.has_value());
+  EXPECT_EQ(*announced[0].loan, (Loan{7, 0xabcdef}));
+  EXPECT_EQ(announced[0].nbytes(), 40000u);
+  EXPECT_FALSE(announced[1].loan.has_value());
+  // The receiver supplies the lent tensor's bytes itself; decode takes both in order.
+  const Request back = std::get<Request>(decode(m.payload, {big.clone(), other.clone()}).body);
+  EXPECT_TRUE(equal(back.args[0].as_tensor(), big));
+  EXPECT_TRUE(equal(back.args[1].as_tensor(), other));
+  EXPECT_TRUE(equal(back.args[2].as_tensor(), tiny));
+
+  const Release release{{Loan{1, 2}, Loan{4095, ~uint64_t{0}}}};
+  EncodedMessage r = encode(Envelope{release});
+  EXPECT_TRUE(r.tensors.empty());
+  EXPECT_FALSE(peek_header(r.payload).has_value());
+  const Release got = std::get<Release>(decode(r.payload, {}).body);
+  EXPECT_EQ(got.loans, release.loans);
+  // A release may not announce tensors, nor more loans than the limit.
+  EnvelopeLimits tight;
+  tight.max_tensors = 1;
+  EXPECT_NE(malformed([&] { decode(r.payload, {}, tight); }).find("a release of 2 loans"),
+            std::string::npos);
+}
+
+// The null token is never issued: a loan carrying it is refused before anything is read.
+TEST(EnvelopeTest, ALoanWithTheNullTokenIsMalformed) {
+  Request req;
+  req.function = "f";
+  req.args = {Value(arange(Scalar(10000), kFloat32))};
+  EncodedMessage m = encode(Envelope{req}, nullptr, kDefaultInlineTensorBytes, [](const Tensor&) {
+    return Loan{0, 0};
+  });
+  EXPECT_NE(malformed([&] { peek_tensors(m.payload); }).find("lent with the null token"),
+            std::string::npos);
+}
+
 TEST(EnvelopeTest, LimitsAreEnforcedBeforeBuilding) {
   Value deep = Value();
   for (int i = 0; i < 10; ++i)

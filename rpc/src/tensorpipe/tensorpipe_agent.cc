@@ -33,6 +33,7 @@
 #include "gradwire/core/thread_annotations.h"
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/tensor/factory.h"
+#include "loans.h"
 
 namespace gradwire::rpc {
 namespace {
@@ -88,11 +89,17 @@ std::exception_ptr error_of_kind(ErrorKind kind, const std::string& message) {
   }
 }
 
-// A worker's published record: its name, its uv URL and its device maps.
+// Loan table slots: loans outstanding at once per agent; beyond, tensors are sent.
+constexpr uint32_t kLoanSlots = 4096;
+
+// A worker's published record: its name, its uv URL, its device maps, and where its loan
+// table is (when it lends).
 struct WorkerRecord {
   std::string name;
   std::string url;
   std::map<std::string, DeviceMap> device_maps;
+  std::string boot_id;
+  std::optional<detail::LoanTableAddress> loans;
 };
 
 std::string format_record(const WorkerRecord& r) {
@@ -100,6 +107,12 @@ std::string format_record(const WorkerRecord& r) {
   for (const auto& [worker, pairs] : r.device_maps) {
     for (const auto& [from, to] : pairs)
       out += "map " + worker + " " + from.str() + " " + to.str() + "\n";
+  }
+  if (r.loans && !r.boot_id.empty()) {
+    const detail::LoanTableAddress& a = *r.loans;
+    out += "loans " + r.boot_id + " " + std::to_string(a.pid) + " " +
+           std::to_string(a.probe_address) + " " + std::to_string(a.probe_value) + " " +
+           std::to_string(a.table_address) + " " + std::to_string(a.slots) + "\n";
   }
   return out;
 }
@@ -121,6 +134,13 @@ WorkerRecord parse_record(const std::string& text, int rank) {
       fields >> r.name;
     } else if (tag == "url") {
       fields >> r.url;
+    } else if (tag == "loans") {
+      detail::LoanTableAddress a;
+      if (!(fields >> r.boot_id >> a.pid >> a.probe_address >> a.probe_value >> a.table_address >>
+            a.slots)) {
+        throw bad("loans line '" + line + "'");
+      }
+      r.loans = a;
     } else if (tag == "map") {
       std::string worker, from, to;
       fields >> worker >> from >> to;
@@ -166,6 +186,7 @@ class TensorPipeAgent final : public RpcAgent,
     MutexLock lock(mutex_);
     return state_ != State::kRunning;
   }
+  AgentMetrics metrics() const override;
 
   // Forced close: fails what is pending, closes TensorPipe, stops the threads. Idempotent.
   void close();
@@ -212,9 +233,22 @@ class TensorPipeAgent final : public RpcAgent,
   void read_next(const std::shared_ptr<Connection>& conn);
   void on_descriptor(const std::shared_ptr<Connection>& conn, tp::Descriptor descriptor);
   void on_message(const std::shared_ptr<Connection>& conn, std::string metadata,
-                  std::vector<Tensor> tensors, const std::vector<Device>& targets);
+                  std::vector<Tensor> tensors, const std::vector<Device>& targets,
+                  std::vector<detail::LoanCopy> lent);
   void on_malformed(const std::shared_ptr<Connection>& conn, const std::string& metadata,
                     const std::string& why, bool close_after);
+  // A message whose lent tensors could not be copied: the request is answered with a
+  // NetworkError, the call of a reply fails with one.
+  void on_lost_loans(const std::shared_ptr<Connection>& conn, const std::string& metadata,
+                     const std::string& why);
+
+  // Direct copies (loans.h).
+  Lender lender_for(int peer, uint64_t connection, std::vector<Loan>* taken);
+  void return_loans(const std::vector<Loan>& taken, uint64_t connection);
+  std::string copy_lent(const std::shared_ptr<Connection>& conn,
+                        const std::vector<detail::LoanCopy>& lent);
+  void on_release(const std::shared_ptr<Connection>& conn, const Release& release);
+  size_t outstanding_loans() const { return loans_ ? loans_->outstanding() : 0; }
   void on_connection_error(const std::shared_ptr<Connection>& conn, const std::string& what);
   void write(const std::shared_ptr<Connection>& conn, EncodedMessage message,
              std::function<void(const std::string& error)> on_done);
@@ -245,6 +279,15 @@ class TensorPipeAgent final : public RpcAgent,
   std::vector<std::string> urls_;
   std::vector<DeviceMap> reply_maps_;  // per caller id: (device here, device on the caller)
   std::thread timer_;
+  // Direct copies: this worker's loan table (null when they are off), the tables of the
+  // peers whose memory this worker can read, and the peers that can read this one's.
+  std::unique_ptr<detail::LoanTable> loans_;
+  std::vector<std::optional<detail::LoanTableAddress>> readable_;
+  std::vector<bool> lend_to_;
+  std::atomic<uint64_t> tensors_lent_{0};
+  std::atomic<uint64_t> bytes_lent_{0};
+  std::atomic<uint64_t> tensors_copied_in_{0};
+  std::atomic<uint64_t> bytes_copied_in_{0};
 
   mutable Mutex mutex_;
   std::condition_variable timer_cv_;
@@ -285,6 +328,10 @@ void TensorPipeAgent::validate_options() const {
   if (options_.mpt_lanes < 1 || options_.mpt_lanes > 64) {
     throw InvalidArgument(who + "AgentOptions::mpt_lanes must be in [1, 64], got " +
                           std::to_string(options_.mpt_lanes));
+  }
+  if (options_.direct_copy_threads < 0 || options_.direct_copy_threads > 64) {
+    throw InvalidArgument(who + "AgentOptions::direct_copy_threads must be in [0, 64], got " +
+                          std::to_string(options_.direct_copy_threads));
   }
   for (const std::string& t : options_.transports) {
     if (t != "shm" && t != "uv") {
@@ -378,6 +425,7 @@ void TensorPipeAgent::start() {
                        return registry().invoke(request.function, request.args, pool_);
                      }};
   }
+  if (options_.direct_copy_threads > 0) loans_ = std::make_unique<detail::LoanTable>(kLoanSlots);
   const std::string host = resolve_host();
   context_ = std::make_shared<tp::Context>(tp::ContextOptions().name(self_.name));
   register_transports_and_channels(host);
@@ -410,27 +458,30 @@ void TensorPipeAgent::join_group(const std::string& url) {
     throw InvalidArgument(me + ": the worker name '" + self_.name + "' is already taken by rank " +
                           c10d::to_string(owner));
   }
+  const std::string boot = loans_ ? detail::boot_id() : std::string();
+  std::optional<detail::LoanTableAddress> table;
+  if (loans_ && !boot.empty()) table = loans_->address();
   store_->set("rpc/worker/" + rank_text,
-              format_record(WorkerRecord{self_.name, url, options_.device_maps}));
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size_; ++r)
-    keys.push_back("rpc/worker/" + std::to_string(r));
-  try {
-    store_->wait(keys, options_.join_timeout);
-  } catch (const TimeoutError&) {
-    std::vector<std::string> missing;
-    for (int r = 0; r < world_size_; ++r) {
-      if (!store_->check({keys[static_cast<size_t>(r)]})) missing.push_back(std::to_string(r));
+              format_record(WorkerRecord{self_.name, url, options_.device_maps, boot, table}));
+  // Every rank's key under `prefix`, once all are there.
+  auto gather = [&](const std::string& prefix, const char* step) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size_; ++r)
+      keys.push_back(prefix + std::to_string(r));
+    try {
+      store_->wait(keys, options_.join_timeout);
+    } catch (const TimeoutError&) {
+      std::string list;
+      for (int r = 0; r < world_size_; ++r) {
+        if (!store_->check({keys[static_cast<size_t>(r)]}))
+          list += (list.empty() ? "" : ", ") + std::to_string(r);
+      }
+      throw TimeoutError(me + " waited " + ms_text(options_.join_timeout) + " for every worker " +
+                         step + "; ranks that did not: [" + list + "]");
     }
-    std::string list;
-    for (const auto& m : missing)
-      list += (list.empty() ? "" : ", ") + m;
-    throw TimeoutError(me + " waited " + ms_text(options_.join_timeout) +
-                       " for every worker to "
-                       "start; ranks that did not: [" +
-                       list + "]");
-  }
-  const std::vector<c10d::Bytes> values = store_->multi_get(keys, options_.join_timeout);
+    return store_->multi_get(keys, options_.join_timeout);
+  };
+  const std::vector<c10d::Bytes> values = gather("rpc/worker/", "to start");
   std::vector<WorkerRecord> records;
   for (int r = 0; r < world_size_; ++r)
     records.push_back(parse_record(c10d::to_string(values[static_cast<size_t>(r)]), r));
@@ -446,6 +497,32 @@ void TensorPipeAgent::join_group(const std::string& url) {
     if (it == records[static_cast<size_t>(r)].device_maps.end()) continue;
     for (const auto& [there, here] : it->second)
       reply_maps_[static_cast<size_t>(r)].emplace_back(here, there);
+  }
+  // Direct copies: each worker finds whose memory it can read and says so, so that every
+  // worker knows to whom it may lend.
+  readable_.resize(static_cast<size_t>(world_size_));
+  lend_to_.assign(static_cast<size_t>(world_size_), false);
+  std::string can_read = "readable";
+  for (int r = 0; loans_ && r < world_size_; ++r) {
+    const WorkerRecord& rec = records[static_cast<size_t>(r)];
+    if (rec.loans && !boot.empty() && rec.boot_id == boot && detail::can_read(*rec.loans)) {
+      readable_[static_cast<size_t>(r)] = rec.loans;
+      can_read += " " + std::to_string(r);
+    }
+  }
+  store_->set("rpc/direct/" + rank_text, can_read);
+  const std::vector<c10d::Bytes> readers = gather("rpc/direct/", "to check its peers");
+  for (int r = 0; loans_ && r < world_size_; ++r) {
+    std::istringstream in(c10d::to_string(readers[static_cast<size_t>(r)]));
+    std::string word;
+    in >> word;
+    if (word != "readable") {
+      throw InvalidArgument("rpc: the store holds a bad direct-copy record for rank " +
+                            std::to_string(r) + "; is another program using the same store?");
+    }
+    for (int id = 0; in >> id;) {
+      if (id == self_.id) lend_to_[static_cast<size_t>(r)] = true;
+    }
   }
 }
 
@@ -574,7 +651,6 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
     interceptor->on_outgoing_request(target, request);
   const uint64_t id = request.id;
   std::string what = describe(request);
-  EncodedMessage message = encode(Envelope{std::move(request)}, mapper_to(target));
 
   std::shared_ptr<Connection> conn;
   bool fresh = false;
@@ -595,12 +671,30 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
       fresh = true;
     }
     conn = it->second;
+  }
+  if (fresh) read_next(conn);
+  // Loans are tied to the connection they travel on: losing it ends them.
+  std::vector<Loan> taken;
+  EncodedMessage message;
+  try {
+    message = encode(Envelope{std::move(request)}, mapper_to(target), kDefaultInlineTensorBytes,
+                     lender_for(target.id, conn->serial, &taken));
+  } catch (...) {
+    return_loans(taken, conn->serial);
+    throw;
+  }
+  {
+    MutexLock lock(mutex_);
+    if (state_ != State::kRunning) {
+      lock.unlock();
+      return_loans(taken, conn->serial);
+      throw refuse();
+    }
     const Clock::time_point deadline = Clock::now() + timeout;
     auto slot = deadlines_.emplace(deadline, id);
     pending_.emplace(id, Pending{std::move(done), target, what, timeout, conn->serial, slot});
     if (slot == deadlines_.begin()) timer_cv_.notify_one();
   }
-  if (fresh) read_next(conn);
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
   write(conn, std::move(message), [weak, id, target, what](const std::string& error) {
     if (error.empty()) return;
@@ -682,17 +776,20 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
                             std::to_string(descriptor.payloads.size()) + " payloads");
     }
     announced = peek_tensors(descriptor.metadata, options_.limits);
-    if (announced.size() != descriptor.tensors.size()) {
-      throw InvalidArgument("malformed rpc envelope: " + std::to_string(announced.size()) +
+    const size_t sent = static_cast<size_t>(
+        std::count_if(announced.begin(), announced.end(),
+                      [](const IncomingTensor& t) { return !t.loan.has_value(); }));
+    if (sent != descriptor.tensors.size()) {
+      throw InvalidArgument("malformed rpc envelope: " + std::to_string(sent) +
                             " tensors announced, " + std::to_string(descriptor.tensors.size()) +
                             " sent");
     }
     size_t total = 0;
-    for (size_t i = 0; i < announced.size(); ++i) {
-      if (announced[i].nbytes() != descriptor.tensors[i].length) {
+    for (size_t i = 0, j = 0; i < announced.size(); ++i) {
+      if (!announced[i].loan && announced[i].nbytes() != descriptor.tensors[j++].length) {
         throw InvalidArgument("malformed rpc envelope: tensor " + std::to_string(i) +
                               " is announced as " + std::to_string(announced[i].nbytes()) +
-                              " bytes but " + std::to_string(descriptor.tensors[i].length) +
+                              " bytes but " + std::to_string(descriptor.tensors[j - 1].length) +
                               " are sent");
       }
       total += announced[i].nbytes();
@@ -709,12 +806,18 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
   tp::Allocation allocation;
   std::vector<Tensor> tensors;
   std::vector<Device> targets;
+  std::vector<detail::LoanCopy> lent;
   tensors.reserve(announced.size());
   for (const IncomingTensor& a : announced) {
     Tensor t = gradwire::empty(a.sizes, a.dtype);
-    tp::Allocation::Tensor slot;
-    slot.buffer = tp::CpuBuffer{buffer_of(t)};
-    allocation.tensors.push_back(std::move(slot));
+    if (a.loan) {
+      lent.push_back(
+          detail::LoanCopy{*a.loan, t.nbytes() == 0 ? nullptr : t.data_ptr(), t.nbytes()});
+    } else {
+      tp::Allocation::Tensor slot;
+      slot.buffer = tp::CpuBuffer{buffer_of(t)};
+      allocation.tensors.push_back(std::move(slot));
+    }
     tensors.push_back(std::move(t));
     targets.push_back(a.device);
   }
@@ -722,7 +825,7 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
   conn->pipe->read(
       std::move(allocation),
       [weak, conn, metadata = std::move(descriptor.metadata), tensors = std::move(tensors),
-       targets = std::move(targets)](const tp::Error& error) mutable {
+       targets = std::move(targets), lent = std::move(lent)](const tp::Error& error) mutable {
         auto self = weak.lock();
         if (self == nullptr) return;
         if (error) {
@@ -730,16 +833,25 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
           return;
         }
         self->read_next(conn);
-        self->on_message(conn, std::move(metadata), std::move(tensors), targets);
+        self->on_message(conn, std::move(metadata), std::move(tensors), targets, std::move(lent));
       });
 }
 
 void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn, std::string metadata,
-                                 std::vector<Tensor> tensors, const std::vector<Device>& targets) {
+                                 std::vector<Tensor> tensors, const std::vector<Device>& targets,
+                                 std::vector<detail::LoanCopy> lent) {
   const bool to_device =
       std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
+  const bool has_loans = !lent.empty();
   auto process = [self = shared_from_this(), conn, metadata = std::move(metadata),
-                  tensors = std::move(tensors)]() mutable {
+                  tensors = std::move(tensors), lent = std::move(lent)]() mutable {
+    if (!lent.empty()) {
+      const std::string failure = self->copy_lent(conn, lent);
+      if (!failure.empty()) {
+        self->on_lost_loans(conn, metadata, failure);
+        return;
+      }
+    }
     Envelope envelope;
     try {
       envelope = decode(metadata, tensors, self->options_.limits);
@@ -754,13 +866,15 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn, std::s
         ++self->active_handlers_;
       }
       self->handle_request(conn, std::move(*request));
+    } else if (Response* response = std::get_if<Response>(&envelope.body)) {
+      self->complete_call(conn, std::move(*response));
     } else {
-      self->complete_call(conn, std::move(std::get<Response>(envelope.body)));
+      self->on_release(conn, std::get<Release>(envelope.body));
     }
   };
   // Requests always run on the pool. Replies complete their call here, on the I/O thread,
-  // unless tensors must first be copied to a device.
-  if (!to_device) {
+  // unless tensors must first be copied to a device or out of the sender's memory.
+  if (!to_device && !has_loans) {
     process();
   } else {
     try {
@@ -804,8 +918,107 @@ void TensorPipeAgent::on_malformed(const std::shared_ptr<Connection>& conn,
   if (close_after) conn->pipe->close();
 }
 
+void TensorPipeAgent::on_lost_loans(const std::shared_ptr<Connection>& conn,
+                                    const std::string& metadata, const std::string& why) {
+  const std::string text = "worker " + self_.describe() +
+                           " could not copy the tensors lent by worker " + conn->peer.describe() +
+                           ": " + why;
+  GRADWIRE_LOG(kWarning) << "rpc: " << text;
+  std::optional<EnvelopeHeader> header = peek_header(metadata, options_.limits);
+  if (!header) return;
+  if (header->is_request) {
+    Response reply;
+    reply.id = header->id;
+    reply.result = ErrorReply{ErrorKind::kNetwork, text, self_.name, /*rejected=*/true};
+    write(conn, encode(Envelope{std::move(reply)}), nullptr);
+    return;
+  }
+  {
+    MutexLock lock(mutex_);
+    auto it = pending_.find(header->id);
+    if (it == pending_.end() || it->second.connection != conn->serial) return;
+  }
+  fail_call(header->id, std::make_exception_ptr(NetworkError("rpc: the reply " + text)));
+}
+
+// ---- direct copies
+
+AgentMetrics TensorPipeAgent::metrics() const {
+  AgentMetrics m;
+  {
+    MutexLock lock(mutex_);
+    m.pending_calls = static_cast<int64_t>(pending_.size());
+    m.running_handlers = active_handlers_;
+  }
+  m.loans_outstanding = static_cast<int64_t>(outstanding_loans());
+  m.tensors_lent = tensors_lent_.load(std::memory_order_relaxed);
+  m.bytes_lent = bytes_lent_.load(std::memory_order_relaxed);
+  m.tensors_copied_in = tensors_copied_in_.load(std::memory_order_relaxed);
+  m.bytes_copied_in = bytes_copied_in_.load(std::memory_order_relaxed);
+  return m;
+}
+
+Lender TensorPipeAgent::lender_for(int peer, uint64_t connection, std::vector<Loan>* taken) {
+  if (!loans_ || peer < 0 || peer >= world_size_ || !lend_to_[static_cast<size_t>(peer)]) {
+    return nullptr;
+  }
+  return [this, peer, connection, taken](const Tensor& t) -> std::optional<Loan> {
+    if (t.nbytes() < options_.direct_copy_min_bytes || t.nbytes() == 0) return std::nullopt;
+    std::optional<Loan> loan = loans_->lend(t, peer, connection);
+    if (loan) {
+      taken->push_back(*loan);
+      tensors_lent_.fetch_add(1, std::memory_order_relaxed);
+      bytes_lent_.fetch_add(t.nbytes(), std::memory_order_relaxed);
+    }
+    return loan;
+  };
+}
+
+void TensorPipeAgent::return_loans(const std::vector<Loan>& taken, uint64_t connection) {
+  for (const Loan& loan : taken)
+    loans_->release(loan, connection);
+}
+
+std::string TensorPipeAgent::copy_lent(const std::shared_ptr<Connection>& conn,
+                                       const std::vector<detail::LoanCopy>& lent) {
+  const int peer = conn->peer.id;
+  std::string why;
+  if (peer < 0 || peer >= world_size_ || !readable_[static_cast<size_t>(peer)]) {
+    why = "its memory cannot be read from here (no direct copies between these workers)";
+  } else {
+    why = detail::read_loans(*readable_[static_cast<size_t>(peer)], self_.id, lent,
+                             options_.direct_copy_threads, pool_.get());
+  }
+  if (why.empty()) {
+    for (const detail::LoanCopy& c : lent) {
+      tensors_copied_in_.fetch_add(1, std::memory_order_relaxed);
+      bytes_copied_in_.fetch_add(c.nbytes, std::memory_order_relaxed);
+    }
+  }
+  // Released in every case: the lender must not hold the memory for a copy that failed.
+  Release release;
+  for (const detail::LoanCopy& c : lent)
+    release.loans.push_back(c.loan);
+  write(conn, encode(Envelope{std::move(release)}), nullptr);
+  return why;
+}
+
+void TensorPipeAgent::on_release(const std::shared_ptr<Connection>& conn, const Release& release) {
+  for (const Loan& loan : release.loans) {
+    if (!loans_ || !loans_->release(loan, conn->serial)) {
+      GRADWIRE_LOG(kWarning) << "rpc worker " << self_.describe() << ": worker "
+                             << conn->peer.describe() << " released loan " << loan.slot
+                             << ", which it does not hold";
+    }
+  }
+  MutexLock lock(mutex_);
+  idle_cv_.notify_all();
+}
+
 void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& conn,
                                           const std::string& what) {
+  // Loans made over this connection end with it: no release can come back on it.
+  if (loans_) loans_->release_connection(conn->serial);
   std::vector<Pending> lost;
   bool closing = false;
   {
@@ -907,11 +1120,14 @@ void TensorPipeAgent::respond(const std::shared_ptr<Connection>& conn, const Req
     response.result = result.value();
   }
   EncodedMessage message;
+  std::vector<Loan> taken;
   try {
     for (const auto& interceptor : *interceptors())
       interceptor->on_outgoing_response(conn->peer, request, response);
-    message = encode(Envelope{response}, reply_mapper(conn->peer));
+    message = encode(Envelope{response}, reply_mapper(conn->peer), kDefaultInlineTensorBytes,
+                     lender_for(conn->peer.id, conn->serial, &taken));
   } catch (...) {
+    return_loans(taken, conn->serial);
     ErrorReply reply = error_reply(std::current_exception());
     reply.message = "the reply to " + describe(request) + " could not be sent: " + reply.message;
     response.result = std::move(reply);
@@ -1015,14 +1231,18 @@ void TensorPipeAgent::timer_loop() {
 // ---- shutdown
 
 void TensorPipeAgent::wait_until_idle(Clock::time_point deadline) {
+  // Loans count too: a peer may still be copying a reply this worker lent it.
   MutexLock lock(mutex_);
-  while (!pending_.empty() || active_handlers_ > 0) {
-    if (lock.wait_until(idle_cv_, deadline) == std::cv_status::timeout &&
-        (!pending_.empty() || active_handlers_ > 0)) {
+  auto busy = [&]() GRADWIRE_REQUIRES(mutex_) {
+    return !pending_.empty() || active_handlers_ > 0 || outstanding_loans() > 0;
+  };
+  while (busy()) {
+    if (lock.wait_until(idle_cv_, deadline) == std::cv_status::timeout && busy()) {
       throw TimeoutError("rpc agent " + self_.describe() + ": graceful shutdown waited " +
                          ms_text(options_.join_timeout) + " for " +
-                         std::to_string(pending_.size()) + " pending calls and " +
-                         std::to_string(active_handlers_) + " running handlers");
+                         std::to_string(pending_.size()) + " pending calls, " +
+                         std::to_string(active_handlers_) + " running handlers and " +
+                         std::to_string(outstanding_loans()) + " tensors lent to peers");
     }
   }
 }
@@ -1100,6 +1320,7 @@ void TensorPipeAgent::close() {
   }
   if (timer_.joinable()) timer_.join();
   if (pool_) pool_->shutdown();
+  if (loans_) loans_->release_all();
   std::map<int, std::shared_ptr<Connection>> clients;
   std::map<uint64_t, std::shared_ptr<Connection>> servers;
   {

@@ -103,6 +103,15 @@ struct AgentOptions {
   std::vector<std::string> channels{"xth", "cma", "mpt_uv", "basic"};
   // Lanes (TCP connections) of the mpt_uv channel; in [1, 64].
   int mpt_lanes{4};
+  // Direct copies between processes of one host. A CPU tensor of at least
+  // direct_copy_min_bytes sent to such a peer is lent rather than sent: the receiver copies
+  // it straight out of this process's memory (process_vm_readv), spread over up to
+  // direct_copy_threads threads, and then tells the sender it is done. It needs the
+  // permission to read a peer's memory (same user, ptrace not restricted); each worker
+  // checks that at start and otherwise everything travels through TensorPipe as usual.
+  // direct_copy_threads in [0, 64]; 0 turns direct copies off.
+  size_t direct_copy_min_bytes{256u << 10};
+  int direct_copy_threads{4};
   // Per destination worker name.
   std::map<std::string, DeviceMap> device_maps;
   EnvelopeLimits limits;
@@ -127,6 +136,17 @@ class Interceptor {
   virtual void on_outgoing_response(const WorkerInfo& to, const Request& request,
                                     Response& response);
   virtual void on_incoming_response(const WorkerInfo& from, Response& response);
+};
+
+// A snapshot of what an agent holds and has done, for monitoring and tests.
+struct AgentMetrics {
+  int64_t pending_calls{0};      // sent and not yet answered
+  int64_t running_handlers{0};   // requests being served
+  int64_t loans_outstanding{0};  // tensors lent to peers that have not released them yet
+  uint64_t tensors_lent{0};      // tensors sent as loans (direct copies), ever
+  uint64_t bytes_lent{0};
+  uint64_t tensors_copied_in{0};  // lent tensors received by copying them from a peer, ever
+  uint64_t bytes_copied_in{0};
 };
 
 class RpcAgent {
@@ -183,6 +203,8 @@ class RpcAgent {
   // Idempotent.
   virtual void shutdown(bool graceful = true) = 0;
   virtual bool is_shut_down() const = 0;
+
+  virtual AgentMetrics metrics() const = 0;
 
   // The deadline a call with these options gets.
   std::chrono::milliseconds effective_timeout(const CallOptions& options) const;

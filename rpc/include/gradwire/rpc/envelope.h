@@ -79,8 +79,22 @@ struct Response {
   uint64_t autograd_message_id{0};
 };
 
+// A tensor lent instead of sent (between processes of one host): entry `slot` of the
+// sender's loan table, valid while it holds `token`. The receiver copies the bytes out of
+// the sender's memory and answers with a Release. See docs/wire-format.md.
+struct Loan {
+  uint32_t slot{0};
+  uint64_t token{0};
+  bool operator==(const Loan&) const = default;
+};
+
+// The receiver is done with these loans; the sender may reuse their memory.
+struct Release {
+  std::vector<Loan> loans;
+};
+
 struct Envelope {
-  std::variant<Request, Response> body;
+  std::variant<Request, Response, Release> body;
 };
 
 // Where a tensor that lives on `source` should land on the receiver (the sender's device
@@ -94,26 +108,34 @@ using DeviceMapper = std::function<Device(const Device& source)>;
 // announces too.
 struct EncodedMessage {
   std::string payload;
-  std::vector<Tensor> tensors;
+  std::vector<Tensor> tensors;  // not those lent
   std::vector<Device> targets;
   DeviceMapper target_device;  // used while encoding only
 };
 
+// Offered each tensor that does not travel inline (contiguous, on the CPU): a Loan it
+// returns makes the tensor travel as that loan, and the lender keeps the tensor alive
+// until the receiver releases it. nullopt: the tensor travels beside the payload.
+using Lender = std::function<std::optional<Loan>(const Tensor& tensor)>;
+
 // Tensors of at most `inline_tensor_bytes` travel inside the payload (up to
-// kMaxInlineBytesPerMessage in all); the others are EncodedMessage::tensors.
+// kMaxInlineBytesPerMessage in all); `lender` may take the others; the rest are
+// EncodedMessage::tensors.
 inline constexpr size_t kDefaultInlineTensorBytes = 16 * 1024;
 inline constexpr size_t kMaxInlineBytesPerMessage = 1 << 20;
 EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device = nullptr,
-                      size_t inline_tensor_bytes = kDefaultInlineTensorBytes);
+                      size_t inline_tensor_bytes = kDefaultInlineTensorBytes,
+                      const Lender& lender = nullptr);
 
-// The descriptions of the tensors that travel beside a payload (not those inside it),
-// checked against `limits`, so the receiver can allocate buffers of the right size before
-// the tensor data arrives.
+// The descriptions of the tensors that do not travel inside a payload (those beside it and
+// those lent, in message order), checked against `limits`, so the receiver can allocate
+// buffers of the right size before the tensor data arrives.
 struct IncomingTensor {
   DType dtype{kFloat32};
   Shape sizes;
   Device device{Device::cpu()};
   bool is_inline{false};
+  std::optional<Loan> loan;  // lent: to be copied from the sender's loan table
   size_t nbytes() const;
 };
 std::vector<IncomingTensor> peek_tensors(const std::string& payload,
@@ -129,7 +151,7 @@ std::optional<EnvelopeHeader> peek_header(const std::string& payload,
                                           const EnvelopeLimits& limits = {});
 
 // `tensors[i]` must be the i-th tensor peek_tensors described (dtype and shape as it
-// said). Tensors announced on a CUDA device are moved there.
+// said), lent ones included. Tensors announced on a CUDA device are moved there.
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
                 const EnvelopeLimits& limits = {});
 
