@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 namespace gradwire::rpc::detail {
 
@@ -199,7 +200,10 @@ std::string read_loans(const LoanTableAddress& peer, int reader,
     addresses.push_back(entry[1]);
     total += c.nbytes;
   }
-  const int parts = std::clamp(static_cast<int>(total / kMinPieceBytes), 1, std::max(1, threads));
+  // More threads than cores only queue behind each other.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int parts =
+      std::clamp(static_cast<int>(total / kMinPieceBytes), 1, std::clamp(threads, 1, cores));
   const size_t piece =
       std::max(kMinPieceBytes, (total / static_cast<size_t>(parts) + kPieceAlignment - 1) /
                                    kPieceAlignment * kPieceAlignment);

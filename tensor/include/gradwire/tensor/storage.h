@@ -53,8 +53,7 @@ class Storage {
   // allocation fails (the message names the size and device).
   static Storage allocate(size_t nbytes, Device device);
   // Wraps memory the caller owns; `deleter` runs when the last reference drops.
-  static Storage borrow(void* data, size_t nbytes, Device device,
-                        StorageImpl::Deleter deleter);
+  static Storage borrow(void* data, size_t nbytes, Device device, StorageImpl::Deleter deleter);
 
   bool defined() const { return impl_ != nullptr; }
   void* data() const { return impl_ ? impl_->data() : nullptr; }
@@ -82,13 +81,18 @@ class Storage {
 // with AddressSanitizer default to 0 so that use-after-free stays detectable).
 // Like malloc, this cache is process-wide; it holds only free memory.
 //
+// Host storages of 2 MiB and more are aligned to 2 MiB and advised to use transparent huge
+// pages (MADV_HUGEPAGE; effective where the kernel's THP mode is "madvise" or "always"),
+// which cuts page faults, TLB misses and the page pinning of cross-process copies by a
+// factor of 512. GRADWIRE_HOST_HUGE_PAGES=0 turns the advice off.
+//
 // Thread-safety: all functions may be called from any thread.
 struct HostCacheStats {
-  size_t cached_bytes = 0;   // free bytes held for reuse
+  size_t cached_bytes = 0;  // free bytes held for reuse
   size_t cached_blocks = 0;
   size_t limit_bytes = 0;
-  uint64_t hits = 0;         // allocations served from the cache
-  uint64_t misses = 0;       // cacheable allocations that went to the system
+  uint64_t hits = 0;    // allocations served from the cache
+  uint64_t misses = 0;  // cacheable allocations that went to the system
 };
 HostCacheStats host_cache_stats();
 // Returns every cached block to the system.
