@@ -36,6 +36,10 @@
 //   InvalidArgument when the result does not convert to R.
 // After shutdown, every pending call has failed and every new one throws.
 //
+// Tensors are read from their storage after rpc_async returns (zero-copy, or lent to a
+// peer on the same host, which copies them out of this process): do not modify a tensor
+// argument in place until its call's future completes.
+//
 // Example:
 //   auto agent = rpc::make_tensorpipe_agent("trainer0", 0, 2, store);
 //   Tensor c = agent->rpc_sync<Tensor>("ps0", "add", a, b);
