@@ -696,14 +696,19 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
     if (slot == deadlines_.begin()) timer_cv_.notify_one();
   }
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
-  write(conn, std::move(message), [weak, id, target, what](const std::string& error) {
-    if (error.empty()) return;
-    if (auto self = weak.lock()) {
-      self->fail_call(id, std::make_exception_ptr(NetworkError("rpc: " + what + " to worker " +
-                                                               target.describe() +
-                                                               " could not be sent: " + error)));
-    }
-  });
+  // A message that never left cannot be copied from: its loans end (the connection may
+  // have been lost before they were made, so its own clean-up missed them).
+  write(conn, std::move(message),
+        [weak, id, target, what, taken = std::move(taken),
+         serial = conn->serial](const std::string& error) {
+          if (error.empty()) return;
+          if (auto self = weak.lock()) {
+            self->return_loans(taken, serial);
+            self->fail_call(id, std::make_exception_ptr(NetworkError(
+                                    "rpc: " + what + " to worker " + target.describe() +
+                                    " could not be sent: " + error)));
+          }
+        });
 }
 
 void TensorPipeAgent::write(const std::shared_ptr<Connection>& conn, EncodedMessage message,
@@ -977,6 +982,9 @@ Lender TensorPipeAgent::lender_for(int peer, uint64_t connection, std::vector<Lo
 void TensorPipeAgent::return_loans(const std::vector<Loan>& taken, uint64_t connection) {
   for (const Loan& loan : taken)
     loans_->release(loan, connection);
+  if (taken.empty()) return;
+  MutexLock lock(mutex_);
+  idle_cv_.notify_all();
 }
 
 std::string TensorPipeAgent::copy_lent(const std::shared_ptr<Connection>& conn,
@@ -1128,12 +1136,18 @@ void TensorPipeAgent::respond(const std::shared_ptr<Connection>& conn, const Req
                      lender_for(conn->peer.id, conn->serial, &taken));
   } catch (...) {
     return_loans(taken, conn->serial);
+    taken.clear();
     ErrorReply reply = error_reply(std::current_exception());
     reply.message = "the reply to " + describe(request) + " could not be sent: " + reply.message;
     response.result = std::move(reply);
     message = encode(Envelope{std::move(response)});
   }
-  write(conn, std::move(message), nullptr);
+  std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  write(conn, std::move(message),
+        [weak, taken = std::move(taken), serial = conn->serial](const std::string& error) {
+          if (error.empty() || taken.empty()) return;
+          if (auto self = weak.lock()) self->return_loans(taken, serial);
+        });
   MutexLock lock(mutex_);
   --active_handlers_;
   idle_cv_.notify_all();
