@@ -5,6 +5,8 @@
 //                          tensors; baseline: a raw TCP_NODELAY ping-pong between the same
 //                          two processes (params.tcp_pingpong_us), and PyTorch's
 //                          rpc_sync(torch.add) (params.pytorch_us)
+//   rpc.latency_inline_us  the same with "add" registered Execution::kInline (run on the
+//                          callee's I/O thread, no hand-off to its pool); same baselines
 //   rpc.bandwidth_gbps     rpc_sync "sum" of one float32 tensor of 1, 16 and 64 MiB
 //                          (one-way payload, a scalar back), bytes / median call; baseline:
 //                          memcpy of the same size between warm buffers
@@ -99,6 +101,9 @@ std::vector<double> ping_pong(uint16_t port) {
 std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   rpc::Registry reg;
   reg.def("add", [](const Tensor& a, const Tensor& b) { return add(a, b); });
+  reg.def(
+      "add_inline", [](const Tensor& a, const Tensor& b) { return add(a, b); },
+      rpc::Execution::kInline);
   reg.def("sum", [](const Tensor& t) { return sum(t).item<double>(); });
   // The raw ping-pong first, between the same two processes.
   int listener = -1;
@@ -164,6 +169,15 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
     });
     out.push_back(total / kAsyncCalls);
     out.push_back(median(pings));
+    // The same call, run on the callee's I/O thread (Execution::kInline).
+    for (int i = 0; i < 200; ++i)
+      agent->rpc_sync<Tensor>("w1", "add_inline", a, b);
+    std::vector<double> inline_times;
+    inline_times.reserve(kLatencyCalls);
+    for (int i = 0; i < kLatencyCalls; ++i)
+      inline_times.push_back(time_once([&] { agent->rpc_sync<Tensor>("w1", "add_inline", a, b); }));
+    out.push_back(median(inline_times));
+    out.push_back(percentile(inline_times, 0.99));
   }
   agent->shutdown();
   if (rank == 1) {
@@ -189,12 +203,13 @@ double memcpy_seconds(int64_t bytes) {
 }
 
 const Register rpc_bench(
-    {"rpc.latency_us", "rpc.bandwidth_gbps", "rpc.async_calls_per_s"}, [](const auto& emit) {
+    {"rpc.latency_us", "rpc.latency_inline_us", "rpc.bandwidth_gbps", "rpc.async_calls_per_s"},
+    [](const auto& emit) {
       c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
       const size_t n = 2 + kBandwidthBytes.size() + 1;
       const double inf = std::numeric_limits<double>::infinity();
       const double nan = std::numeric_limits<double>::quiet_NaN();
-      std::vector<double> ours(n + 1, inf);
+      std::vector<double> ours(n + 3, inf);
       std::vector<double> theirs(n, inf);
       std::vector<double> memcpy_s(kBandwidthBytes.size(), inf);
       std::string why;
@@ -236,25 +251,31 @@ const Register rpc_bench(
       };
       const double ping_us = ours[n] * 1e6;
       const char* labels[] = {"p50", "p99"};
-      for (size_t q = 0; q < 2; ++q) {
-        const double us = ours[q] * 1e6;
-        Figure f{"rpc.latency_us",
-                 us,
-                 "us",
-                 {{"statistic", std::string(labels[q]) + " of " + std::to_string(kLatencyCalls) +
-                                    " rpc_sync calls"},
-                  {"call", "add(Tensor float32[2], Tensor float32[2]) -> Tensor"},
-                  {"workers", "2 processes on 127.0.0.1"},
-                  {"tcp_pingpong_us", ping_us},
-                  {"ratio_to_pingpong", us / ping_us}}};
-        pytorch(f, "torch.distributed.rpc rpc_sync(torch.add), TensorPipe agent", "pytorch_us",
-                theirs[q] * 1e6);
-        f.params.push_back({"pytorch_over_ours", have_theirs ? theirs[q] / ours[q] : nan});
-        if (q == 0) {
-          f.params.push_back({"target_pytorch_over_ours_min", 5.0});
-          f.params.push_back({"target_ratio_to_pingpong_max", 3.0});
+      // The default (the callee runs add on its pool), then rpc.latency_inline_us: the same
+      // call registered with Execution::kInline (run on the callee's I/O thread).
+      for (size_t variant = 0; variant < 2; ++variant) {
+        for (size_t q = 0; q < 2; ++q) {
+          const double seconds = variant == 0 ? ours[q] : ours[n + 1 + q];
+          const double us = seconds * 1e6;
+          Figure f{variant == 0 ? "rpc.latency_us" : "rpc.latency_inline_us",
+                   us,
+                   "us",
+                   {{"statistic", std::string(labels[q]) + " of " + std::to_string(kLatencyCalls) +
+                                      " rpc_sync calls"},
+                    {"call", "add(Tensor float32[2], Tensor float32[2]) -> Tensor"},
+                    {"execution", variant == 0 ? "pool" : "inline"},
+                    {"workers", "2 processes on 127.0.0.1"},
+                    {"tcp_pingpong_us", ping_us},
+                    {"ratio_to_pingpong", us / ping_us}}};
+          pytorch(f, "torch.distributed.rpc rpc_sync(torch.add), TensorPipe agent", "pytorch_us",
+                  theirs[q] * 1e6);
+          f.params.push_back({"pytorch_over_ours", have_theirs ? theirs[q] / seconds : nan});
+          if (q == 0) {
+            f.params.push_back({"target_pytorch_over_ours_min", 5.0});
+            f.params.push_back({"target_ratio_to_pingpong_max", 3.0});
+          }
+          emit(f);
         }
-        emit(f);
       }
       for (size_t i = 0; i < kBandwidthBytes.size(); ++i) {
         const double bytes = static_cast<double>(kBandwidthBytes[i]);

@@ -49,7 +49,7 @@ std::string known_names(const Map& map) {
 
 }  // namespace
 
-void Registry::add_function(Signature signature, Invoker invoker) {
+void Registry::add_function(Signature signature, Invoker invoker, Execution execution) {
   std::unique_lock lock(mutex_);
   if (signature.name.empty()) throw InvalidArgument("rpc registry: a function name is empty");
   if (functions_.count(signature.name) != 0) {
@@ -57,7 +57,14 @@ void Registry::add_function(Signature signature, Invoker invoker) {
                           "' is already registered");
   }
   std::string name = signature.name;
-  functions_.emplace(std::move(name), Function{std::move(signature), std::move(invoker)});
+  functions_.emplace(std::move(name),
+                     Function{std::move(signature), std::move(invoker), execution});
+}
+
+Execution Registry::execution(std::string_view name) const {
+  std::shared_lock lock(mutex_);
+  auto it = functions_.find(name);
+  return it == functions_.end() ? Execution::kPool : it->second.execution;
 }
 
 bool Registry::has_function(std::string_view name) const {

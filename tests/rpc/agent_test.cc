@@ -3,6 +3,7 @@
 // worked out here, every error of the call path, handlers and interceptors, malformed
 // messages from a raw TensorPipe peer, timeouts, and graceful and forced shutdown.
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -289,6 +290,44 @@ TEST(RpcAgent, AsyncFunctionRepliesWhenItsFutureCompletes) {
   Future<int64_t> waiting = agents[0]->rpc_async<int64_t>("w1", "wait_gate");
   agents[0]->rpc_sync<void>("w1", "open_gate", int64_t{41});
   EXPECT_EQ(waiting.get(10s), 41);
+  expect_clean_shutdown(agents);
+}
+
+std::string this_thread_name() {
+  char name[32] = {};
+  pthread_getname_np(pthread_self(), name, sizeof name);
+  return name;
+}
+
+// Execution::kInline runs a function on the I/O thread that received the request (not one
+// of the pool's threads, which are named "rpc-N"); the default runs it on the pool. An
+// inline function's returned future still replies when it completes, and its errors travel
+// like any other.
+TEST(RpcAgent, InlineFunctionsRunOnTheReceivingThreadAndPoolOnesOnThePool) {
+  Registry reg;
+  reg.def("where_pool", [] { return this_thread_name(); });
+  reg.def(
+      "where_inline", [] { return this_thread_name(); }, Execution::kInline);
+  Future<int64_t> gate;
+  reg.def(
+      "gate_inline", [&] { return gate; }, Execution::kInline);
+  reg.def(
+      "fail_inline", []() -> int64_t { throw std::runtime_error("inline failure"); },
+      Execution::kInline);
+  Agents agents = start_agents(2, test_options(reg));
+  const std::string pool = agents[0]->rpc_sync<std::string>("w1", "where_pool");
+  const std::string io = agents[0]->rpc_sync<std::string>("w1", "where_inline");
+  EXPECT_EQ(pool.rfind("rpc-", 0), 0u) << pool;
+  EXPECT_NE(io.rfind("rpc-", 0), 0u) << io;
+  EXPECT_FALSE(io.empty());
+  Future<int64_t> waiting = agents[0]->rpc_async<int64_t>("w1", "gate_inline");
+  // The I/O thread is free while the future is pending: other calls still get through.
+  EXPECT_EQ(agents[0]->rpc_sync<std::string>("w1", "where_inline"), io);
+  gate.set_value(7);
+  EXPECT_EQ(waiting.get(10s), 7);
+  const std::string text =
+      error_text<RemoteError>([&] { agents[0]->rpc_sync<int64_t>("w1", "fail_inline"); });
+  EXPECT_NE(text.find("inline failure"), std::string::npos) << text;
   expect_clean_shutdown(agents);
 }
 

@@ -86,6 +86,18 @@ TEST(RegistryTest, AsynchronousFunctionsReplyWhenTheirFutureCompletes) {
   EXPECT_TRUE(r.invoke("later_void", {}, pool()).get(5s).is_none());
 }
 
+TEST(RegistryTest, FunctionsRecordWhereTheyRun) {
+  Registry reg;
+  reg.def("pooled", [](int64_t x) { return x + 1; });
+  reg.def(
+      "quick", [](int64_t x) { return x * 2; }, Execution::kInline);
+  EXPECT_EQ(reg.execution("pooled"), Execution::kPool);
+  EXPECT_EQ(reg.execution("quick"), Execution::kInline);
+  EXPECT_EQ(reg.execution("unknown"), Execution::kPool);
+  // How it runs changes nothing about what it computes.
+  EXPECT_EQ(reg.invoke("quick", {Value(int64_t{21})}, pool()).get(5s).as_int(), 42);
+}
+
 TEST(RegistryTest, BadCallsNameTheFunctionAndTheTypes) {
   Registry r;
   r.def("add", [](const Tensor& a, const Tensor& b) { return a + b; });

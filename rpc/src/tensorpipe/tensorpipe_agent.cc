@@ -1062,6 +1062,8 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
 // ---- serving
 
 void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Request request) {
+  const bool request_runs_inline = request.handler == kCallHandler &&
+                                   registry().execution(request.function) == Execution::kInline;
   auto run = [self = shared_from_this(), conn, request = std::move(request)]() mutable {
     Future<Value> result;
     try {
@@ -1092,6 +1094,12 @@ void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Re
       });
     }
   };
+  // Registered functions that asked for it run right here, on the thread that received
+  // the request (an I/O thread, or the pool when tensors had to be copied first).
+  if (request_runs_inline) {
+    run();
+    return;
+  }
   try {
     pool_->execute(std::move(run));
   } catch (const Error&) {
