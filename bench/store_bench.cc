@@ -3,18 +3,30 @@
 // $GRADWIRE_BENCH_PYTHON). Without torch the figure is still emitted, with
 // params.pytorch = "unavailable" and null PyTorch values.
 //
+// store.add_contended_s also measures echo_floor_s, the cost of the same round trips to a
+// bare epoll echo server: what no request/reply store can beat on this host.
+//
 // Multi-process workloads fork their client processes; the clock runs from the moment
 // the last client has connected and a start barrier opens, until the last one is done.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -175,6 +187,111 @@ const Register clients_bench({"store.ops_per_s_8_clients"}, [](const auto& emit)
   emit(f);
 });
 
+// The floor under any request/reply store on this host: `procs` client processes each make
+// `round_trips` blocking round trips of an add-sized request (32 bytes) to a one-thread
+// epoll echo server that does nothing else, timed from a start signal until every client
+// has hung up. What is left is the kernel: loopback TCP and the context switches of many
+// processes sharing few cores.
+double echo_floor_seconds(int procs, int round_trips) {
+  constexpr size_t kFrame = 32;
+  auto fail = [](const char* what) {
+    throw std::runtime_error(std::string("store echo floor: ") + what + ": " +
+                             std::strerror(errno));
+  };
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0) fail("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(listener, procs) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    fail("listen");
+  }
+  int go[2];
+  if (::pipe(go) != 0) fail("pipe");
+  std::vector<pid_t> children;
+  for (int i = 0; i < procs; ++i) {
+    const pid_t pid = ::fork();
+    if (pid < 0) fail("fork");
+    if (pid == 0) {
+      // Only async-signal-safe calls from here: the parent has threads.
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      const int one = 1;
+      char frame[kFrame] = {};
+      char signal = 0;
+      if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0 ||
+          ::read(go[0], &signal, 1) != 1) {
+        ::_exit(1);
+      }
+      for (int k = 0; k < round_trips; ++k) {
+        if (::write(fd, frame, kFrame) != static_cast<ssize_t>(kFrame)) ::_exit(1);
+        for (size_t got = 0; got < kFrame;) {
+          const ssize_t n = ::read(fd, frame + got, kFrame - got);
+          if (n <= 0) ::_exit(1);
+          got += static_cast<size_t>(n);
+        }
+      }
+      ::_exit(0);
+    }
+    children.push_back(pid);
+  }
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) fail("epoll_create1");
+  std::vector<int> fds;
+  for (int i = 0; i < procs; ++i) {
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 20000) != 1) fail("a client did not connect");
+    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) fail("accept");
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.fd = fd;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e);
+    fds.push_back(fd);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<char> signals(static_cast<size_t>(procs), 1);
+  if (::write(go[1], signals.data(), signals.size()) != static_cast<ssize_t>(procs)) fail("write");
+  int open = procs;
+  std::vector<epoll_event> events(static_cast<size_t>(procs));
+  char buffer[4096];
+  while (open > 0) {
+    const int n = ::epoll_wait(ep, events.data(), procs, 20000);
+    if (n <= 0) fail("the clients stalled");
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[static_cast<size_t>(i)].data.fd;
+      const ssize_t got = ::read(fd, buffer, sizeof buffer);
+      if (got <= 0) {
+        ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+        --open;
+        continue;
+      }
+      if (::write(fd, buffer, static_cast<size_t>(got)) != got) fail("echo");
+    }
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bool ok = true;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  for (int fd : fds)
+    ::close(fd);
+  ::close(ep);
+  ::close(go[0]);
+  ::close(go[1]);
+  ::close(listener);
+  if (!ok) throw std::runtime_error("store echo floor: a client process failed");
+  return elapsed;
+}
+
 const Register add_bench({"store.add_contended_s"}, [](const auto& emit) {
   constexpr int kProcs = 16;
   constexpr int kAdds = 1000;
@@ -192,10 +309,19 @@ const Register add_bench({"store.add_contended_s"}, [](const auto& emit) {
     }
     if (r > 0) seconds.push_back(t);
   }
+  std::vector<double> floor_seconds;
+  for (int r = 0; r <= kRounds; ++r) {
+    const double t = echo_floor_seconds(kProcs, kAdds);
+    if (r > 0) floor_seconds.push_back(t);
+  }
+  const double floor_s = median(floor_seconds);
   Figure f{"store.add_contended_s",
            median(seconds),
            "s",
-           {{"processes", double(kProcs)}, {"adds_per_process", double(kAdds)}}};
+           {{"processes", double(kProcs)},
+            {"adds_per_process", double(kAdds)},
+            {"echo_floor_s", floor_s},
+            {"ratio_to_echo_floor", median(seconds) / floor_s}}};
   std::string why, version;
   const auto theirs = pytorch_seconds(
       "add " + std::to_string(kProcs) + " " + std::to_string(kAdds) + " " + std::to_string(kRounds),
