@@ -55,6 +55,21 @@ TCPStoreOptions client_options(uint16_t port) {
   return options;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Waits for every child; true when all exited with status 0.
+bool reap(const std::vector<pid_t>& children) {
+  bool ok = true;
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
 // Runs the PyTorch peer for one workload; returns the median seconds per round, or
 // nullopt (with the reason in `why`) when torch or the script is unavailable.
 std::optional<double> pytorch_seconds(const std::string& args, std::string& why,
@@ -142,15 +157,8 @@ double run_processes(uint16_t port, int procs, int round, Work work) {
   c10d::barrier(coordinator, tag + "/start", procs + 1, 120s);
   const auto start = std::chrono::steady_clock::now();
   coordinator.wait({tag + "/all_finished"}, 120s);
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  bool ok = true;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (!ok) throw std::runtime_error("a store bench client process failed");
+  const double elapsed = seconds_since(start);
+  if (!reap(children)) throw std::runtime_error("a store bench client process failed");
   return elapsed;
 }
 
@@ -274,14 +282,8 @@ double echo_floor_seconds(int procs, int round_trips) {
       if (::write(fd, buffer, static_cast<size_t>(got)) != got) fail("echo");
     }
   }
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  bool ok = true;
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  const double elapsed = seconds_since(start);
+  const bool ok = reap(children);
   for (int fd : fds)
     ::close(fd);
   ::close(ep);
