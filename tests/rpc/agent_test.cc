@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -486,12 +487,13 @@ TEST(RpcAgent, ForcedShutdownOfAPeerFailsItsPendingCallsWithNetworkError) {
   agents[0]->shutdown(false);
 }
 
-TEST(RpcAgent, APeerProcessThatDiesFailsPendingCallsPromptly) {
-  Registry reg;
-  reg.def("die", []() -> int64_t { ::_exit(0); });
-  reg.def("ping", [] { return int64_t{1}; });
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("gradwire-rpc-die-" + std::to_string(::getpid()));
+// Runs `body` in two worker processes that meet through a FileStore in a fresh directory,
+// each with an agent on `reg`.
+test::RankResults run_two_worker_processes(
+    const std::string& tag, Registry& reg,
+    const std::function<void(int rank, c10d::Store& store, RpcAgent& agent)>& body) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("gradwire-rpc-" + tag + "-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "store").string();
   test::RankResults results = test::run_ranks_as_processes(
@@ -500,24 +502,35 @@ TEST(RpcAgent, APeerProcessThatDiesFailsPendingCallsPromptly) {
         auto store = std::make_shared<c10d::FileStore>(
             c10d::FileStoreOptions{.path = path, .num_workers = 2, .timeout = 20s});
         auto agent = make_tensorpipe_agent(worker_name(rank), rank, 2, store, test_options(reg));
+        body(rank, *store, *agent);
+      },
+      60s);
+  std::filesystem::remove_all(dir);
+  return results;
+}
+
+TEST(RpcAgent, APeerProcessThatDiesFailsPendingCallsPromptly) {
+  Registry reg;
+  reg.def("die", []() -> int64_t { ::_exit(0); });
+  reg.def("ping", [] { return int64_t{1}; });
+  test::RankResults results =
+      run_two_worker_processes("die", reg, [](int rank, c10d::Store& store, RpcAgent& agent) {
         if (rank == 1) {
           // Serves until "die" ends the process; the wait only bounds a broken test.
-          store->wait({"never"}, 30s);
+          store.wait({"never"}, 30s);
           return;
         }
-        EXPECT_EQ(agent->rpc_sync<int64_t>("w1", "ping"), 1);
-        Future<int64_t> a = agent->rpc_async<int64_t>("w1", "ping", CallOptions{.timeout = 25s});
-        Future<int64_t> b = agent->rpc_async<int64_t>("w1", "die", CallOptions{.timeout = 25s});
+        EXPECT_EQ(agent.rpc_sync<int64_t>("w1", "ping"), 1);
+        Future<int64_t> a = agent.rpc_async<int64_t>("w1", "ping", CallOptions{.timeout = 25s});
+        Future<int64_t> b = agent.rpc_async<int64_t>("w1", "die", CallOptions{.timeout = 25s});
         const auto t0 = std::chrono::steady_clock::now();
         ASSERT_TRUE(b.wait(20s));
         EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
         const std::string text = error_text<NetworkError>([&] { b.value(); });
         EXPECT_NE(text.find("worker 'w1' (rank 1)"), std::string::npos) << text;
         EXPECT_TRUE(a.wait(1s));
-        agent->shutdown(false);
-      },
-      60s);
-  std::filesystem::remove_all(dir);
+        agent.shutdown(false);
+      });
   EXPECT_TRUE(results.ranks[0].ok) << results.summary();
   // Rank 1 ended inside "die", as planned.
   EXPECT_EQ(results.ranks[1].exit_code, 0) << results.summary();
@@ -593,33 +606,23 @@ TEST(RpcAgent, DirectCopiesCanBeTurnedOffOrRaisedAboveATensor) {
 TEST(RpcAgent, LargeTensorsAreLentBetweenProcesses) {
   Registry reg;
   register_basics(reg);
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("gradwire-rpc-lend-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / "store").string();
-  test::RankResults results = test::run_ranks_as_processes(
-      2,
-      [&](int rank) {
-        auto store = std::make_shared<c10d::FileStore>(
-            c10d::FileStoreOptions{.path = path, .num_workers = 2, .timeout = 20s});
-        auto agent = make_tensorpipe_agent(worker_name(rank), rank, 2, store, test_options(reg));
+  test::RankResults results =
+      run_two_worker_processes("lend", reg, [](int rank, c10d::Store&, RpcAgent& agent) {
         if (rank == 0) {
           const int64_t n = 2'000'001;
           const Tensor a = arange(n, TensorOptions{kFloat32});
           for (int i = 0; i < 3; ++i) {
-            const Tensor r = agent->rpc_sync<Tensor>("w1", "scale", a, 3.0);
+            const Tensor r = agent.rpc_sync<Tensor>("w1", "scale", a, 3.0);
             EXPECT_TRUE(holds_arange(r, n, 3.0f, 0.0f));
           }
-          const AgentMetrics m = agent->metrics();
+          const AgentMetrics m = agent.metrics();
           EXPECT_EQ(m.tensors_lent, 3u);
           EXPECT_EQ(m.tensors_copied_in, 3u);
           EXPECT_EQ(m.bytes_copied_in, 3u * 4u * static_cast<uint64_t>(n));
         }
-        agent->shutdown();
-        EXPECT_EQ(agent->metrics().loans_outstanding, 0);
-      },
-      60s);
-  std::filesystem::remove_all(dir);
+        agent.shutdown();
+        EXPECT_EQ(agent.metrics().loans_outstanding, 0);
+      });
   EXPECT_PRED_FORMAT1(test::AllRanksOk, results);
 }
 

@@ -214,8 +214,9 @@ std::string read_loans(const LoanTableAddress& peer, int reader,
           Piece{addresses[i] + off, local + off, std::min(piece, copies[i].nbytes - off)});
     }
   }
-  const size_t helpers_wanted =
-      helpers == nullptr ? 0 : std::min<size_t>(shared->pieces.size(), size_t(parts)) - 1;
+  // Nothing to copy (zero-byte loans) needs no helper either.
+  const size_t threads_used = std::min<size_t>(shared->pieces.size(), size_t(parts));
+  const size_t helpers_wanted = helpers == nullptr || threads_used == 0 ? 0 : threads_used - 1;
   for (size_t h = 0; h < helpers_wanted; ++h) {
     try {
       helpers->execute([shared] { shared->work(); });

@@ -243,7 +243,14 @@ class TensorPipeAgent final : public RpcAgent,
                      const std::string& why);
 
   // Direct copies (loans.h).
-  Lender lender_for(int peer, uint64_t connection, std::vector<Loan>* taken);
+  // One message's loans: to whom, over which connection, and those taken so far.
+  struct Lending {
+    int peer;
+    uint64_t connection;
+    std::vector<Loan> taken;
+  };
+  // Two pointers: small enough for std::function to hold without allocating per message.
+  Lender lender_for(Lending& lending);
   void return_loans(const std::vector<Loan>& taken, uint64_t connection);
   std::string copy_lent(const std::shared_ptr<Connection>& conn,
                         const std::vector<detail::LoanCopy>& lent);
@@ -674,20 +681,20 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
   }
   if (fresh) read_next(conn);
   // Loans are tied to the connection they travel on: losing it ends them.
-  std::vector<Loan> taken;
+  Lending lending{target.id, conn->serial, {}};
   EncodedMessage message;
   try {
     message = encode(Envelope{std::move(request)}, mapper_to(target), kDefaultInlineTensorBytes,
-                     lender_for(target.id, conn->serial, &taken));
+                     lender_for(lending));
   } catch (...) {
-    return_loans(taken, conn->serial);
+    return_loans(lending.taken, conn->serial);
     throw;
   }
   {
     MutexLock lock(mutex_);
     if (state_ != State::kRunning) {
       lock.unlock();
-      return_loans(taken, conn->serial);
+      return_loans(lending.taken, conn->serial);
       throw refuse();
     }
     const Clock::time_point deadline = Clock::now() + timeout;
@@ -699,7 +706,7 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
   // A message that never left cannot be copied from: its loans end (the connection may
   // have been lost before they were made, so its own clean-up missed them).
   write(conn, std::move(message),
-        [weak, id, target, what, taken = std::move(taken),
+        [weak, id, target, what, taken = std::move(lending.taken),
          serial = conn->serial](const std::string& error) {
           if (error.empty()) return;
           if (auto self = weak.lock()) {
@@ -963,15 +970,16 @@ AgentMetrics TensorPipeAgent::metrics() const {
   return m;
 }
 
-Lender TensorPipeAgent::lender_for(int peer, uint64_t connection, std::vector<Loan>* taken) {
+Lender TensorPipeAgent::lender_for(Lending& lending) {
+  const int peer = lending.peer;
   if (!loans_ || peer < 0 || peer >= world_size_ || !lend_to_[static_cast<size_t>(peer)]) {
     return nullptr;
   }
-  return [this, peer, connection, taken](const Tensor& t) -> std::optional<Loan> {
+  return [this, &lending](const Tensor& t) -> std::optional<Loan> {
     if (t.nbytes() < options_.direct_copy_min_bytes || t.nbytes() == 0) return std::nullopt;
-    std::optional<Loan> loan = loans_->lend(t, peer, connection);
+    std::optional<Loan> loan = loans_->lend(t, lending.peer, lending.connection);
     if (loan) {
-      taken->push_back(*loan);
+      lending.taken.push_back(*loan);
       tensors_lent_.fetch_add(1, std::memory_order_relaxed);
       bytes_lent_.fetch_add(t.nbytes(), std::memory_order_relaxed);
     }
@@ -1136,15 +1144,15 @@ void TensorPipeAgent::respond(const std::shared_ptr<Connection>& conn, const Req
     response.result = result.value();
   }
   EncodedMessage message;
-  std::vector<Loan> taken;
+  Lending lending{conn->peer.id, conn->serial, {}};
   try {
     for (const auto& interceptor : *interceptors())
       interceptor->on_outgoing_response(conn->peer, request, response);
     message = encode(Envelope{response}, reply_mapper(conn->peer), kDefaultInlineTensorBytes,
-                     lender_for(conn->peer.id, conn->serial, &taken));
+                     lender_for(lending));
   } catch (...) {
-    return_loans(taken, conn->serial);
-    taken.clear();
+    return_loans(lending.taken, conn->serial);
+    lending.taken.clear();
     ErrorReply reply = error_reply(std::current_exception());
     reply.message = "the reply to " + describe(request) + " could not be sent: " + reply.message;
     response.result = std::move(reply);
@@ -1152,7 +1160,7 @@ void TensorPipeAgent::respond(const std::shared_ptr<Connection>& conn, const Req
   }
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
   write(conn, std::move(message),
-        [weak, taken = std::move(taken), serial = conn->serial](const std::string& error) {
+        [weak, taken = std::move(lending.taken), serial = conn->serial](const std::string& error) {
           if (error.empty() || taken.empty()) return;
           if (auto self = weak.lock()) self->return_loans(taken, serial);
         });
