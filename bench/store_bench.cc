@@ -329,6 +329,7 @@ const Register add_bench({"store.add_contended_s"}, [](const auto& emit) {
       "add " + std::to_string(kProcs) + " " + std::to_string(kAdds) + " " + std::to_string(kRounds),
       why, version);
   add_baseline(f, theirs, why, version, false, 2.0);
+  if (theirs) f.params.push_back({"pytorch_ratio_to_echo_floor", *theirs / floor_s});
   emit(f);
 });
 
