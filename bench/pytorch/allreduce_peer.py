@@ -22,13 +22,14 @@ from datetime import timedelta
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
+    from two_ranks import run_two_ranks
 except Exception as e:  # noqa: BLE001 - any import failure means "unavailable"
     print(json.dumps({"error": "torch unavailable: %s" % e}))
     sys.exit(0)
 
 
-def worker(rank, world, port, spec, queue):
+def worker(rank, port, spec, queue):
+    world = 2  # run_two_ranks
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
@@ -52,22 +53,7 @@ def worker(rank, world, port, spec, queue):
 
 def main():
     spec = [tuple(int(x) for x in item.split(":")) for item in sys.argv[1].split(",")]
-    world = 2
-    # A free port: bind 0 and release it; the store binds it again at once.
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, port, spec, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = queue.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
-    print(json.dumps({"torch": torch.__version__, "seconds": results}))
+    run_two_ranks(worker, spec)
 
 
 if __name__ == "__main__":

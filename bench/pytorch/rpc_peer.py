@@ -18,7 +18,6 @@ or {"error": "..."} when torch is unavailable.
 """
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ import time
 try:
     import torch
     import torch.distributed.rpc as rpc
-    import torch.multiprocessing as mp
+    from two_ranks import run_two_ranks
 except Exception as e:  # noqa: BLE001 - any import failure means "unavailable"
     print(json.dumps({"error": "torch unavailable: %s" % e}))
     sys.exit(0)
@@ -82,21 +81,7 @@ def worker(rank, port, lat_calls, bw_calls, async_calls, sizes, queue):
 def main():
     lat_calls, bw_calls, async_calls = (int(x) for x in sys.argv[1:4])
     sizes = [int(x) for x in sys.argv[4].split(",")]
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker,
-                         args=(r, port, lat_calls, bw_calls, async_calls, sizes, queue))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    results = queue.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
-    print(json.dumps({"torch": torch.__version__, "seconds": results}))
+    run_two_ranks(worker, lat_calls, bw_calls, async_calls, sizes)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,21 @@ std::string worker_name(int rank) {
   return "w" + std::to_string(rank);
 }
 
+// A registered function that reports when a call has started (`entered`) and returns
+// `result` only once the test opens `release` (failing the test after 20 s).
+struct HeldFunction {
+  test::CountdownLatch entered{1};
+  test::CountdownLatch release{1};
+
+  void define(Registry& reg, const std::string& name, int64_t result) {
+    reg.def(name, [this, result] {
+      entered.count_down();
+      EXPECT_TRUE(release.wait(20s));
+      return result;
+    });
+  }
+};
+
 AgentOptions test_options(Registry& reg) {
   AgentOptions o;
   o.registry = &reg;
@@ -253,13 +268,8 @@ TEST(RpcAgent, RemoteExceptionIsARemoteErrorWithMessageAndWorker) {
 
 TEST(RpcAgent, TimeoutFailsTheCallAndTheLateReplyIsDropped) {
   Registry reg;
-  test::CountdownLatch release(1);
-  test::CountdownLatch entered(1);
-  reg.def("slow", [&] {
-    entered.count_down();
-    EXPECT_TRUE(release.wait(20s));
-    return int64_t{7};
-  });
+  HeldFunction slow_fn;
+  slow_fn.define(reg, "slow", 7);
   reg.def("fast", [] { return int64_t{8}; });
   Agents agents = start_agents(2, test_options(reg));
   const auto t0 = std::chrono::steady_clock::now();
@@ -271,8 +281,8 @@ TEST(RpcAgent, TimeoutFailsTheCallAndTheLateReplyIsDropped) {
   EXPECT_NE(text.find("call 'slow' to worker 'w1' (rank 1) timed out after 200 ms"),
             std::string::npos)
       << text;
-  ASSERT_TRUE(entered.wait(10s));
-  release.count_down();  // the late reply arrives and must be dropped quietly
+  ASSERT_TRUE(slow_fn.entered.wait(10s));
+  slow_fn.release.count_down();  // the late reply arrives and must be dropped quietly
   EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "fast"), 8);
   const std::string negative = error_text<InvalidArgument>(
       [&] { agents[0]->rpc_sync<int64_t>("w1", "fast", CallOptions{.timeout = -5ms}); });
@@ -439,19 +449,14 @@ TEST(RpcAgent, CallsAfterShutdownFailAtOnce) {
 
 TEST(RpcAgent, GracefulShutdownLetsOutstandingCallsFinish) {
   Registry reg;
-  test::CountdownLatch release(1);
-  test::CountdownLatch entered(1);
-  reg.def("hold", [&] {
-    entered.count_down();
-    EXPECT_TRUE(release.wait(20s));
-    return int64_t{5};
-  });
+  HeldFunction hold;
+  hold.define(reg, "hold", 5);
   Agents agents = start_agents(2, test_options(reg));
   Future<int64_t> held = agents[0]->rpc_async<int64_t>("w1", "hold");
-  ASSERT_TRUE(entered.wait(10s));
+  ASSERT_TRUE(hold.entered.wait(10s));
   std::vector<std::string> errors;
   std::thread closer([&] { errors = shutdown_all(agents); });
-  release.count_down();
+  hold.release.count_down();
   closer.join();
   EXPECT_EQ(held.get(1s), 5);  // completed before the agents closed
   for (const std::string& e : errors)
@@ -460,18 +465,13 @@ TEST(RpcAgent, GracefulShutdownLetsOutstandingCallsFinish) {
 
 TEST(RpcAgent, ForcedShutdownOfAPeerFailsItsPendingCallsWithNetworkError) {
   Registry reg;
-  test::CountdownLatch release(1);
-  test::CountdownLatch entered(1);
-  reg.def("hold", [&] {
-    entered.count_down();
-    EXPECT_TRUE(release.wait(20s));
-    return int64_t{5};
-  });
+  HeldFunction hold;
+  hold.define(reg, "hold", 5);
   Agents agents = start_agents(2, test_options(reg));
   std::vector<Future<int64_t>> held;
   for (int i = 0; i < 3; ++i)
     held.push_back(agents[0]->rpc_async<int64_t>("w1", "hold"));
-  ASSERT_TRUE(entered.wait(10s));
+  ASSERT_TRUE(hold.entered.wait(10s));
   const auto t0 = std::chrono::steady_clock::now();
   // w1 goes away; its pool waits for the held handler, so close it on another thread.
   std::thread killer([&] { agents[1]->shutdown(false); });
@@ -482,7 +482,7 @@ TEST(RpcAgent, ForcedShutdownOfAPeerFailsItsPendingCallsWithNetworkError) {
     EXPECT_NE(text.find("connection to it was lost"), std::string::npos) << text;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
-  release.count_down();
+  hold.release.count_down();
   killer.join();
   agents[0]->shutdown(false);
 }
