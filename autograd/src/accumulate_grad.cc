@@ -1,9 +1,24 @@
 #include "gradwire/autograd/accumulate_grad.h"
 
 #include "gradwire/core/check.h"
+#include "gradwire/tensor/dtype.h"
 #include "meta.h"
 
 namespace gradwire::autograd {
+
+namespace {
+
+// A replacement from a leaf-gradient hook must be able to stand in for the leaf's gradient.
+void check_replacement(const Tensor& leaf, const Tensor& g) {
+  if (!g.defined()) return;
+  GRADWIRE_CHECK_ARG(g.sizes() == leaf.sizes() && g.dtype() == leaf.dtype() &&
+                     g.device() == leaf.device())
+      << "a leaf-gradient hook replaced the gradient of a " << dtype_name(leaf.dtype()) << " "
+      << leaf.shape_string() << " leaf on " << leaf.device().str() << " with a "
+      << dtype_name(g.dtype()) << " " << g.shape_string() << " tensor on " << g.device().str();
+}
+
+}  // namespace
 
 AccumulateGrad::AccumulateGrad(Tensor variable) : Node(UINT64_MAX), variable_(std::move(variable)) {
   // The highest sequence number: leaves accumulate as soon as their gradient is complete,
@@ -13,7 +28,7 @@ AccumulateGrad::AccumulateGrad(Tensor variable) : Node(UINT64_MAX), variable_(st
 
 void AccumulateGrad::run_pre_hooks(std::vector<Tensor>& grads) {
   detail::AutogradMeta* meta = detail::get_meta(variable_);
-  if (meta == nullptr || grads.empty()) return;
+  if (meta == nullptr || grads.empty() || !grads[0].defined()) return;
   std::vector<detail::AutogradMeta::LeafHook> hooks;
   {
     MutexLock lock(meta->mutex);
@@ -25,27 +40,51 @@ void AccumulateGrad::run_pre_hooks(std::vector<Tensor>& grads) {
   }
 }
 
-std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
-  GRADWIRE_CHECK(grads.size() == 1) << "AccumulateGrad expects one gradient";
-  Tensor g = std::move(grads[0]);
-  if (!g.defined()) return {};
+void AccumulateGrad::accumulate_pass(Tensor g, GradientSink* sink) {
   detail::AutogradMeta& meta = detail::materialize_meta(variable_);
-  std::vector<detail::AutogradMeta::PostHook> post;
+  const bool produced = g.defined();
+  std::vector<detail::AutogradMeta::GradientHook> gradient_hooks;
+  std::vector<detail::AutogradMeta::PostHook> post_hooks;
+  Tensor current;
   {
     MutexLock lock(meta.mutex);
-    if (!meta.grad.defined()) {
-      // Take the gradient when nothing else can see it; otherwise keep a private copy, so
-      // that later in-place accumulation cannot write into another tensor's storage.
-      const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
-                             g.is_contiguous() && g.impl().autograd_meta() == nullptr;
-      meta.grad = exclusive ? std::move(g) : g.clone();
-    } else {
-      meta.grad.add_(g);
+    if (sink == nullptr && produced) {
+      if (!meta.grad.defined()) {
+        // Take the gradient when nothing else can see it; otherwise keep a private copy, so
+        // that later in-place accumulation cannot write into another tensor's storage.
+        const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
+                               g.is_contiguous() && g.impl().autograd_meta() == nullptr;
+        meta.grad = exclusive ? std::move(g) : g.clone();
+      } else {
+        meta.grad.add_(g);
+      }
     }
-    post = meta.post_hooks;
+    if (sink == nullptr) current = meta.grad;
+    gradient_hooks = meta.gradient_hooks;
+    post_hooks = meta.post_hooks;
   }
-  for (const auto& h : post)
+  if (sink != nullptr) current = std::move(g);
+
+  if (!gradient_hooks.empty()) {
+    LeafGradient view{variable_, current, produced, sink != nullptr};
+    for (const auto& h : gradient_hooks) {
+      h.fn(view);
+      check_replacement(variable_, view.grad);
+    }
+    if (sink == nullptr && !view.grad.is_same(current)) {
+      MutexLock lock(meta.mutex);
+      meta.grad = view.grad;
+    }
+    current = std::move(view.grad);
+  }
+  if (sink != nullptr && current.defined()) sink->accumulate(variable_, current);
+  for (const auto& h : post_hooks)
     h.fn(variable_);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
+  GRADWIRE_CHECK(grads.size() == 1) << "AccumulateGrad expects one gradient";
+  accumulate_pass(std::move(grads[0]), nullptr);
   return {};
 }
 

@@ -122,6 +122,12 @@ bool AutogradHooksImpl::remove_hook(const Tensor& t, uint64_t handle) {
       return true;
     }
   }
+  for (auto it = meta->gradient_hooks.begin(); it != meta->gradient_hooks.end(); ++it) {
+    if (it->handle == handle) {
+      meta->gradient_hooks.erase(it);
+      return true;
+    }
+  }
   return false;
 }
 

@@ -14,7 +14,8 @@
 namespace gradwire::autograd::detail {
 
 // A leaf has no grad_fn; it requires grad when `requires_grad` is set. A non-leaf has a
-// grad_fn (and always requires grad). `grad`, the leaf's hooks and its AccumulateGrad
+// grad_fn (and always requires grad). `grad`, the leaf's hooks (tensor, leaf-gradient and
+// post-accumulate) and its AccumulateGrad
 // are guarded by `mutex` because backward passes on other threads reach them.
 class AutogradMeta final : public AutogradMetaInterface {
  public:
@@ -25,6 +26,10 @@ class AutogradMeta final : public AutogradMetaInterface {
   struct PostHook {
     uint64_t handle;
     PostAccumulateGradHook fn;
+  };
+  struct GradientHook {
+    uint64_t handle;
+    LeafGradientHook fn;
   };
 
   bool requires_grad() const { return requires_grad_flag || grad_fn != nullptr; }
@@ -44,6 +49,7 @@ class AutogradMeta final : public AutogradMetaInterface {
   std::weak_ptr<AccumulateGrad> grad_accumulator GRADWIRE_GUARDED_BY(mutex);
   std::vector<LeafHook> hooks GRADWIRE_GUARDED_BY(mutex);
   std::vector<PostHook> post_hooks GRADWIRE_GUARDED_BY(mutex);
+  std::vector<GradientHook> gradient_hooks GRADWIRE_GUARDED_BY(mutex);
 };
 
 // The meta of `t`, or null.

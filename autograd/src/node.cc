@@ -58,7 +58,8 @@ void Node::run_pre_hooks(std::vector<Tensor>& grads) {
     hooks = pre_hooks_;  // hooks run unlocked: they may register or remove hooks
   }
   for (const PreHook& h : hooks) {
-    if (h.input_nr >= grads.size()) continue;
+    // A hook computes with the gradient: it is not shown an input nothing flowed into.
+    if (h.input_nr >= grads.size() || !grads[h.input_nr].defined()) continue;
     Tensor replaced = h.fn(grads[h.input_nr]);
     if (replaced.defined()) grads[h.input_nr] = std::move(replaced);
   }

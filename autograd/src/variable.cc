@@ -30,6 +30,18 @@ std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf) {
   return acc;
 }
 
+uint64_t register_leaf_gradient_hook(const Tensor& leaf, LeafGradientHook hook) {
+  detail::AutogradMeta* meta = detail::get_meta(leaf);
+  GRADWIRE_CHECK_ARG(meta != nullptr && meta->requires_grad() && meta->grad_fn == nullptr)
+      << "register_leaf_gradient_hook: leaf-gradient hooks can only be registered on leaf "
+         "tensors that require grad";
+  GRADWIRE_CHECK_ARG(hook != nullptr) << "register_leaf_gradient_hook: empty hook";
+  const uint64_t handle = detail::new_hook_handle();
+  MutexLock lock(meta->mutex);
+  meta->gradient_hooks.push_back(detail::AutogradMeta::GradientHook{handle, std::move(hook)});
+  return handle;
+}
+
 Edge gradient_edge(const Tensor& t) {
   detail::AutogradMeta* meta = detail::get_meta(t);
   if (meta == nullptr) return Edge();

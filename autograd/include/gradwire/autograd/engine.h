@@ -1,24 +1,29 @@
 // The engine: runs a backward pass over the recorded graph.
 //
-// Each call is one graph task, independent of every other: it counts, for each node
-// reachable from its roots, how many edges lead into it, keeps one input buffer per node
-// (gradients arriving from several consumers are summed there, so a tensor used twice gets
-// the sum), and runs nodes whose count has dropped to zero, highest sequence number first,
-// on the calling thread. There is no engine thread and no global queue: many threads may
-// run backward passes at once (the RPC thread pool does); nodes shared between concurrent
-// passes (a parameter's AccumulateGrad) are serialised by the node's mutex.
+// Each call is one graph task (graph_task.h), independent of every other: it counts, for
+// each node reachable from its roots, how many edges lead into it, keeps one input buffer per
+// node (gradients arriving from several consumers are summed there, so a tensor used twice
+// gets the sum), and runs nodes whose count has dropped to zero, highest sequence number
+// first, on the calling thread, then the callbacks queued during the pass (queue_callback). There
+// is no engine thread and no global queue: many threads may run backward passes at once (the RPC
+// thread pool does); nodes shared between concurrent passes (a parameter's AccumulateGrad) are
+// serialised by the node's mutex.
 //
 // Built for distribution from the start:
 //   - execute() starts from arbitrary (edge, gradient) pairs, not only from tensors, so
 //     dist_autograd can start a pass at its recv functions with gradients from the wire;
-//   - a GradientSink receives leaf gradients instead of .grad (a dist-autograd context);
+//   - a GradientSink receives leaf gradients instead of .grad (a dist-autograd context),
+//     with the leaf's hooks still run (gradient_sink.h);
+//   - a GraphTask can be fed gradients as they arrive, for passes that span messages;
 //   - Node kinds may be defined outside autograd/ (node.h).
 //
 // Errors (InvalidArgument): a root that does not require grad; a non-scalar root without
-// a gradient; a gradient whose shape does not match its root; backward through a graph
+// a gradient; a root gradient whose shape, dtype or device does not match its input (or an
+// input number the node does not have: names the node); backward through a graph
 // freed by an earlier pass without retain_graph (names the node); a saved tensor modified
 // in place (saved_variable.h); for grad(), an input not reached unless allow_unused. An
-// exception thrown by a node or hook propagates out of the call that ran it.
+// exception thrown by a node, hook, sink or end-of-pass callback propagates out of the call
+// that ran it.
 //
 // Thread-safety: all functions may be called concurrently from any threads.
 //
@@ -31,35 +36,15 @@
 #include <memory>
 #include <vector>
 
+#include "gradwire/autograd/graph_task.h"
 #include "gradwire/autograd/node.h"
 
 namespace gradwire::autograd {
-
-// Receives leaf gradients in place of each leaf's .grad (a dist-autograd context).
-class GradientSink {
- public:
-  virtual ~GradientSink() = default;
-  // The complete gradient of `leaf` from one backward pass, after the leaf's tensor hooks.
-  // Called on the thread running the pass; passes run concurrently may call it at once,
-  // so implementations must be thread-safe. Post-accumulate-grad hooks do not run.
-  virtual void accumulate(const Tensor& leaf, const Tensor& grad) = 0;
-};
 
 // One starting point of a backward pass: `grad` flows into `edge`.
 struct GraphRoot {
   Edge edge;
   Tensor grad;
-};
-
-struct ExecuteOptions {
-  // Keep saved tensors so the graph can be run again.
-  bool retain_graph = false;
-  // When not empty (grad()): run only the nodes on paths to these edges, return the
-  // gradient flowing into each (after tensor hooks, undefined when none arrives), and
-  // accumulate into no leaf. Leaf edges are their AccumulateGrad nodes (input 0).
-  std::vector<Edge> capture;
-  // Where leaf gradients go when capture is empty; null means each leaf's .grad.
-  std::shared_ptr<GradientSink> sink;
 };
 
 // Runs one backward pass from `roots`. Returns the captured gradients (empty when

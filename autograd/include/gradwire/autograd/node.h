@@ -14,6 +14,9 @@
 // the grad_fn of a tensor. The engine runs apply() with grad mode off, the node's mutex
 // held (so one node never runs twice at once), and every input gradient present: a
 // gradient that no consumer produced is materialised as zeros from the input metadata.
+// Pre-hooks run before that, outside the mutex. Gradients given to a pass from outside
+// (roots, GraphTask::add_gradient) are checked against the input metadata, so a node that
+// can be a root must describe its inputs.
 //
 // Thread-safety: the edges and input metadata are set while recording (by one thread)
 // and read-only afterwards. Pre-hooks may be added and removed from any thread.
@@ -95,9 +98,10 @@ class Node : public std::enable_shared_from_this<Node> {
 
   uint64_t sequence_nr() const { return sequence_nr_; }
 
-  // ---- pre-hooks: run on input `input_nr`'s complete gradient before apply(); a hook
-  // returning a defined tensor replaces the gradient. Tensor::register_hook on a non-leaf
-  // adds one to its grad_fn. Returns a handle (unique in the process).
+  // ---- pre-hooks: run on input `input_nr`'s complete gradient before apply() (not when no
+  // gradient flowed into it); a hook returning a defined tensor replaces the gradient.
+  // Tensor::register_hook on a non-leaf adds one to its grad_fn. Returns a handle (unique in the
+  // process).
   uint64_t add_pre_hook(uint32_t input_nr, TensorHook hook);
   bool remove_pre_hook(uint64_t handle);
   // Applies the pre-hooks to `grads` in registration order (the engine calls this).

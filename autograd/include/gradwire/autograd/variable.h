@@ -29,6 +29,11 @@ void set_history(const Tensor& t, const std::shared_ptr<Node>& fn);
 uint32_t output_nr(const Tensor& t);
 // The AccumulateGrad of a leaf that requires grad (created when missing); null otherwise.
 std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf);
+// Calls `hook` once per backward pass that reaches `leaf`, after accumulation or just before
+// a gradient sink, with the gradient it may inspect or replace (accumulate_grad.h says
+// exactly when). `leaf` must be a leaf that requires grad (InvalidArgument otherwise).
+// Returns a handle for Tensor::remove_hook(). Hooks run in registration order.
+uint64_t register_leaf_gradient_hook(const Tensor& leaf, LeafGradientHook hook);
 
 // Anchors gradwire::autograd in a program: returns true once the op hooks are installed.
 // Calling it is never needed when linking through CMake (the target forces the anchor);
