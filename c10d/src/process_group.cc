@@ -112,16 +112,19 @@ std::exception_ptr ProcessGroup::error() const {
   return error_;
 }
 
-ProcessGroup::OpContext ProcessGroup::begin(std::string_view name, milliseconds timeout,
-                                            bool collective) {
+ProcessGroup::OpContext ProcessGroup::begin(std::string_view name, milliseconds timeout) {
   OpContext ctx;
   ctx.name = std::string(name);
   ctx.timeout = effective(timeout, options_.timeout);
-  ctx.seq = collective ? next_seq_.fetch_add(1) : 0;
-  std::string where = "(group '" + options_.name + "', rank " + std::to_string(rank_) + ")";
   ctx.description =
-      collective ? ctx.name + " #" + std::to_string(ctx.seq) + " " + where : ctx.name + " " + where;
+      ctx.name + " (group '" + options_.name + "', rank " + std::to_string(rank_) + ")";
   return ctx;
+}
+
+void ProcessGroup::number(OpContext& ctx) {
+  ctx.seq = next_seq_.fetch_add(1);
+  ctx.description = ctx.name + " #" + std::to_string(ctx.seq) + " (group '" + options_.name +
+                    "', rank " + std::to_string(rank_) + ")";
 }
 
 std::optional<Work> ProcessGroup::failed_work(const OpContext& ctx) const {
@@ -152,6 +155,23 @@ void ProcessGroup::check_tensor(const OpContext& ctx, const Tensor& t,
     throw InvalidArgument(ctx.description + ": " + std::string(what) + " (" + shape_text(t) +
                           ") is not contiguous; pass tensor.contiguous()");
   }
+}
+
+std::vector<ProcessGroup::TensorArg> ProcessGroup::named(const std::vector<Tensor>& list,
+                                                         const std::string& what) {
+  std::vector<TensorArg> args;
+  args.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i)
+    args.push_back({&list[i], what + "[" + std::to_string(i) + "]"});
+  return args;
+}
+
+void ProcessGroup::check_backend_args(const OpContext&, const std::vector<TensorArg>&) const {}
+
+void ProcessGroup::check_args(const OpContext& ctx, const std::vector<TensorArg>& args) const {
+  for (const TensorArg& arg : args)
+    check_tensor(ctx, *arg.tensor, arg.what);
+  check_backend_args(ctx, args);
 }
 
 void ProcessGroup::check_root(const OpContext& ctx, int root) const {
@@ -206,6 +226,44 @@ void check_count(const std::string& description, const std::vector<Tensor>& list
                           " tensors, expected " + std::to_string(expected) +
                           " (one per rank of the group)");
   }
+}
+
+template <typename T>
+void append(std::vector<T>& to, std::vector<T> more) {
+  for (T& item : more)
+    to.push_back(std::move(item));
+}
+
+// Consecutive tensors of one dtype and device share a bucket until it would pass
+// `bucket_bytes`; the order within a dtype and device is the caller's. Every rank derives
+// the same buckets from the same shapes, so no bucket layout is exchanged.
+std::vector<std::vector<size_t>> coalesce(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
+  struct Open {
+    DType dtype;
+    Device device;
+    size_t bucket;
+    size_t bytes;
+  };
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<Open> open;  // one per dtype and device seen: few, so a linear search
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    auto it = std::find_if(open.begin(), open.end(), [&](const Open& o) {
+      return o.dtype == t.dtype() && o.device == t.device();
+    });
+    if (it == open.end()) {
+      open.push_back({t.dtype(), t.device(), buckets.size(), 0});
+      it = open.end() - 1;
+      buckets.emplace_back();
+    } else if (it->bytes + t.nbytes() > bucket_bytes && it->bytes > 0) {
+      it->bucket = buckets.size();
+      it->bytes = 0;
+      buckets.emplace_back();
+    }
+    it->bytes += t.nbytes();
+    buckets[it->bucket].push_back(i);
+  }
+  return buckets;
 }
 
 }  // namespace
@@ -319,12 +377,12 @@ void ProcessGroup::fail_operation(const OpContext& ctx, WorkState& state,
 // ---- collectives
 
 Work ProcessGroup::all_reduce(std::vector<Tensor> tensors, const AllReduceOptions& options) {
-  OpContext ctx = begin("all_reduce", options.timeout, true);
+  OpContext ctx = begin("all_reduce", options.timeout);
   if (tensors.empty()) throw InvalidArgument(ctx.description + ": no tensors given");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    check_tensor(ctx, tensors[i], "tensors[" + std::to_string(i) + "]");
-    check_avg(ctx.description, options.op, tensors[i]);
-  }
+  check_args(ctx, named(tensors, "tensors"));
+  for (const Tensor& t : tensors)
+    check_avg(ctx.description, options.op, t);
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx, "all_reduce(op=" + std::string(reduce_op_name(options.op)) + "; " +
@@ -338,11 +396,11 @@ Work ProcessGroup::all_reduce(const Tensor& tensor, const AllReduceOptions& opti
 }
 
 Work ProcessGroup::broadcast(std::vector<Tensor> tensors, const BroadcastOptions& options) {
-  OpContext ctx = begin("broadcast", options.timeout, true);
+  OpContext ctx = begin("broadcast", options.timeout);
   if (tensors.empty()) throw InvalidArgument(ctx.description + ": no tensors given");
   check_root(ctx, options.root);
-  for (size_t i = 0; i < tensors.size(); ++i)
-    check_tensor(ctx, tensors[i], "tensors[" + std::to_string(i) + "]");
+  check_args(ctx, named(tensors, "tensors"));
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(
@@ -355,11 +413,34 @@ Work ProcessGroup::broadcast(const Tensor& tensor, const BroadcastOptions& optio
   return broadcast(std::vector<Tensor>{tensor}, options);
 }
 
-Work ProcessGroup::reduce(const Tensor& tensor, const ReduceOptions& options) {
-  OpContext ctx = begin("reduce", options.timeout, true);
+Work ProcessGroup::broadcast_coalesced(std::vector<Tensor> tensors,
+                                       const BroadcastCoalescedOptions& options) {
+  OpContext ctx = begin("broadcast_coalesced", options.timeout);
+  if (tensors.empty()) throw InvalidArgument(ctx.description + ": no tensors given");
+  if (options.bucket_bytes == 0) {
+    throw InvalidArgument(ctx.description + ": bucket_bytes must be positive");
+  }
   check_root(ctx, options.root);
-  check_tensor(ctx, tensor, "the tensor");
+  check_args(ctx, named(tensors, "tensors"));
+  number(ctx);
+  if (auto failed = failed_work(ctx)) return *failed;
+  if (debug_level_ == DebugLevel::kDetail) {
+    // The bucket size is part of the signature: ranks that bucket differently would move
+    // buffers of different sizes.
+    debug_check(ctx, "broadcast_coalesced(root=" + std::to_string(options.root) +
+                         ", bucket_bytes=" + std::to_string(options.bucket_bytes) + "; " +
+                         tensors_text(tensors) + ")");
+  }
+  std::vector<std::vector<size_t>> buckets = coalesce(tensors, options.bucket_bytes);
+  return do_broadcast_coalesced(std::move(tensors), std::move(buckets), options.root, ctx);
+}
+
+Work ProcessGroup::reduce(const Tensor& tensor, const ReduceOptions& options) {
+  OpContext ctx = begin("reduce", options.timeout);
+  check_root(ctx, options.root);
+  check_args(ctx, {{&tensor, "the tensor"}});
   check_avg(ctx.description, options.op, tensor);
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx, "reduce(op=" + std::string(reduce_op_name(options.op)) + ", root=" +
@@ -370,14 +451,14 @@ Work ProcessGroup::reduce(const Tensor& tensor, const ReduceOptions& options) {
 
 Work ProcessGroup::all_gather(std::vector<Tensor> outputs, const Tensor& input,
                               const AllGatherOptions& options) {
-  OpContext ctx = begin("all_gather", options.timeout, true);
-  check_tensor(ctx, input, "the input");
+  OpContext ctx = begin("all_gather", options.timeout);
   check_count(ctx.description, outputs, "outputs", static_cast<size_t>(size_));
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const std::string what = "outputs[" + std::to_string(i) + "]";
-    check_tensor(ctx, outputs[i], what);
-    check_like(ctx.description, outputs[i], input, what, "the input");
-  }
+  std::vector<TensorArg> args{{&input, "the input"}};
+  append(args, named(outputs, "outputs"));
+  check_args(ctx, args);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    check_like(ctx.description, outputs[i], input, args[i + 1].what, "the input");
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx, "all_gather(" + shape_text(input) + ")");
@@ -387,21 +468,21 @@ Work ProcessGroup::all_gather(std::vector<Tensor> outputs, const Tensor& input,
 
 Work ProcessGroup::gather(std::vector<Tensor> outputs, const Tensor& input,
                           const GatherOptions& options) {
-  OpContext ctx = begin("gather", options.timeout, true);
+  OpContext ctx = begin("gather", options.timeout);
   check_root(ctx, options.root);
-  check_tensor(ctx, input, "the input");
+  std::vector<TensorArg> args{{&input, "the input"}};
   if (rank_ == options.root) {
     check_count(ctx.description, outputs, "outputs (on the root)", static_cast<size_t>(size_));
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      const std::string what = "outputs[" + std::to_string(i) + "]";
-      check_tensor(ctx, outputs[i], what);
-      check_like(ctx.description, outputs[i], input, what, "the input");
-    }
+    append(args, named(outputs, "outputs"));
   } else if (!outputs.empty()) {
     throw InvalidArgument(ctx.description + ": only the root (rank " +
                           std::to_string(options.root) + ") passes outputs, got " +
                           std::to_string(outputs.size()));
   }
+  check_args(ctx, args);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    check_like(ctx.description, outputs[i], input, args[i + 1].what, "the input");
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx,
@@ -412,21 +493,21 @@ Work ProcessGroup::gather(std::vector<Tensor> outputs, const Tensor& input,
 
 Work ProcessGroup::scatter(const Tensor& output, std::vector<Tensor> inputs,
                            const ScatterOptions& options) {
-  OpContext ctx = begin("scatter", options.timeout, true);
+  OpContext ctx = begin("scatter", options.timeout);
   check_root(ctx, options.root);
-  check_tensor(ctx, output, "the output");
+  std::vector<TensorArg> args{{&output, "the output"}};
   if (rank_ == options.root) {
     check_count(ctx.description, inputs, "inputs (on the root)", static_cast<size_t>(size_));
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const std::string what = "inputs[" + std::to_string(i) + "]";
-      check_tensor(ctx, inputs[i], what);
-      check_like(ctx.description, inputs[i], output, what, "the output");
-    }
+    append(args, named(inputs, "inputs"));
   } else if (!inputs.empty()) {
     throw InvalidArgument(ctx.description + ": only the root (rank " +
                           std::to_string(options.root) + ") passes inputs, got " +
                           std::to_string(inputs.size()));
   }
+  check_args(ctx, args);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    check_like(ctx.description, inputs[i], output, args[i + 1].what, "the output");
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx,
@@ -437,15 +518,15 @@ Work ProcessGroup::scatter(const Tensor& output, std::vector<Tensor> inputs,
 
 Work ProcessGroup::reduce_scatter(const Tensor& output, std::vector<Tensor> inputs,
                                   const ReduceScatterOptions& options) {
-  OpContext ctx = begin("reduce_scatter", options.timeout, true);
-  check_tensor(ctx, output, "the output");
-  check_avg(ctx.description, options.op, output);
+  OpContext ctx = begin("reduce_scatter", options.timeout);
   check_count(ctx.description, inputs, "inputs", static_cast<size_t>(size_));
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string what = "inputs[" + std::to_string(i) + "]";
-    check_tensor(ctx, inputs[i], what);
-    check_like(ctx.description, inputs[i], output, what, "the output");
-  }
+  std::vector<TensorArg> args{{&output, "the output"}};
+  append(args, named(inputs, "inputs"));
+  check_args(ctx, args);
+  check_avg(ctx.description, options.op, output);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    check_like(ctx.description, inputs[i], output, args[i + 1].what, "the output");
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx, "reduce_scatter(op=" + std::string(reduce_op_name(options.op)) + "; " +
@@ -456,12 +537,13 @@ Work ProcessGroup::reduce_scatter(const Tensor& output, std::vector<Tensor> inpu
 
 Work ProcessGroup::all_to_all(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
                               const AllToAllOptions& options) {
-  OpContext ctx = begin("all_to_all", options.timeout, true);
+  OpContext ctx = begin("all_to_all", options.timeout);
   check_count(ctx.description, inputs, "inputs", static_cast<size_t>(size_));
   check_count(ctx.description, outputs, "outputs", static_cast<size_t>(size_));
+  std::vector<TensorArg> args = named(inputs, "inputs");
+  append(args, named(outputs, "outputs"));
+  check_args(ctx, args);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(ctx, inputs[i], "inputs[" + std::to_string(i) + "]");
-    check_tensor(ctx, outputs[i], "outputs[" + std::to_string(i) + "]");
     if (inputs[i].dtype() != inputs[0].dtype() || outputs[i].dtype() != inputs[0].dtype()) {
       throw InvalidArgument(ctx.description + ": every input and output must have one dtype; " +
                             "inputs[0] is " + shape_text(inputs[0]) + ", inputs[" +
@@ -475,6 +557,7 @@ Work ProcessGroup::all_to_all(std::vector<Tensor> outputs, std::vector<Tensor> i
                           shape_text(inputs[self]) + ") stays on this rank and must fit outputs[" +
                           std::to_string(rank_) + "] (" + shape_text(outputs[self]) + ")");
   }
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx, "all_to_all(" + std::string(dtype_name(inputs[0].dtype())) + ")");
@@ -483,7 +566,8 @@ Work ProcessGroup::all_to_all(std::vector<Tensor> outputs, std::vector<Tensor> i
 }
 
 Work ProcessGroup::barrier(const BarrierOptions& options) {
-  OpContext ctx = begin("barrier", options.timeout, true);
+  OpContext ctx = begin("barrier", options.timeout);
+  number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) debug_check(ctx, "barrier()");
   return do_barrier(ctx);
@@ -492,29 +576,29 @@ Work ProcessGroup::barrier(const BarrierOptions& options) {
 // ---- point-to-point
 
 Work ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
-  OpContext ctx = begin("send to rank " + std::to_string(dst) + " tag " + std::to_string(tag),
-                        milliseconds(0), false);
+  OpContext ctx =
+      begin("send to rank " + std::to_string(dst) + " tag " + std::to_string(tag), milliseconds(0));
   check_peer(ctx, dst, "destination");
   check_tag(ctx, tag);
-  check_tensor(ctx, tensor, "the tensor");
+  check_args(ctx, {{&tensor, "the tensor"}});
   if (auto failed = failed_work(ctx)) return *failed;
   return do_send(tensor, dst, static_cast<uint64_t>(tag), ctx);
 }
 
 Work ProcessGroup::recv(const Tensor& tensor, int src, int tag) {
   OpContext ctx = begin("recv from rank " + std::to_string(src) + " tag " + std::to_string(tag),
-                        milliseconds(0), false);
+                        milliseconds(0));
   check_peer(ctx, src, "source");
   check_tag(ctx, tag);
-  check_tensor(ctx, tensor, "the tensor");
+  check_args(ctx, {{&tensor, "the tensor"}});
   if (auto failed = failed_work(ctx)) return *failed;
   return do_recv(tensor, src, static_cast<uint64_t>(tag), ctx);
 }
 
 Work ProcessGroup::recv_any_source(const Tensor& tensor, int tag) {
-  OpContext ctx = begin("recv from any rank tag " + std::to_string(tag), milliseconds(0), false);
+  OpContext ctx = begin("recv from any rank tag " + std::to_string(tag), milliseconds(0));
   check_tag(ctx, tag);
-  check_tensor(ctx, tensor, "the tensor");
+  check_args(ctx, {{&tensor, "the tensor"}});
   if (size_ < 2) {
     throw InvalidArgument(ctx.description + ": a group of one rank has no one to receive from");
   }
@@ -525,7 +609,7 @@ Work ProcessGroup::recv_any_source(const Tensor& tensor, int tag) {
 // ---- monitored barrier
 
 void ProcessGroup::monitored_barrier(milliseconds timeout) {
-  OpContext ctx = begin("monitored_barrier", timeout, false);
+  OpContext ctx = begin("monitored_barrier", timeout);
   if (timeout.count() <= 0) {
     throw InvalidArgument(ctx.description + ": timeout must be positive, got " + ms_text(timeout));
   }

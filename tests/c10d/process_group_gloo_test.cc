@@ -1,7 +1,9 @@
 // ProcessGroupGloo: every collective and reduce op against closed forms, several tensors
-// and dtypes, subgroups, point-to-point ordering, failures (a rank that never arrives, a
-// peer that goes away, a mismatch under the debug mode), over ranks as threads (a shared
-// HashStore) and ranks as forked processes (a FileStore), world sizes 1 to 4.
+// and dtypes, coalesced broadcasts of mixed lists, subgroups, point-to-point ordering,
+// argument errors that leave the ranks in step, failures (a rank that never arrives, a
+// peer that goes away, timeouts on time, a mismatch under the debug mode) and
+// verify_params_across_ranks, over ranks as threads (a shared HashStore) and ranks as
+// forked processes (a FileStore), world sizes 1 to 4.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -17,6 +19,7 @@
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/c10d/prefix_store.h"
 #include "gradwire/c10d/process_group_gloo.h"
+#include "gradwire/c10d/verify_params.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/tensor/factory.h"
@@ -172,6 +175,55 @@ TEST_P(GlooCollectives, BroadcastFromEveryRoot) {
       group.broadcast({a, b}, {.root = root}).wait();
       EXPECT_TRUE(equal(a, contribution(root, 4))) << "root " << root;
       EXPECT_TRUE(equal(b, full({2, 3}, Scalar(root * 10), kInt32))) << "root " << root;
+    }
+  }));
+}
+
+// Rank r's tensor k of a mixed list: small integers (exact in every dtype, bool included)
+// that differ per rank and per tensor.
+Tensor mixed_tensor(int rank, size_t k) {
+  static const std::vector<std::pair<DType, Shape>> kinds = {
+      {kFloat32, {3, 4}}, {kInt64, {5}},    {kFloat32, {7}},       {kFloat16, {2, 3}},
+      {kBool, {9}},       {kFloat32, {0}},  {kFloat64, {2, 2, 2}}, {kUInt8, {6}},
+      {kInt32, {4, 1}},   {kBFloat16, {5}}, {kFloat32, {40}},      {kInt64, {1}},
+      {kFloat32, {}},     {kInt32, {33}}};
+  const auto& [dtype, shape] = kinds[k % kinds.size()];
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  std::vector<int64_t> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    values[static_cast<size_t>(i)] =
+        (i + 7 * rank + 3 * static_cast<int64_t>(k)) % (dtype == kBool ? 2 : 200);
+  return tensor(values).to(dtype).reshape(shape);
+}
+
+TEST_P(GlooCollectives, BroadcastCoalescedMixedDtypesAndShapes) {
+  const int w = world();
+  EXPECT_ALL_RANKS_OK(run([w](ProcessGroup& group, int rank) {
+    constexpr size_t kCount = 30;
+    // 48 bytes: most buckets hold a few tensors, some tensors are larger than a bucket
+    // and travel alone; then the default, one bucket per dtype.
+    for (size_t bucket_bytes : {size_t{48}, kDefaultCoalescedBucketBytes}) {
+      for (int root : {w - 1, 0}) {
+        std::vector<Tensor> tensors;
+        for (size_t k = 0; k < kCount; ++k)
+          tensors.push_back(mixed_tensor(rank, k));
+        Work work =
+            group.broadcast_coalesced(tensors, {.root = root, .bucket_bytes = bucket_bytes});
+        const std::vector<Tensor> outputs = work.result();
+        ASSERT_EQ(outputs.size(), kCount);
+        for (size_t k = 0; k < kCount; ++k) {
+          const Tensor expected = mixed_tensor(root, k);
+          EXPECT_EQ(tensors[k].dtype(), expected.dtype()) << "tensor " << k;
+          EXPECT_EQ(tensors[k].sizes(), expected.sizes()) << "tensor " << k;
+          EXPECT_TRUE(equal(tensors[k], expected))
+              << "tensor " << k << " (" << dtype_name(expected.dtype()) << expected.shape_string()
+              << "), root " << root << ", bucket_bytes " << bucket_bytes << ": got "
+              << tensors[k].to_string();
+          EXPECT_TRUE(equal(outputs[k], expected)) << "output " << k;
+        }
+      }
     }
   }));
 }
@@ -449,6 +501,74 @@ TEST(GlooErrors, BadArgumentsThrowAtTheCall) {
   }));
 }
 
+// A bad call takes no operation number: the rank that caught InvalidArgument and goes on
+// stays in step with ranks that never made the bad call (with the number taken first, its
+// next collective carried another tag than its peers' and waited for them until its
+// deadline; under the debug mode it waited on keys of another number).
+void expect_in_step_after_caught_errors(Mode mode, DebugLevel level) {
+  EXPECT_ALL_RANKS_OK(run_group(
+      mode, 3,
+      [](ProcessGroup& group, int rank) {
+        auto expect_invalid = [](const std::function<void()>& fn, const std::string& needle) {
+          try {
+            fn();
+            ADD_FAILURE() << "expected InvalidArgument containing '" << needle << "'";
+          } catch (const InvalidArgument& e) {
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+          }
+        };
+        Tensor m = zeros({3, 4}, kFloat32);
+        if (rank == 0) {
+          // Unnumbered: the call never became a collective.
+          expect_invalid([&] { group.all_reduce(m.t()); },
+                         "all_reduce (group 'default', rank 0): tensors[0] (float32[4, 3]) is "
+                         "not contiguous");
+          expect_invalid([&] { group.all_gather({zeros({12})}, m); }, "holds 1 tensors");
+        } else if (rank == 1) {
+          expect_invalid([&] { group.broadcast(m, {.root = 7}); }, "root 7 is outside");
+          expect_invalid([&] { group.broadcast_coalesced({m}, {.bucket_bytes = 0}); },
+                         "bucket_bytes must be positive");
+          expect_invalid(
+              [&] {
+                group.reduce_scatter(zeros({2}, kInt32),
+                                     {zeros({2}, kInt32), zeros({2}, kInt32), zeros({2}, kInt32)},
+                                     {.op = ReduceOp::kAvg});
+              },
+              "avg needs floating-point");
+        }
+        Tensor t = full({4}, Scalar(rank + 1), kFloat32);
+        Work first = group.all_reduce(t);
+        EXPECT_NE(first.description().find("all_reduce #1 "), std::string::npos)
+            << first.description();
+        first.wait();
+        EXPECT_TRUE(equal(t, full({4}, Scalar(6), kFloat32)));
+        if (rank == 2) {
+          // A late bad call, after the others have moved on.
+          expect_invalid([&] { group.all_reduce(Tensor()); }, "undefined tensor");
+        }
+        Tensor b = full({2}, Scalar(rank * 10), kInt64);
+        group.broadcast(b, {.root = 2}).wait();
+        EXPECT_TRUE(equal(b, full({2}, Scalar(20), kInt64)));
+        std::vector<Tensor> outs{zeros({1}, kInt32), zeros({1}, kInt32), zeros({1}, kInt32)};
+        Work gathered = group.all_gather(outs, full({1}, Scalar(rank), kInt32));
+        EXPECT_NE(gathered.description().find("all_gather #3 "), std::string::npos)
+            << gathered.description();
+        gathered.wait();
+        for (int r = 0; r < 3; ++r)
+          EXPECT_EQ(outs[static_cast<size_t>(r)].at({0}), r);
+      },
+      ProcessGroupOptions{.timeout = 5s, .debug_level = level}));
+}
+
+TEST(GlooErrors, ARankThatCatchesInvalidArgumentStaysInStep) {
+  expect_in_step_after_caught_errors(Mode::kThreads, DebugLevel::kOff);
+  expect_in_step_after_caught_errors(Mode::kProcesses, DebugLevel::kOff);
+}
+
+TEST(GlooErrors, ARankThatCatchesInvalidArgumentStaysInStepUnderTheDebugMode) {
+  expect_in_step_after_caught_errors(Mode::kThreads, DebugLevel::kDetail);
+}
+
 TEST(GlooErrors, UnknownBackendsAreNamed) {
   auto store = std::make_shared<HashStore>(5s);
   try {
@@ -496,6 +616,61 @@ TEST(GlooFailures, ARankThatNeverArrivesIsNamed) {
       ProcessGroupOptions{.timeout = 400ms}));
 }
 
+// Timeouts are told from other transport errors by the operation's own clock, not by
+// Gloo's wording: a collective and a receive whose peer never comes fail with
+// TimeoutError once their deadline has passed, and not much later.
+TEST(GlooFailures, ACollectiveWhosePeerNeverJoinsTimesOut) {
+  constexpr auto kTimeout = 200ms;
+  EXPECT_ALL_RANKS_OK(run_group(
+      Mode::kThreads, 2,
+      [&](ProcessGroup& group, int rank) {
+        if (rank == 1) {
+          group.store()->wait({"done"}, 20s);  // alive, but never joins
+          return;
+        }
+        Tensor t = ones({8}, kFloat32);
+        const auto start = std::chrono::steady_clock::now();
+        Work work = group.all_reduce(t);
+        try {
+          work.wait();
+          ADD_FAILURE() << "expected TimeoutError";
+        } catch (const TimeoutError& e) {
+          EXPECT_NE(std::string(e.what()).find("all_reduce #1 (group 'default', rank 0) timed out "
+                                               "after 200 ms"),
+                    std::string::npos)
+              << e.what();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "expected TimeoutError, got " << e.what();
+        }
+        const auto elapsed = std::chrono::steady_clock::now() - start;
+        EXPECT_GE(elapsed, kTimeout);
+        // The deadline, plus at most the same again waiting to learn who did not come.
+        EXPECT_LT(elapsed, 2s);
+        group.store()->set("done", std::string_view("1"));
+      },
+      ProcessGroupOptions{.timeout = kTimeout}));
+}
+
+TEST(GlooFailures, AReceiveWhoseSenderNeverSendsTimesOut) {
+  EXPECT_ALL_RANKS_OK(run_group(
+      Mode::kThreads, 2,
+      [](ProcessGroup& group, int rank) {
+        if (rank == 1) {
+          group.store()->wait({"done"}, 20s);
+          return;
+        }
+        Tensor t = zeros({4}, kFloat32);
+        const auto start = std::chrono::steady_clock::now();
+        Work work = group.recv(t, 1, 3);
+        EXPECT_THROW(work.wait(), TimeoutError);
+        const auto elapsed = std::chrono::steady_clock::now() - start;
+        EXPECT_GE(elapsed, 200ms);
+        EXPECT_LT(elapsed, 2s);
+        group.store()->set("done", std::string_view("1"));
+      },
+      ProcessGroupOptions{.timeout = 200ms}));
+}
+
 TEST(GlooFailures, APeerThatGoesAwayFailsPendingWork) {
   const RankResults results = run_group(
       Mode::kProcesses, 2,
@@ -510,10 +685,15 @@ TEST(GlooFailures, APeerThatGoesAwayFailsPendingWork) {
         const auto start = std::chrono::steady_clock::now();
         try {
           group.all_reduce(t).wait();
-          ADD_FAILURE() << "expected an error";
-        } catch (const Error& e) {
+          ADD_FAILURE() << "expected NetworkError";
+        } catch (const NetworkError& e) {
+          // A lost connection long before the deadline is not a timeout.
           const std::string what = e.what();
+          EXPECT_NE(what.find("all_reduce #1 (group 'default', rank 0) failed"), std::string::npos)
+              << what;
           EXPECT_NE(what.find("ranks that did not reach it: [1]"), std::string::npos) << what;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "expected NetworkError, got " << e.what();
         }
         EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
       },
@@ -578,6 +758,112 @@ TEST(GlooFailures, MonitoredBarrierNamesEveryMissingRank) {
       }
     }
   }));
+}
+
+// ---- verify_params_across_ranks
+
+// The list every rank holds, before a rank changes its own.
+std::vector<Tensor> model_like_tensors() {
+  return {zeros({4, 3}, kFloat32), zeros({4}, kFloat32), zeros({5, 2, 2}, kFloat16),
+          zeros({}, kInt64), zeros({0}, kFloat32)};
+}
+
+void expect_every_rank_throws(Mode mode, int world,
+                              const std::function<void(std::vector<Tensor>&, int)>& change,
+                              const std::vector<std::string>& needles) {
+  EXPECT_ALL_RANKS_OK(run_group(
+      mode, world,
+      [&](ProcessGroup& group, int rank) {
+        std::vector<Tensor> tensors = model_like_tensors();
+        change(tensors, rank);
+        try {
+          verify_params_across_ranks(group, tensors);
+          ADD_FAILURE() << "expected InvalidArgument";
+        } catch (const InvalidArgument& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("verify_params_across_ranks (group 'default', rank " +
+                              std::to_string(rank) + "): "),
+                    std::string::npos)
+              << what;
+          for (const std::string& needle : needles)
+            EXPECT_NE(what.find(needle), std::string::npos)
+                << "missing '" << needle << "' in " << what;
+        }
+        // Every rank took part to the end: the group goes on.
+        Tensor t = ones({1}, kInt32);
+        group.all_reduce(t).wait();
+        EXPECT_EQ(t.at({0}), world);
+      },
+      ProcessGroupOptions{.timeout = 10s}));
+}
+
+TEST(GlooVerifyParams, MatchingRanksPass) {
+  for (Mode mode : {Mode::kThreads, Mode::kProcesses}) {
+    for (int world : {1, 3}) {
+      EXPECT_ALL_RANKS_OK(run_group(mode, world,
+                                    [](ProcessGroup& group, int) {
+                                      verify_params_across_ranks(group, model_like_tensors());
+                                      verify_params_across_ranks(group, {});
+                                      // Values are not compared, only dtypes and shapes.
+                                      verify_params_across_ranks(
+                                          group, {full({2}, Scalar(group.rank()), kFloat32)});
+                                    }))
+          << mode_name(mode) << " world " << world;
+    }
+  }
+}
+
+TEST(GlooVerifyParams, AShapeThatDiffersOnOneRankIsNamedOnEveryRank) {
+  expect_every_rank_throws(
+      Mode::kProcesses, 3,
+      [](std::vector<Tensor>& t, int rank) {
+        if (rank == 1) t[2] = zeros({5, 2, 3}, kFloat16);
+      },
+      {"tensors[2] on rank 1 is float16[5, 2, 3], expected float16[5, 2, 2] as on rank 0",
+       "ranks whose tensors differ from rank 0's: [1]"});
+}
+
+TEST(GlooVerifyParams, DtypeOrderAndCountDifferencesAreNamed) {
+  // A dtype, on two ranks with different first differences: the lowest rank is described.
+  expect_every_rank_throws(Mode::kThreads, 3,
+                           [](std::vector<Tensor>& t, int rank) {
+                             if (rank == 2) t[0] = zeros({4, 3}, kFloat64);
+                             if (rank == 1) t[3] = zeros({1}, kInt64);
+                           },
+                           {"tensors[3] on rank 1 is int64[1], expected int64[] as on rank 0",
+                            "ranks whose tensors differ from rank 0's: [1, 2]"});
+  // The same tensors in another order.
+  expect_every_rank_throws(
+      Mode::kThreads, 2,
+      [](std::vector<Tensor>& t, int rank) {
+        if (rank == 1) std::swap(t[0], t[1]);
+      },
+      {"tensors[0] on rank 1 is float32[4], expected float32[4, 3] as on rank 0"});
+  // One tensor more, and one fewer.
+  expect_every_rank_throws(Mode::kThreads, 3,
+                           [](std::vector<Tensor>& t, int rank) {
+                             if (rank == 1) t.push_back(zeros({2}, kFloat32));
+                             if (rank == 2) t.pop_back();
+                           },
+                           {"rank 1 holds 6 tensors, expected 5 as on rank 0",
+                            "ranks whose tensors differ from rank 0's: [1, 2]"});
+  // Rank 0 itself is the odd one out: every other rank is named.
+  expect_every_rank_throws(Mode::kThreads, 3,
+                           [](std::vector<Tensor>& t, int rank) {
+                             if (rank == 0) t[1] = zeros({4}, kBool);
+                           },
+                           {"tensors[1] on rank 1 is float32[4], expected bool[4] as on rank 0",
+                            "ranks whose tensors differ from rank 0's: [1, 2]"});
+}
+
+TEST(GlooVerifyParams, AnUndefinedTensorFailsEveryRank) {
+  expect_every_rank_throws(Mode::kThreads, 2, [](std::vector<Tensor>& t, int) { t[1] = Tensor(); },
+                           {"tensors[1] is undefined (on every rank)"});
+  expect_every_rank_throws(Mode::kThreads, 2,
+                           [](std::vector<Tensor>& t, int rank) {
+                             if (rank == 1) t[4] = Tensor();
+                           },
+                           {"tensors[4] on rank 1 is undefined, expected float32[0] as on rank 0"});
 }
 
 // ---- the debug mode

@@ -27,6 +27,8 @@
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
 
 // Non-blocking communicators (whose creation and operations can be abandoned with
 // ncclCommAbort when a deadline passes), ncclCommFinalize, ncclAvg and ncclBfloat16.
@@ -452,35 +454,50 @@ Work ProcessGroupNCCL::Impl::issue(const OpContext& ctx, Plan plan) {
   return Work(std::move(state));
 }
 
-int ProcessGroupNCCL::Impl::bind_device_locked(const OpContext& ctx, const Plan& plan) {
-  int wanted = device;
-  if (wanted < 0) {
-    if (plan.tensors.empty()) {
-      int current = -1;
-      if (cudaGetDevice(&current) != cudaSuccess) {
-        (void)cudaGetLastError();
-        throw Error(ctx.description + ": cudaGetDevice failed, so the group cannot tell " +
-                    "which device this rank uses (no CUDA device?)");
-      }
-      wanted = current;
-    } else {
-      wanted = plan.tensors.front().device().index;
-    }
-  }
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
-    const int on = plan.tensors[i].device().index;
+namespace {
+
+// The device an operation's tensors must be on: `bound`, this rank's device once known,
+// else the first tensor's. Throws InvalidArgument naming the first tensor elsewhere.
+int check_one_device(const std::string& description, int bound, size_t count,
+                     const std::function<int(size_t)>& device_of,
+                     const std::function<std::string(size_t)>& label) {
+  const int wanted = bound >= 0 ? bound : device_of(0);
+  for (size_t i = 0; i < count; ++i) {
+    const int on = device_of(i);
     if (on == wanted) continue;
     const std::string why =
-        device >= 0 ? "this rank of the group uses " + device_text(wanted) +
-                          " (the device of the first tensor it was given; a group uses one "
-                          "device per rank)"
-                    : plan.label(0) + " is on " + device_text(wanted) +
-                          " (one operation runs on one device)";
-    throw InvalidArgument(ctx.description + ": " + plan.label(i) + " is on " + device_text(on) +
-                          ", but " + why);
+        bound >= 0
+            ? "this rank of the group uses " + device_text(wanted) +
+                  " (the device of the first tensor it was given; a group uses one "
+                  "device per rank)"
+            : label(0) + " is on " + device_text(wanted) + " (one operation runs on one device)";
+    throw InvalidArgument(description + ": " + label(i) + " is on " + device_text(on) + ", but " +
+                          why);
   }
-  device = wanted;
   return wanted;
+}
+
+}  // namespace
+
+int ProcessGroupNCCL::Impl::bind_device_locked(const OpContext& ctx, const Plan& plan) {
+  if (plan.tensors.empty()) {
+    if (device >= 0) return device;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Error(ctx.description + ": cudaGetDevice failed, so the group cannot tell " +
+                  "which device this rank uses (no CUDA device?)");
+    }
+    device = current;
+    return device;
+  }
+  // check_backend_args has checked this before the operation was numbered; checked again
+  // under the lock, for a first operation issued concurrently from another thread.
+  device = check_one_device(
+      ctx.description, device, plan.tensors.size(),
+      [&](size_t i) { return plan.tensors[i].device().index; },
+      [&](size_t i) { return plan.label(i); });
+  return device;
 }
 
 bool ProcessGroupNCCL::Impl::create_comm_locked(const OpContext& ctx, NcclWorkState& state,
@@ -936,6 +953,19 @@ ProcessGroupNCCL::~ProcessGroupNCCL() {
   }
 }
 
+void ProcessGroupNCCL::check_backend_args(const OpContext& ctx,
+                                          const std::vector<TensorArg>& args) const {
+  if (args.empty()) return;
+  int bound = -1;
+  {
+    MutexLock lock(impl_->comm_mutex);
+    bound = impl_->device;
+  }
+  check_one_device(
+      ctx.description, bound, args.size(), [&](size_t i) { return args[i].tensor->device().index; },
+      [&](size_t i) { return args[i].what; });
+}
+
 Work ProcessGroupNCCL::do_all_reduce(std::vector<Tensor> tensors, ReduceOp op,
                                      const OpContext& ctx) {
   Plan plan("ncclAllReduce");
@@ -960,6 +990,57 @@ Work ProcessGroupNCCL::do_broadcast(std::vector<Tensor> tensors, int root, const
   plan.outputs = tensors;
   plan.calls = [&](NcclCalls& c) {
     for (const Tensor& t : tensors) {
+      if (t.numel() == 0) continue;
+      c.check(ncclBroadcast(t.data_ptr(), t.data_ptr(), count_of(t), nccl_type(t.dtype()), root,
+                            c.comm(), c.stream()),
+              "ncclBroadcast");
+    }
+  };
+  return impl_->issue(ctx, std::move(plan));
+}
+
+Work ProcessGroupNCCL::do_broadcast_coalesced(std::vector<Tensor> tensors,
+                                              std::vector<std::vector<size_t>> buckets, int root,
+                                              const OpContext& ctx) {
+  Plan plan("ncclBroadcast");
+  for (size_t i = 0; i < tensors.size(); ++i)
+    plan.add(tensors[i], "tensors", static_cast<int>(i));
+  plan.outputs = tensors;
+  // One buffer per bucket: a lone tensor itself, else a staging buffer. The root packs
+  // its tensors on the legacy default stream, which the group's stream waits for; the
+  // others unpack on the group's stream after the broadcasts (the plan's copies).
+  std::vector<Tensor> buffers;
+  buffers.reserve(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const std::vector<size_t>& bucket = buckets[b];
+    if (bucket.size() == 1) {
+      buffers.push_back(tensors[bucket[0]]);
+      continue;
+    }
+    std::vector<Tensor> members;
+    members.reserve(bucket.size());
+    for (size_t i : bucket)
+      members.push_back(tensors[i]);
+    Tensor flat;
+    if (rank() == root) {
+      flat = flatten_dense_tensors(members);
+    } else {
+      int64_t numel = 0;
+      for (const Tensor& t : members)
+        numel += t.numel();
+      flat = empty({numel}, members[0].options());
+      size_t offset = 0;
+      for (const Tensor& t : members) {
+        plan.copies.push_back(DeviceCopy{
+            t.data_ptr(), static_cast<const char*>(flat.data_ptr()) + offset, t.nbytes()});
+        offset += t.nbytes();
+      }
+    }
+    plan.add(flat, "staging buffer", static_cast<int>(b));
+    buffers.push_back(std::move(flat));
+  }
+  plan.calls = [&](NcclCalls& c) {
+    for (const Tensor& t : buffers) {
       if (t.numel() == 0) continue;
       c.check(ncclBroadcast(t.data_ptr(), t.data_ptr(), count_of(t), nccl_type(t.dtype()), root,
                             c.comm(), c.stream()),

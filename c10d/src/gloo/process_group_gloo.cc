@@ -51,9 +51,17 @@ constexpr uint8_t kReduceScatterPrefix = 0x40;
 constexpr uint8_t kUserP2PPrefix = 0x41;
 constexpr uint8_t kInternalP2PPrefix = 0x42;
 
-// Gloo reports a deadline that passed as an IoException whose text says so.
-bool is_timeout(const std::string& what) {
-  return what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos;
+using Clock = std::chrono::steady_clock;
+
+// Gloo has no exception type of its own for a deadline: a wait that runs out and a socket
+// that fails are both IoExceptions, told apart only by their text, which is not an
+// interface. Our own clock decides instead. Every Gloo wait of an operation is given the
+// operation's timeout, so a wait that ran out began at least that long ago: an
+// IoException raised while less time than the timeout has passed since `start` cannot be
+// a deadline, and one raised later is reported as one (the operation has outlived its
+// deadline, whatever the last socket said).
+bool past_deadline(Clock::time_point start, milliseconds timeout) {
+  return Clock::now() - start >= timeout;
 }
 
 // Gloo's rendezvous interface over a gradwire Store.
@@ -282,6 +290,7 @@ void ProcessGroupGloo::connect(const std::string& what) {
   impl_->context = std::make_shared<::gloo::rendezvous::Context>(rank(), size());
   impl_->context->setTimeout(timeout());
   StoreAdapter adapter(std::make_shared<PrefixStore>("gloo", store()), timeout());
+  const Clock::time_point start = Clock::now();
   try {
     impl_->context->connectFullMesh(adapter, impl_->device);
   } catch (const TimeoutError&) {
@@ -291,7 +300,7 @@ void ProcessGroupGloo::connect(const std::string& what) {
                        detail::ranks_text(detail::ranks_without_key(keys, "", size())) +
                        " did not join within " + std::to_string(timeout().count()) + " ms");
   } catch (const ::gloo::IoException& e) {
-    if (is_timeout(e.what())) {
+    if (past_deadline(start, timeout())) {
       throw TimeoutError(what + ": connecting to the other ranks timed out: " + e.what());
     }
     throw NetworkError(what + ": connecting to the other ranks failed: " + e.what());
@@ -335,11 +344,13 @@ Work ProcessGroupGloo::enqueue(const OpContext& ctx, std::vector<Tensor> outputs
   // task may use `this`. (Letting a waiting caller run a queued collective itself was
   // measured slower: the worker woken for it still competes for the two cores.)
   impl_->workers->execute([this, ctx, state, run = std::move(run)] {
+    // Gloo's waits start no earlier than this, so their timeouts are measured from later.
+    const Clock::time_point start = Clock::now();
     try {
       run(*state);
       state->finish();
     } catch (const ::gloo::IoException& e) {
-      fail_operation(ctx, *state, e.what(), is_timeout(e.what()));
+      fail_operation(ctx, *state, e.what(), past_deadline(start, ctx.timeout));
     } catch (const ::gloo::Exception& e) {
       fail_operation(ctx, *state, e.what(), false);
     } catch (...) {
@@ -392,20 +403,60 @@ Work ProcessGroupGloo::do_all_reduce(std::vector<Tensor> tensors, ReduceOp op,
   });
 }
 
+void ProcessGroupGloo::broadcast_buffer(const Tensor& t, int root, const OpContext& ctx) {
+  if (t.numel() == 0) return;
+  ::gloo::BroadcastOptions o(impl_->context);
+  o.setTag(tag_of(ctx.seq));
+  o.setTimeout(ctx.timeout);
+  o.setRoot(root);
+  if (rank() == root) o.setInput(bytes_of(t), t.nbytes());
+  o.setOutput(bytes_of(t), t.nbytes());
+  ::gloo::broadcast(o);
+}
+
 Work ProcessGroupGloo::do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) {
   std::vector<Tensor> work_outputs = tensors;
   std::vector<Tensor> work = detached(tensors);
   return enqueue(ctx, std::move(work_outputs), [this, work, root, ctx](WorkState&) mutable {
     if (size() == 1) return;
-    for (const Tensor& t : work) {
-      if (t.numel() == 0) continue;
-      ::gloo::BroadcastOptions o(impl_->context);
-      o.setTag(tag_of(ctx.seq));
-      o.setTimeout(ctx.timeout);
-      o.setRoot(root);
-      if (rank() == root) o.setInput(bytes_of(t), t.nbytes());
-      o.setOutput(bytes_of(t), t.nbytes());
-      ::gloo::broadcast(o);
+    for (const Tensor& t : work)
+      broadcast_buffer(t, root, ctx);
+  });
+}
+
+Work ProcessGroupGloo::do_broadcast_coalesced(std::vector<Tensor> tensors,
+                                              std::vector<std::vector<size_t>> buckets, int root,
+                                              const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = tensors;
+  std::vector<std::vector<Tensor>> work;
+  work.reserve(buckets.size());
+  for (const std::vector<size_t>& bucket : buckets) {
+    std::vector<Tensor>& members = work.emplace_back();
+    members.reserve(bucket.size());
+    for (size_t i : bucket)
+      members.push_back(tensors[i].detach());
+  }
+  return enqueue(ctx, std::move(work_outputs), [this, work, root, ctx](WorkState&) mutable {
+    if (size() == 1) return;
+    // One bucket staged at a time, on the worker: the staging memory is one bucket, and
+    // the caller's thread does no copying.
+    for (std::vector<Tensor>& bucket : work) {
+      if (bucket.size() == 1) {
+        broadcast_buffer(bucket[0], root, ctx);
+        continue;
+      }
+      if (rank() == root) {
+        broadcast_buffer(flatten_dense_tensors(bucket), root, ctx);
+        continue;
+      }
+      int64_t numel = 0;
+      for (const Tensor& t : bucket)
+        numel += t.numel();
+      Tensor flat = empty({numel}, bucket[0].options());
+      broadcast_buffer(flat, root, ctx);
+      const std::vector<Tensor> parts = unflatten_dense_tensors(flat, bucket);
+      for (size_t i = 0; i < bucket.size(); ++i)
+        bucket[i].copy_(parts[i]);
     }
   });
 }
@@ -638,28 +689,36 @@ Work ProcessGroupGloo::start_p2p(const Tensor& tensor, int peer, uint64_t tag, b
       state->buffer->recv(sources, slot);
     }
   } catch (const ::gloo::Exception& e) {
+    // Posting does not wait, so its failure is the connection's, never a deadline.
     {
       std::lock_guard<std::mutex> lock(impl_->p2p_mutex);
       impl_->pending.erase(state);
       impl_->failed.push_back(state);
     }
-    fail_operation(ctx, *state, e.what(), is_timeout(e.what()));
+    fail_operation(ctx, *state, e.what(), false);
     return Work(std::move(state));
   }
   impl_->waiters->run([this, state, ctx, is_send] {
-    bool done = false;
-    try {
-      int peer_rank = -1;
-      done = is_send ? state->buffer->waitSend(&peer_rank, ctx.timeout)
-                     : state->buffer->waitRecv(&peer_rank, ctx.timeout);
-      if (done) state->set_source_rank(peer_rank);
-    } catch (const ::gloo::Exception& e) {
+    auto fail = [&](const char* what, bool timed_out) {
       {
         std::lock_guard<std::mutex> lock(impl_->p2p_mutex);
         impl_->pending.erase(state);
         impl_->failed.push_back(state);
       }
-      fail_operation(ctx, *state, e.what(), is_timeout(e.what()));
+      fail_operation(ctx, *state, what, timed_out);
+    };
+    bool done = false;
+    const Clock::time_point start = Clock::now();
+    try {
+      int peer_rank = -1;
+      done = is_send ? state->buffer->waitSend(&peer_rank, ctx.timeout)
+                     : state->buffer->waitRecv(&peer_rank, ctx.timeout);
+      if (done) state->set_source_rank(peer_rank);
+    } catch (const ::gloo::IoException& e) {
+      fail(e.what(), past_deadline(start, ctx.timeout));
+      return;
+    } catch (const ::gloo::Exception& e) {
+      fail(e.what(), false);
       return;
     }
     if (done) {

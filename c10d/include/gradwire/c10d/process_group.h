@@ -8,8 +8,10 @@
 //   - argument checks, done on the calling thread before anything is sent, so a bad call
 //     throws at once (InvalidArgument naming the operation, the tensor, what was expected
 //     and what was received) instead of hanging its peers;
-//   - operation numbering (#1, #2, ... per group, in call order) used for tags and
-//     messages;
+//   - operation numbering (#1, #2, ... per group, in call order) used for tags, store keys
+//     and messages. A collective is numbered only once its arguments have passed every
+//     check (the backend's included), so a rank that catches InvalidArgument and retries
+//     stays in step with its peers;
 //   - the debug check (GRADWIRE_DISTRIBUTED_DEBUG=DETAIL): before each collective the
 //     ranks exchange a short signature (operation, reduce op, root, dtypes, shapes)
 //     through the store; when they differ every rank throws InvalidArgument naming which
@@ -45,6 +47,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -114,6 +117,19 @@ struct BarrierOptions {
   std::chrono::milliseconds timeout{0};
 };
 
+// broadcast_coalesced packs tensors into buffers of at most this many bytes by default.
+// Large enough that the per-broadcast cost (a round of messages) vanishes against the
+// copy, small enough that the staging buffer stays a modest fraction of a model.
+inline constexpr size_t kDefaultCoalescedBucketBytes = size_t{32} << 20;
+
+struct BroadcastCoalescedOptions {
+  int root{0};
+  // Tensors of one dtype and device are packed, in order, into buffers of at most this
+  // many bytes (> 0); a tensor larger than that travels alone, without a copy.
+  size_t bucket_bytes{kDefaultCoalescedBucketBytes};
+  std::chrono::milliseconds timeout{0};
+};
+
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
   virtual ~ProcessGroup();
@@ -139,6 +155,16 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // The root's tensors[i] are copied into every other rank's tensors[i].
   Work broadcast(std::vector<Tensor> tensors, const BroadcastOptions& options = {});
   Work broadcast(const Tensor& tensor, const BroadcastOptions& options = {});
+  // As broadcast, for many tensors (a model's parameters and buffers): tensors of one dtype
+  // and device are packed, in order, into buckets of at most options.bucket_bytes, one
+  // broadcast moves each bucket, and the received bytes are copied back into the tensors.
+  // Several hundred small tensors thus cost a few broadcasts instead of one each. The
+  // tensors may mix dtypes and shapes; tensors[i] must match across ranks (see
+  // verify_params_across_ranks). The staging buffers are freed when the Work completes.
+  // Throws InvalidArgument as broadcast, and for bucket_bytes == 0.
+  //   group->broadcast_coalesced(model_state, {.root = 0}).wait();
+  Work broadcast_coalesced(std::vector<Tensor> tensors,
+                           const BroadcastCoalescedOptions& options = {});
   // Every rank's tensor combined into the root's tensor; other ranks' tensors unchanged.
   Work reduce(const Tensor& tensor, const ReduceOptions& options = {});
   // outputs[r] receives rank r's input; outputs.size() == size(), each shaped as input.
@@ -195,12 +221,27 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
     std::chrono::milliseconds timeout{0};
   };
 
+  // One tensor argument of an operation and how messages name it ("tensors[2]",
+  // "the input").
+  struct TensorArg {
+    const Tensor* tensor;
+    std::string what;
+  };
+
   ProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options);
 
   // The transport. Arguments have been checked; tensors are non-empty vectors of defined,
   // contiguous tensors, validated against the backend's supports_device/supports_dtype.
   virtual Work do_all_reduce(std::vector<Tensor> tensors, ReduceOp op, const OpContext& ctx) = 0;
   virtual Work do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) = 0;
+  // `buckets` partition the indices of `tensors` (the caller's list, and the Work's
+  // outputs): the tensors of a bucket share dtype and device, and a bucket of several holds
+  // at most the option's bucket_bytes. The backend moves each bucket with one broadcast,
+  // staging a bucket of several tensors in one flat buffer, and completes the Work once
+  // every tensor holds the root's values.
+  virtual Work do_broadcast_coalesced(std::vector<Tensor> tensors,
+                                      std::vector<std::vector<size_t>> buckets, int root,
+                                      const OpContext& ctx) = 0;
   virtual Work do_reduce(const Tensor& tensor, int root, ReduceOp op, const OpContext& ctx) = 0;
   virtual Work do_all_gather(std::vector<Tensor> outputs, const Tensor& input,
                              const OpContext& ctx) = 0;
@@ -225,6 +266,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual bool supports_device(const Device& device) const = 0;
   virtual bool supports_dtype(DType dtype) const = 0;
   virtual std::string_view supported_devices_text() const = 0;
+  // What only the backend can check about an operation's tensors (the NCCL backend: that
+  // they are on this rank's device), called after the shared checks and before the
+  // operation is numbered; throws InvalidArgument. `args` is empty for a barrier.
+  virtual void check_backend_args(const OpContext& ctx, const std::vector<TensorArg>& args) const;
 
   static constexpr uint64_t kInternalTagBase = uint64_t{1} << 31;
 
@@ -241,7 +286,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void set_parent_ranks(std::vector<int> ranks) { parent_ranks_ = std::move(ranks); }
 
  private:
-  OpContext begin(std::string_view name, std::chrono::milliseconds timeout, bool collective);
+  // The context of an operation not yet numbered; its description has no number.
+  OpContext begin(std::string_view name, std::chrono::milliseconds timeout);
+  // Takes the next collective number, once the arguments have passed every check.
+  void number(OpContext& ctx);
+  // The shared checks of every tensor argument, then the backend's.
+  void check_args(const OpContext& ctx, const std::vector<TensorArg>& args) const;
+  // {&list[0], "what[0]"}, {&list[1], "what[1]"}, ...
+  static std::vector<TensorArg> named(const std::vector<Tensor>& list, const std::string& what);
   // Returns a failed Work when the group has already failed.
   std::optional<Work> failed_work(const OpContext& ctx) const;
   void check_tensor(const OpContext& ctx, const Tensor& t, std::string_view what) const;

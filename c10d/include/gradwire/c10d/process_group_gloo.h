@@ -73,6 +73,8 @@ class ProcessGroupGloo : public ProcessGroup {
  protected:
   Work do_all_reduce(std::vector<Tensor> tensors, ReduceOp op, const OpContext& ctx) override;
   Work do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) override;
+  Work do_broadcast_coalesced(std::vector<Tensor> tensors, std::vector<std::vector<size_t>> buckets,
+                              int root, const OpContext& ctx) override;
   Work do_reduce(const Tensor& tensor, int root, ReduceOp op, const OpContext& ctx) override;
   Work do_all_gather(std::vector<Tensor> outputs, const Tensor& input,
                      const OpContext& ctx) override;
@@ -102,6 +104,8 @@ class ProcessGroupGloo : public ProcessGroup {
   // with the error it threw.
   Work enqueue(const OpContext& ctx, std::vector<Tensor> outputs,
                std::function<void(WorkState&)> run);
+  // One Gloo broadcast of `t`'s bytes, on an operation's worker.
+  void broadcast_buffer(const Tensor& t, int root, const OpContext& ctx);
   // Posts a send or receive (peer < 0: from any rank) and hands the wait to a waiter.
   Work start_p2p(const Tensor& tensor, int peer, uint64_t tag, bool is_send, const OpContext& ctx);
 

@@ -97,6 +97,8 @@ class ProcessGroupNCCL : public ProcessGroup {
  protected:
   Work do_all_reduce(std::vector<Tensor> tensors, ReduceOp op, const OpContext& ctx) override;
   Work do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) override;
+  Work do_broadcast_coalesced(std::vector<Tensor> tensors, std::vector<std::vector<size_t>> buckets,
+                              int root, const OpContext& ctx) override;
   Work do_reduce(const Tensor& tensor, int root, ReduceOp op, const OpContext& ctx) override;
   Work do_all_gather(std::vector<Tensor> outputs, const Tensor& input,
                      const OpContext& ctx) override;
@@ -118,6 +120,9 @@ class ProcessGroupNCCL : public ProcessGroup {
   bool supports_device(const Device& device) const override { return device.is_cuda(); }
   bool supports_dtype(DType) const override { return true; }
   std::string_view supported_devices_text() const override { return "CUDA tensors"; }
+  // Every tensor on this rank's device (or, before the group has one, on the first
+  // tensor's), checked before the operation is numbered.
+  void check_backend_args(const OpContext& ctx, const std::vector<TensorArg>& args) const override;
 
  private:
   ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
