@@ -259,6 +259,41 @@ TEST_P(NcclCollectives, BroadcastFromEveryRoot) {
   }));
 }
 
+TEST_P(NcclCollectives, BroadcastCoalescedMixedDtypesAndShapes) {
+  const int w = world();
+  EXPECT_ALL_RANKS_OK(run([w](ProcessGroupNCCL& group, int rank) {
+    // Rank r's tensor k holds (r + 1) * (i + 1) + k at index i: small integers, exact in
+    // every dtype used.
+    const std::vector<std::pair<DType, int64_t>> kinds = {
+        {kFloat32, 12}, {kInt64, 5},   {kFloat32, 7},  {kFloat16, 6},  {kFloat32, 0},
+        {kInt32, 3},    {kFloat64, 8}, {kBFloat16, 5}, {kFloat32, 40}, {kUInt8, 9}};
+    auto make = [&](int r, size_t k) {
+      const auto& [dtype, n] = kinds[k];
+      return arange(Scalar(1), Scalar(n + 1))
+          .mul_(Scalar(r + 1))
+          .add_(Scalar(static_cast<int64_t>(k)))
+          .to(dtype)
+          .to(gpu(rank));
+    };
+    for (size_t bucket_bytes : {size_t{40}, kDefaultCoalescedBucketBytes}) {
+      for (int root = 0; root < w; ++root) {
+        std::vector<Tensor> tensors;
+        for (size_t k = 0; k < kinds.size(); ++k)
+          tensors.push_back(make(rank, k));
+        group.broadcast_coalesced(tensors, {.root = root, .bucket_bytes = bucket_bytes}).wait();
+        for (size_t k = 0; k < kinds.size(); ++k) {
+          std::vector<double> expected;
+          for (int64_t i = 0; i < kinds[k].second; ++i)
+            expected.push_back(static_cast<double>((root + 1) * (i + 1) + static_cast<int64_t>(k)));
+          EXPECT_EQ(tensors[k].dtype(), kinds[k].first) << "tensor " << k;
+          EXPECT_EQ(values(tensors[k]), expected)
+              << "tensor " << k << ", root " << root << ", bucket_bytes " << bucket_bytes;
+        }
+      }
+    }
+  }));
+}
+
 TEST_P(NcclCollectives, ReduceToTheRootLeavesOthersUnchanged) {
   const int w = world();
   EXPECT_ALL_RANKS_OK(run([w](ProcessGroupNCCL& group, int rank) {
@@ -609,7 +644,8 @@ TEST(NcclErrors, BadArgumentsThrowAtTheCall) {
     group->all_reduce(ones({2}, kFloat32));
     ADD_FAILURE() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("all_reduce #1"));
+    // Refused before it was numbered: the call never became collective #1.
+    EXPECT_THAT(e.what(), HasSubstr("all_reduce (group 'default', rank 0)"));
     EXPECT_THAT(e.what(), HasSubstr("takes CUDA tensors"));
     EXPECT_THAT(e.what(), HasSubstr("cpu"));
   }
@@ -634,9 +670,11 @@ TEST(NcclErrors, ATensorOnAnotherDeviceIsRefusedNamingBothDevices) {
     // Two devices in one call are refused as well.
     EXPECT_THROW(group.all_reduce(std::vector<Tensor>{filled(0, 2, 1), filled(1, 2, 1)}),
                  InvalidArgument);
-    // The group is still usable.
+    // The group is still usable, and the refused calls took no numbers.
     Tensor again = filled(0, 4, 2);
-    group.all_reduce(again).wait();
+    Work work = group.all_reduce(again);
+    EXPECT_THAT(work.description(), HasSubstr("all_reduce #2 "));
+    work.wait();
     EXPECT_EQ(values(again)[0], 2.0);
   }));
 }
