@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build ccache pkg-config make
   libgtest-dev libgmock-dev
-  libopenblas-dev libdlpack-dev
+  libopenblas-dev libdlpack-dev zlib1g-dev
   libtensorpipe-dev libgloo-dev libuv1-dev libprotobuf-dev protobuf-compiler
 )
 for arg in "$@"; do

@@ -7,6 +7,7 @@
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/autograd/variable.h"
 #include "gradwire/core/check.h"
+#include "gradwire/tensor/zero_grad.h"
 
 namespace gradwire::nn {
 
@@ -140,16 +141,7 @@ void Module::train(bool on) {
 }
 
 void Module::zero_grad(bool set_to_none) {
-  autograd::NoGradGuard no_grad;
-  for (const Tensor& p : parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      g.zero_();
-    }
-  }
+  gradwire::zero_grad(parameters(), set_to_none);
 }
 
 StateDict Module::state_dict() const {

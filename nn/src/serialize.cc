@@ -1,6 +1,7 @@
 #include "gradwire/nn/serialize.h"
 
-#include <array>
+#include <zlib.h>
+
 #include <bit>
 #include <cstdio>
 #include <cstring>
@@ -10,34 +11,18 @@
 
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/wire.h"
 
 namespace gradwire::nn {
 namespace {
 
 constexpr char kMagic[8] = {'G', 'W', 'S', 'T', 'A', 'T', 'E', '\0'};
 constexpr uint32_t kMaxName = 65536;
-constexpr uint32_t kMaxDims = 64;
 
-const std::array<uint32_t, 256>& crc_table() {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k)
-        c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  return table;
-}
-
-uint32_t crc32(const char* data, size_t n) {
-  const auto& t = crc_table();
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i)
-    c = t[(c ^ static_cast<uint8_t>(data[i])) & 0xFFu] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
+uint32_t checksum(const char* data, size_t n) {
+  // crc32_z takes a size_t length: no 4 GiB limit per call.
+  return static_cast<uint32_t>(
+      crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(data), n));
 }
 
 // Reverses each `width`-byte element in place (big-endian hosts only; on little-endian
@@ -82,6 +67,8 @@ class Reader {
     return v;
   }
   size_t remaining() const { return bytes_.size() - pos_; }
+  const char* here() const { return bytes_.data() + pos_; }
+  void skip(size_t n) { pos_ += n; }
   [[noreturn]] void fail(const std::string& problem) const {
     GRADWIRE_THROW(InvalidArgument) << "nn::load: " << source_ << ": " << problem;
   }
@@ -110,22 +97,27 @@ std::string serialize(const StateDict& state) {
     GRADWIRE_CHECK_ARG(name.size() <= kMaxName)
         << "nn::save: name of " << name.size() << " bytes exceeds " << kMaxName;
     GRADWIRE_CHECK_ARG(t.defined()) << "nn::save: '" << name << "' is an undefined tensor";
-    GRADWIRE_CHECK_ARG(t.dim() <= int64_t{kMaxDims})
-        << "nn::save: '" << name << "' has " << t.dim() << " dims, at most " << kMaxDims;
     put<uint32_t>(out, static_cast<uint32_t>(name.size()));
     out.append(name);
-    put<uint8_t>(out, static_cast<uint8_t>(t.dtype()));
-    put<uint32_t>(out, static_cast<uint32_t>(t.dim()));
-    for (int64_t s : t.sizes())
-      put<int64_t>(out, s);
     const Tensor c = t.detach().to(Device::cpu()).contiguous();
+    // Described as what is written: canonical contiguous strides (a contiguous tensor may
+    // carry any stride on a size-1 dim), offset 0, cpu.
+    TensorMeta meta;
+    meta.dtype = c.dtype();
+    meta.sizes = c.sizes();
+    meta.strides = contiguous_strides(c.sizes());
+    try {
+      encode_tensor_meta(meta, out);
+    } catch (const InvalidArgument& e) {
+      GRADWIRE_THROW(InvalidArgument) << "nn::save: '" << name << "': " << e.what();
+    }
     const size_t start = out.size();
     out.append(static_cast<const char*>(c.data_ptr()), c.nbytes());
     if constexpr (std::endian::native == std::endian::big) {
       swap_elements(out.data() + start, c.nbytes(), static_cast<size_t>(c.element_size()));
     }
   }
-  put<uint32_t>(out, crc32(out.data(), out.size()));
+  put<uint32_t>(out, checksum(out.data(), out.size()));
   return out;
 }
 
@@ -147,7 +139,7 @@ StateDict deserialize(std::string_view bytes, const std::string& source) {
   if constexpr (std::endian::native == std::endian::big) {
     swap_elements(reinterpret_cast<char*>(&stored_crc), 4, 4);
   }
-  const bool crc_ok = crc32(bytes.data(), bytes.size() - 4) == stored_crc;
+  const bool crc_ok = checksum(bytes.data(), bytes.size() - 4) == stored_crc;
   const auto count = r.get<uint64_t>("entry count");
   StateDict out;
   // Parsing goes first so that a truncated file is reported as such; the checksum then
@@ -160,40 +152,35 @@ StateDict deserialize(std::string_view bytes, const std::string& source) {
              std::to_string(kMaxName));
     }
     std::string name(r.take(name_len, "name"));
-    const auto code = r.get<uint8_t>("dtype");
-    if (code >= kNumDTypes) {
-      r.fail(entry + " '" + name + "': bad dtype code " + std::to_string(code));
+    const std::string what = entry + " '" + name + "'";
+    // The metadata decoder bounds the tensor by the bytes left, so no claimed size can
+    // overflow or over-allocate; its message names the field.
+    const uint64_t left = r.remaining();
+    size_t used = 0;
+    TensorMeta meta;
+    try {
+      meta = decode_tensor_meta(r.here(), r.remaining(), &used, static_cast<int64_t>(left));
+    } catch (const InvalidArgument& e) {
+      r.fail(what + ": " + e.what());
     }
-    const auto dtype = static_cast<DType>(code);
-    const auto ndim = r.get<uint32_t>("rank");
-    if (ndim > kMaxDims) {
-      r.fail(entry + " '" + name + "': rank " + std::to_string(ndim) + " exceeds " +
-             std::to_string(kMaxDims));
+    r.skip(used);
+    if (!meta.device.is_cpu()) {
+      r.fail(what + ": stored on " + meta.device.str() + "; a state file holds cpu tensors");
     }
-    Shape sizes(ndim);
-    // Bound the element count by the bytes left, so no size can overflow or over-allocate.
-    const uint64_t budget = r.remaining();
-    uint64_t numel = 1;
-    for (uint32_t d = 0; d < ndim; ++d) {
-      sizes[d] = r.get<int64_t>("size");
-      if (sizes[d] < 0) {
-        r.fail(entry + " '" + name + "': negative size " + std::to_string(sizes[d]));
-      }
-      const auto s = static_cast<uint64_t>(sizes[d]);
-      if (s != 0 && numel > budget / s) {
-        r.fail(entry + " '" + name + "': shape " + shape_to_string(sizes) +
-               " needs more bytes than the file holds");
-      }
-      numel *= s;
+    if (meta.storage_offset != 0 || meta.strides != contiguous_strides(meta.sizes)) {
+      r.fail(what + ": strides " + shape_to_string(meta.strides) + " with offset " +
+             std::to_string(meta.storage_offset) + " for shape " + shape_to_string(meta.sizes) +
+             "; a state file holds contiguous tensors");
     }
-    const uint64_t width = static_cast<uint64_t>(element_size(dtype));
+    const uint64_t numel = static_cast<uint64_t>(meta.numel());
+    const uint64_t width = static_cast<uint64_t>(element_size(meta.dtype));
     if (numel > r.remaining() / width) {
-      r.fail("file is truncated: " + entry + " '" + name + "' of shape " + shape_to_string(sizes) +
-             " needs " + std::to_string(numel * width) + " bytes, only " +
-             std::to_string(r.remaining()) + " remain");
+      r.fail("file is truncated: " + what + " of shape " + shape_to_string(meta.sizes) + " needs " +
+             std::to_string(numel * width) + " bytes, only " + std::to_string(r.remaining()) +
+             " remain");
     }
     std::string_view data = r.take(static_cast<size_t>(numel * width), "data");
-    Tensor t = empty(sizes, TensorOptions(dtype));
+    Tensor t = empty(meta.sizes, TensorOptions(meta.dtype));
     std::memcpy(t.data_ptr(), data.data(), data.size());
     if constexpr (std::endian::native == std::endian::big) {
       swap_elements(static_cast<char*>(t.data_ptr()), data.size(), static_cast<size_t>(width));

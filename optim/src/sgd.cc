@@ -1,10 +1,34 @@
 #include "gradwire/optim/sgd.h"
 
+#include "detail.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/core/check.h"
+#include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 
 namespace gradwire::optim {
+namespace {
+
+const std::string kSGD = "SGD";
+
+// The options' fields as state-dict hyperparameters (detail.h), for writing and reading.
+constexpr auto kHypers = [](auto& o, auto&& f) {
+  f("lr", o.lr);
+  f("momentum", o.momentum);
+  f("dampening", o.dampening);
+  f("weight_decay", o.weight_decay);
+  f("nesterov", o.nesterov);
+};
+
+SGDState read_state(detail::StateReader& reader, size_t n) {
+  SGDState state;
+  state.momentum_buffers.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    state.momentum_buffers[i] = reader.tensor(i, "momentum_buffer", /*required=*/false);
+  return state;
+}
+
+}  // namespace
 
 void SGDOptions::validate() const {
   GRADWIRE_CHECK_ARG(lr >= 0.0) << "SGDOptions: lr must be >= 0, got " << lr;
@@ -30,27 +54,35 @@ StateDict SGDState::state_dict() const {
 
 void SGDState::load_state_dict(const StateDict& state, const std::vector<Tensor>& params) {
   detail::StateReader reader("SGD", state, params);
-  std::vector<Tensor> buffers(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    buffers[i] = reader.tensor(i, "momentum_buffer", /*required=*/false);
-  }
+  reader.skip_optimizer_entries();
+  SGDState loaded = read_state(reader, params.size());
   reader.finish();
-  momentum_buffers = std::move(buffers);
+  *this = std::move(loaded);
 }
 
-void sgd_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, SGDState& state,
+void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, SGDState& state,
               const SGDOptions& options) {
   options.validate();
   detail::check_step_args("sgd_step", params, grads, state.momentum_buffers.size());
   state.momentum_buffers.resize(params.size());
   autograd::NoGradGuard no_grad;
+  const bool momentum = options.momentum != 0.0;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!grads[i].defined()) continue;
-    Tensor& p = params[i];
+    Tensor p = params[i];  // a handle: updates land in the caller's tensor
+    Tensor& buf = state.momentum_buffers[i];
+    if (detail::fusable({&p, &grads[i]}) &&
+        (!momentum || !buf.defined() || detail::fusable({&p, &buf}))) {
+      const bool first = momentum && !buf.defined();
+      if (first) buf = empty_like(p);
+      detail::fused_sgd(p, grads[i], buf,
+                        {options.lr, options.momentum, options.dampening, options.weight_decay,
+                         options.nesterov, first});
+      continue;
+    }
     Tensor d_p = grads[i];
     if (options.weight_decay != 0.0) d_p = add(d_p, p, options.weight_decay);
-    if (options.momentum != 0.0) {
-      Tensor& buf = state.momentum_buffers[i];
+    if (momentum) {
       if (!buf.defined()) {
         buf = d_p.clone();
       } else {
@@ -62,19 +94,39 @@ void sgd_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, SGD
   }
 }
 
-SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
-    : Optimizer(std::move(params), "SGD"), options_(options) {
+FunctionalSGD::FunctionalSGD(const SGDOptions& options) : options_(options) {
   options_.validate();
 }
 
-void SGD::set_options(const SGDOptions& options) {
+const std::string& FunctionalSGD::type_name() const {
+  return kSGD;
+}
+
+void FunctionalSGD::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads) {
+  sgd_step(params, grads, state_, options_);
+}
+
+void FunctionalSGD::set_lr(double lr) {
+  SGDOptions o = options_;
+  o.lr = lr;
+  set_options(o);
+}
+
+void FunctionalSGD::set_options(const SGDOptions& options) {
   options.validate();
   options_ = options;
 }
 
-void SGD::step() {
-  std::vector<Tensor> g = grads();
-  sgd_step(params_, g, state_, options_);
+StateDict FunctionalSGD::state_dict() const {
+  return detail::save_optimizer(kSGD, options_, kHypers, state_.state_dict());
 }
+
+void FunctionalSGD::load_state_dict(const StateDict& state, const std::vector<Tensor>& params) {
+  detail::load_optimizer(kSGD, state, params, kHypers, read_state, options_, state_);
+}
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
+    : Optimizer(std::move(params), std::make_unique<FunctionalSGD>(options)),
+      sgd_(static_cast<FunctionalSGD*>(&functional())) {}
 
 }  // namespace gradwire::optim

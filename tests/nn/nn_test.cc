@@ -14,6 +14,7 @@
 #include "gradwire/nn/nn.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "gradwire/tensor/zero_grad.h"
 
 namespace gradwire::nn {
 namespace {
@@ -112,6 +113,23 @@ TEST(Module, ZeroGrad) {
   EXPECT_EQ(sum(abs(fc.weight().grad())).item<double>(), 0.0);
   fc.zero_grad();
   EXPECT_FALSE(fc.weight().grad().defined());
+}
+
+TEST(Module, ZeroGradIsTheSharedFreeFunction) {
+  // gradwire::zero_grad (tensor/zero_grad.h) is what Module and Optimizer call: an
+  // undefined tensor or a parameter without a gradient is skipped, and a gradient handle
+  // held elsewhere sees the zeros. The gradient here is itself a leaf that requires grad;
+  // in-place writes to such a leaf are refused while grad mode is on, so this also checks
+  // that zero_grad turns it off.
+  Tensor a = tensor<double>({1.0, 2.0}).set_requires_grad();
+  Tensor b = tensor<double>({3.0}).set_requires_grad();
+  Tensor held = tensor<double>({5.0, -6.0}).set_requires_grad();
+  a.set_grad(held);
+  gradwire::zero_grad({a, Tensor(), b}, /*set_to_none=*/false);
+  EXPECT_EQ(held.to_vector<double>(), (std::vector<double>{0.0, 0.0}));
+  EXPECT_FALSE(b.grad().defined());
+  gradwire::zero_grad({a, b});
+  EXPECT_FALSE(a.grad().defined());
 }
 
 TEST(Module, LoadStateDictReportsEveryMismatchAndCopiesNothing) {
@@ -366,6 +384,34 @@ TEST(StateFile, ModuleSaveLoadGivesIdenticalOutputs) {
   std::remove(path.c_str());
 }
 
+// CRC-32 (IEEE, reflected, as zlib), bit by bit: an independent check of the file's sum.
+uint32_t reference_crc32(const std::string& bytes) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (unsigned char byte : bytes) {
+    c ^= byte;
+    for (int k = 0; k < 8; ++k)
+      c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+TEST(StateFile, ImageIsHeaderThenNameWireMetaAndDataPerEntry) {
+  EXPECT_EQ(reference_crc32("123456789"), 0xCBF43926u);  // the CRC-32 check value
+  const std::string image = serialize({{"a", tensor<float>({1.0f, -2.0f})}});
+  std::string expected("GWSTATE\0", 8);
+  expected += std::string("\x02\0\0\0", 4);          // version 2
+  expected += std::string("\x01\0\0\0\0\0\0\0", 8);  // one entry
+  expected += std::string("\x01\0\0\0", 4) + "a";    // name
+  // tensor/wire.h metadata: version 1, float32 (0), cpu (0), index 0, ndim 1,
+  // size zigzag(2) = 4, stride zigzag(1) = 2, offset 0.
+  expected += std::string("\x01\x00\x00\x00\x01\x04\x02\x00", 8);
+  expected += std::string("\x00\x00\x80\x3f\x00\x00\x00\xc0", 8);  // 1.0f, -2.0f
+  const uint32_t crc = reference_crc32(expected);
+  for (int k = 0; k < 4; ++k)
+    expected.push_back(static_cast<char>((crc >> (8 * k)) & 0xFF));
+  EXPECT_EQ(image, expected);
+}
+
 TEST(StateFile, DamagedFilesAreRejectedWithTheirName) {
   Linear fc(3, 2);
   const std::string image = serialize(fc.state_dict());
@@ -380,6 +426,8 @@ TEST(StateFile, DamagedFilesAreRejectedWithTheirName) {
   bad = image;
   bad[8] = 9;
   EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }), HasSubstr("unsupported format version 9"));
+  bad[8] = 1;  // the format before the wire encoding
+  EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }), HasSubstr("unsupported format version 1"));
   bad = image;
   bad[image.size() - 10] ^= 0x40;  // a data byte of the bias
   EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }), HasSubstr("checksum mismatch"));
@@ -389,14 +437,31 @@ TEST(StateFile, DamagedFilesAreRejectedWithTheirName) {
   bad = image;
   bad[12] = 1;  // entry count 1: the second entry is left over
   EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }), HasSubstr("unexpected bytes"));
+  // The first entry's metadata starts after the header (20 bytes) and "weight" (4 + 6):
+  // version, dtype, device type, device index, ndim, sizes [2, 3], strides [3, 1], offset.
+  const size_t meta = 8 + 4 + 8 + 4 + 6;
+  ASSERT_EQ(image.substr(meta, 10), std::string("\x01\x00\x00\x00\x02\x04\x06\x06\x02\x00", 10));
   bad = image;
-  const size_t dtype_at = 8 + 4 + 8 + 4 + 6;  // after "weight"
-  bad[dtype_at] = 42;
-  EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }), HasSubstr("bad dtype code 42"));
-  bad = image;
-  bad[dtype_at + 1 + 4 + 7] = 0x7f;  // the top byte of sizes[0]: absurdly large
+  bad[meta + 1] = 42;
   EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }),
-              HasSubstr("needs more bytes than the file holds"));
+              HasSubstr("entry 0 'weight': decode_tensor_meta: dtype code 42 is out of range"));
+  bad = image;
+  bad[meta + 4] = 65;  // ndim
+  EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }), HasSubstr("ndim 65 exceeds the limit"));
+  bad = image;
+  bad[meta + 5] = 0x7e;  // sizes[0] = 63: 63 x 3 floats do not fit in what is left
+  EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }), HasSubstr("over the limit of"));
+  bad = image;
+  bad[meta + 5] = 0x03;  // sizes[0] = -2
+  EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }), HasSubstr("size[0] is negative (-2)"));
+  bad = image;
+  bad[meta + 7] = 0x02;  // strides[0] = 1: a transposed layout
+  EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }),
+              HasSubstr("a state file holds contiguous tensors"));
+  bad = image;
+  bad[meta + 2] = 1;  // device type cuda
+  EXPECT_THAT(error_of([&] { deserialize(bad, "f"); }),
+              HasSubstr("stored on cuda:0; a state file holds cpu tensors"));
   EXPECT_THAT(error_of([] { load(temp_path("does_not_exist.gw")); }), HasSubstr("cannot open"));
 }
 

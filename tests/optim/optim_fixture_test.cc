@@ -1,8 +1,9 @@
 // Optimizers against PyTorch 1.13: fixtures/optimizer_steps.txt holds the parameter after
 // each of 5 steps of torch.optim.{SGD, Adam, AdamW, Adagrad} on the same float64 problem
 // (fixtures/make_fixtures.py made it). Both the object form and the functional step are
-// run. Tolerance: |ours - torch| <= 1e-12 + 1e-10 |torch| (the formulas are the same
-// float64 operations in the same order; only pow/sqrt rounding can differ).
+// run (the functional form through FunctionalOptimizer). Tolerance: |ours - torch| <= 1e-12 + 1e-10
+// |torch| (the formulas are the same float64 operations in the same order; only pow/sqrt rounding
+// can differ).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -92,23 +93,13 @@ std::unique_ptr<Optimizer> make(const Case& c, Tensor p) {
                      opt(c, "initial_accumulator_value", 0), opt(c, "eps", 1e-10)});
 }
 
-// The functional form of the same case, as one closure over its own state.
-std::function<void(std::vector<Tensor>&, const std::vector<Tensor>&)> make_functional(
-    const Case& c) {
-  auto sgd = std::make_shared<SGDState>();
-  auto adam = std::make_shared<AdamState>();
-  auto adagrad = std::make_shared<AdagradState>();
+// The functional form of the same case: the object's FunctionalOptimizer kind with the
+// same options, made fresh (make()'s option mapping is reused through a state dict, which
+// carries the kind and the hyperparameters).
+std::unique_ptr<FunctionalOptimizer> make_functional(const Case& c) {
   Tensor dummy = zeros({1}, kFloat64).set_requires_grad();
-  auto object = make(c, dummy);  // reuse make()'s option mapping
-  return [c, sgd, adam, adagrad, object = std::shared_ptr<Optimizer>(std::move(object))](
-             std::vector<Tensor>& ps, const std::vector<Tensor>& gs) {
-    if (auto* o = dynamic_cast<SGD*>(object.get())) sgd_step(ps, gs, *sgd, o->options());
-    if (auto* o = dynamic_cast<Adam*>(object.get())) adam_step(ps, gs, *adam, o->options());
-    if (auto* o = dynamic_cast<AdamW*>(object.get())) adamw_step(ps, gs, *adam, o->options());
-    if (auto* o = dynamic_cast<Adagrad*>(object.get())) {
-      adagrad_step(ps, gs, *adagrad, o->options());
-    }
-  };
+  const StateDict hypers = make(c, dummy)->state_dict();  // no step yet: no "state.*"
+  return make_functional_optimizer(hypers, {dummy});
 }
 
 const Tensor& weights() {
@@ -148,11 +139,12 @@ TEST(OptimFixtures, ObjectsMatchPyTorch) {
 TEST(OptimFixtures, FunctionalStepsMatchPyTorch) {
   for (const Case& c : read_fixtures()) {
     std::vector<Tensor> params{tensor<double>(c.steps[0], {2, 3})};
-    auto step = make_functional(c);
+    auto optimizer = make_functional(c);
+    EXPECT_EQ(optimizer->type_name(), c.kind);
     for (size_t k = 1; k < c.steps.size(); ++k) {
       // Gradient 2 W p + V, computed by hand: the functional form needs no autograd.
       std::vector<Tensor> grads{weights() * params[0] * 2.0 + linear_terms()};
-      step(params, grads);
+      optimizer->step(params, grads);
       expect_close(params[0].to_vector<double>(), c.steps[k],
                    c.name + " (functional) step " + std::to_string(k));
     }

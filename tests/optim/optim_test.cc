@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
-#include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -244,8 +244,9 @@ TEST(OptimState, SgdAndAdagradStateRoundTrip) {
   set_grad(p, {1.0, -1.0});
   sgd.step();
   StateDict sd = sgd.state_dict();
-  ASSERT_EQ(sd.size(), 1u);
-  EXPECT_EQ(sd[0].first, "state.0.momentum_buffer");
+  // "type", five "hyper.*" entries, then the one momentum buffer.
+  ASSERT_EQ(sd.size(), 7u);
+  EXPECT_EQ(sd.back().first, "state.0.momentum_buffer");
   SGD other({param({0.0, 0.0})}, SGDOptions{.lr = 0.1, .momentum = 0.5});
   other.load_state_dict(nn::deserialize(nn::serialize(sd)));
   EXPECT_TRUE(equal(other.state().momentum_buffers[0], sgd.state().momentum_buffers[0]));
@@ -270,7 +271,8 @@ TEST(OptimState, MismatchedStateIsReportedByName) {
   EXPECT_THAT(msg, HasSubstr("'state.0.exp_avg' has shape [2], parameter 0 has [3]"));
   EXPECT_THAT(msg, HasSubstr("'state.0.exp_avg_sq' has shape [2]"));
   sd.emplace_back("state.7.exp_avg", tensor<double>({1.0}));
-  sd.erase(sd.begin() + 1);  // exp_avg
+  sd.erase(std::find_if(sd.begin(), sd.end(),
+                        [](const auto& e) { return e.first == "state.0.exp_avg"; }));
   Adam same({param({0.0, 0.0})}, AdamOptions{});
   const std::string msg2 = error_of([&] { same.load_state_dict(sd); });
   EXPECT_THAT(msg2, HasSubstr("missing key 'state.0.exp_avg'"));
@@ -309,17 +311,14 @@ TEST(Training, MlpLearnsThreeBlobsAndReloadsExactly) {
   Generator gen(3);
   nn::MLP net(nn::MLPOptions{.sizes = {2, 32, 32, 3}, .generator = &gen});
   Adam adam(net.parameters(), AdamOptions{.lr = 0.02});
-  const auto start = std::chrono::steady_clock::now();
+  // Its duration is a benchmark figure (optim.mlp_adam_train_s), not a test.
   for (int step = 0; step < 150; ++step) {
     adam.zero_grad();
     nn::cross_entropy(net(x), y).backward();
     adam.step();
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double acc = accuracy(net, x_test, y_test);
   EXPECT_GE(acc, 0.95) << "held-out accuracy";
-  EXPECT_LT(seconds, 5.0) << "training took too long";
 
   const std::string path = temp_path("mlp.gw");
   nn::save(net, path);

@@ -40,13 +40,14 @@
 #include <utility>
 #include <vector>
 
+#include "gradwire/tensor/state_dict.h"
 #include "gradwire/tensor/tensor.h"
 
 namespace gradwire::nn {
 
-// Named tensors in a fixed order: a module's or an optimizer's state. The same type is
-// used by gradwire::optim (without a dependency on nn), so nn::save() stores both.
-using StateDict = std::vector<std::pair<std::string, Tensor>>;
+// Named tensors in a fixed order (tensor/state_dict.h): a module's or an optimizer's
+// state, so nn::save() stores both.
+using StateDict = gradwire::StateDict;
 
 class Module {
  public:
@@ -84,7 +85,8 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
-  // Clears every parameter's gradient (set_to_none) or zeroes it in place.
+  // Clears every parameter's gradient (set_to_none) or zeroes it in place
+  // (gradwire::zero_grad over parameters()).
   void zero_grad(bool set_to_none = true);
 
   // ---- state. The entries share storage with the module's tensors (no copy) and do not

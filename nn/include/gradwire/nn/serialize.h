@@ -1,22 +1,24 @@
 // Saving and loading state dicts (of modules and optimizers) in gradwire's binary format.
 //
-// Format, version 1 (docs/nn.md has the full table). All integers are little-endian:
+// Format, version 2 (docs/nn.md has the full table). Header integers are little-endian:
 //   magic    8 bytes  "GWSTATE\0"
-//   version  u32      1
+//   version  u32      2
 //   count    u64      number of entries
 //   count entries, each:
 //     name_len u32, name (name_len bytes of UTF-8, at most 65536)
-//     dtype    u8       DType code (0 float32, 1 float64, 2 float16, 3 bfloat16, 4 int32,
-//                       5 int64, 6 uint8, 7 bool)
-//     ndim     u32      at most 64
-//     sizes    i64 x ndim, each >= 0
+//     meta     the tensor's wire metadata (tensor/wire.h: varints for dtype, device, sizes,
+//              strides, offset), always cpu, contiguous, offset 0
 //     data     numel * element_size bytes, row-major, little-endian elements
-//   crc32    u32      CRC-32 (IEEE, as zlib) of every byte before it
+//   crc32    u32      zlib's crc32 of every byte before it
+// Each tensor is described by the same encoding rpc/ and c10d/ put on the wire, so there
+// is one tensor description to validate, not two.
 //
 // load() reads the whole file and validates before it allocates: a wrong magic, an
-// unsupported version, a checksum mismatch, a truncated entry, a bad dtype code, an
-// oversized name or rank, a size that does not fit the file, or bytes after the last
-// entry each throw InvalidArgument naming the file and the problem (never a crash, never a
+// unsupported version (version 1 files, from before the wire encoding, included), a
+// checksum mismatch, a truncated entry, an oversized name, malformed metadata (bad dtype
+// code, rank over 64, negative size, a device other than cpu, a non-contiguous layout),
+// data that does not fit the file, or bytes after the last entry each throw
+// InvalidArgument naming the file, the entry and the problem (never a crash, never a
 // huge allocation). load(module, path) then hands the entries to Module::load_state_dict,
 // which reports every missing or unexpected name and every dtype or shape mismatch by name.
 // Tensors are written from their CPU, contiguous form; loaded tensors are CPU tensors.
@@ -38,7 +40,7 @@
 
 namespace gradwire::nn {
 
-inline constexpr uint32_t kStateFormatVersion = 1;
+inline constexpr uint32_t kStateFormatVersion = 2;
 
 // The file image of `state` (what save() writes).
 std::string serialize(const StateDict& state);

@@ -14,11 +14,15 @@
 // Example:
 //   optim::Adagrad opt(emb.parameters(), optim::AdagradOptions{.lr = 0.1});
 //   opt.step();
+//   optim::FunctionalAdagrad ada(optim::AdagradOptions{.lr = 0.1});  // functional form
+//   ada.step(params, grads);
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "gradwire/optim/functional_optimizer.h"
 #include "gradwire/optim/optimizer.h"
 
 namespace gradwire::optim {
@@ -42,18 +46,26 @@ struct AdagradState {
 
   // "state.<i>.step" and "state.<i>.sum" for each stepped parameter.
   StateDict state_dict() const;
+  // Replaces the state with the "state.*" entries of `state` ("type" and "hyper.*" are
+  // ignored), checked against `params`.
   void load_state_dict(const StateDict& state, const std::vector<Tensor>& params);
 };
 
-void adagrad_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+void adagrad_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                   AdagradState& state, const AdagradOptions& options);
 
-class Adagrad : public Optimizer {
+// Adagrad as a FunctionalOptimizer (functional_optimizer.h).
+class FunctionalAdagrad final : public FunctionalOptimizer {
  public:
-  Adagrad(std::vector<Tensor> params, const AdagradOptions& options);
-  void step() override;
-  StateDict state_dict() const override { return state_.state_dict(); }
-  void load_state_dict(const StateDict& state) override { state_.load_state_dict(state, params_); }
+  explicit FunctionalAdagrad(const AdagradOptions& options = {});
+
+  const std::string& type_name() const override;
+  void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads) override;
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state, const std::vector<Tensor>& params) override;
+
   const AdagradOptions& options() const { return options_; }
   void set_options(const AdagradOptions& options);
   const AdagradState& state() const { return state_; }
@@ -61,6 +73,17 @@ class Adagrad : public Optimizer {
  private:
   AdagradOptions options_;
   AdagradState state_;
+};
+
+class Adagrad : public Optimizer {
+ public:
+  Adagrad(std::vector<Tensor> params, const AdagradOptions& options);
+  const AdagradOptions& options() const { return adagrad_->options(); }
+  void set_options(const AdagradOptions& options) { adagrad_->set_options(options); }
+  const AdagradState& state() const { return adagrad_->state(); }
+
+ private:
+  FunctionalAdagrad* adagrad_;  // functional(), typed
 };
 
 }  // namespace gradwire::optim

@@ -15,13 +15,17 @@
 //
 // Example:
 //   optim::Adam opt(net.parameters(), optim::AdamOptions{.lr = 1e-3, .amsgrad = true});
-//   optim::AdamState state;                                        // functional form
+//   optim::FunctionalAdamW adamw(optim::AdamWOptions{});           // functional forms
+//   adamw.step(params, grads);
+//   optim::AdamState state;
 //   optim::adamw_step(params, grads, state, optim::AdamWOptions{});
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "gradwire/optim/functional_optimizer.h"
 #include "gradwire/optim/optimizer.h"
 
 namespace gradwire::optim {
@@ -60,20 +64,29 @@ struct AdamState {
 
   // "state.<i>.step" / "exp_avg" / "exp_avg_sq" / "max_exp_avg_sq" for each stepped param.
   StateDict state_dict() const;
+  // Replaces the state with the "state.*" entries of `state` ("type" and "hyper.*" are
+  // ignored), checked against `params`.
   void load_state_dict(const StateDict& state, const std::vector<Tensor>& params);
 };
 
-void adam_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, AdamState& state,
-               const AdamOptions& options);
-void adamw_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, AdamState& state,
-                const AdamWOptions& options);
+void adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+               AdamState& state, const AdamOptions& options);
+void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                AdamState& state, const AdamWOptions& options);
 
-class Adam : public Optimizer {
+// Adam and AdamW as FunctionalOptimizers (functional_optimizer.h). Their state dicts
+// differ in "type", so one never loads the other's.
+class FunctionalAdam final : public FunctionalOptimizer {
  public:
-  Adam(std::vector<Tensor> params, const AdamOptions& options);
-  void step() override;
-  StateDict state_dict() const override { return state_.state_dict(); }
-  void load_state_dict(const StateDict& state) override { state_.load_state_dict(state, params_); }
+  explicit FunctionalAdam(const AdamOptions& options = {});
+
+  const std::string& type_name() const override;
+  void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads) override;
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state, const std::vector<Tensor>& params) override;
+
   const AdamOptions& options() const { return options_; }
   void set_options(const AdamOptions& options);
   const AdamState& state() const { return state_; }
@@ -83,12 +96,17 @@ class Adam : public Optimizer {
   AdamState state_;
 };
 
-class AdamW : public Optimizer {
+class FunctionalAdamW final : public FunctionalOptimizer {
  public:
-  AdamW(std::vector<Tensor> params, const AdamWOptions& options);
-  void step() override;
-  StateDict state_dict() const override { return state_.state_dict(); }
-  void load_state_dict(const StateDict& state) override { state_.load_state_dict(state, params_); }
+  explicit FunctionalAdamW(const AdamWOptions& options = {});
+
+  const std::string& type_name() const override;
+  void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads) override;
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state, const std::vector<Tensor>& params) override;
+
   const AdamWOptions& options() const { return options_; }
   void set_options(const AdamWOptions& options);
   const AdamState& state() const { return state_; }
@@ -96,6 +114,28 @@ class AdamW : public Optimizer {
  private:
   AdamWOptions options_;
   AdamState state_;
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, const AdamOptions& options);
+  const AdamOptions& options() const { return adam_->options(); }
+  void set_options(const AdamOptions& options) { adam_->set_options(options); }
+  const AdamState& state() const { return adam_->state(); }
+
+ private:
+  FunctionalAdam* adam_;  // functional(), typed
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, const AdamWOptions& options);
+  const AdamWOptions& options() const { return adamw_->options(); }
+  void set_options(const AdamWOptions& options) { adamw_->set_options(options); }
+  const AdamState& state() const { return adamw_->state(); }
+
+ private:
+  FunctionalAdamW* adamw_;  // functional(), typed
 };
 
 }  // namespace gradwire::optim

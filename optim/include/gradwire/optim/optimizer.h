@@ -1,27 +1,35 @@
-// Optimizer: the base of the optimizer objects (SGD, Adam, AdamW, Adagrad), and the
-// state-dict type their state is saved in.
+// Optimizer: an optimizer object over a fixed list of parameters, whose step() reads each
+// parameter's .grad() -- the base of SGD, Adam, AdamW and Adagrad, and usable as is over
+// any FunctionalOptimizer.
 //
-// Every optimizer comes in two forms:
+// Every optimizer comes in three forms:
 //   - an object over a fixed list of parameters (leaf tensors that require grad), whose
 //     step() reads each parameter's .grad() and updates it in place;
+//   - a FunctionalOptimizer (functional_optimizer.h): the same kind, hyperparameters and
+//     state behind one interface, stepped over explicit (param, grad) lists. The
+//     distributed optimizer holds these, with gradients taken from a dist-autograd
+//     context instead of .grad();
 //   - a functional step, e.g. sgd_step(params, grads, state, options), over explicit
-//     (param, grad) lists and a state object the caller keeps. The distributed optimizer
-//     calls these with gradients taken from a dist-autograd context instead of .grad().
-// The object's step() is the functional step on (params, their .grad()s), so both give the
-// same numbers. A parameter whose gradient is undefined is skipped, state included, as in
-// PyTorch. All updates run under a NoGradGuard, in place on the parameters (handles held
-// elsewhere, such as a module's, see the new values).
+//     lists and a state object the caller keeps.
+// The object is a shell over a FunctionalOptimizer, whose step() is the functional step,
+// so all three give the same numbers. A parameter whose gradient is undefined is skipped,
+// state included, as in PyTorch. All updates run under a NoGradGuard, in place on the
+// parameters (handles held elsewhere, such as a module's, see the new values). On the
+// CPU, contiguous float32 and float64 parameters are updated by one fused loop per
+// parameter (no temporaries); other devices, dtypes and layouts use tensor ops; both give
+// the same bits.
 //
-// State: per-parameter tensors (momentum buffers, moment estimates) and step counts, saved
-// as a StateDict with keys "state.<i>.<name>" (i: the parameter's position; step counts as
-// 0-d int64 tensors). The hyperparameters are not part of it: an optimizer is rebuilt with
-// its options, then given the state. nn::save / nn::load store a StateDict in a file
-// (optim/ sits beside nn/, not above it, so it has no file functions of its own).
+// State: state_dict() holds the kind ("type"), the hyperparameters ("hyper.<name>") and
+// the per-parameter tensors and step counts ("state.<i>.<field>", i: the parameter's
+// position); functional_optimizer.h lists the layout. load_state_dict() restores all of
+// it. nn::save / nn::load store a StateDict in a file (optim/ sits beside nn/, not above
+// it, so it has no file functions of its own).
 //
 // Errors: InvalidArgument for an undefined, non-floating, non-leaf or repeated parameter,
 // a parameter that does not require grad (objects only), a gradient whose shape or dtype
 // differs from its parameter's, a state built for another number of parameters, and from
-// load_state_dict for missing, unexpected or mis-shaped entries (all listed by name).
+// load_state_dict for missing, unexpected or mis-shaped entries, a state dict of another
+// kind, or bad hyperparameters (all listed by name).
 //
 // Thread-safety: an optimizer (or functional state) is used by one thread at a time;
 // step() must not run concurrently with a forward or backward pass over the same
@@ -30,81 +38,49 @@
 // Example:
 //   optim::SGD opt(net.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
 //   for (...) { opt.zero_grad(); nn::cross_entropy(net(x), y).backward(); opt.step(); }
+//   optim::Optimizer any(net.parameters(), optim::make_functional_optimizer(
+//                                              optim::AdagradOptions{.lr = 0.1}));
 #pragma once
 
+#include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "gradwire/optim/functional_optimizer.h"
+#include "gradwire/tensor/state_dict.h"
 #include "gradwire/tensor/tensor.h"
 
 namespace gradwire::optim {
 
-// Named tensors in order; the same type as gradwire::nn::StateDict.
-using StateDict = std::vector<std::pair<std::string, Tensor>>;
-
 class Optimizer {
  public:
-  virtual ~Optimizer() = default;
+  // Checks `params` (see the header comment); `functional` must not be null.
+  Optimizer(std::vector<Tensor> params, std::unique_ptr<FunctionalOptimizer> functional);
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One update of every parameter that has a gradient.
-  virtual void step() = 0;
-  // Clears each parameter's gradient (set_to_none) or zeroes it in place.
+  void step();
+  // Clears each parameter's gradient (set_to_none) or zeroes it in place
+  // (gradwire::zero_grad over params()).
   void zero_grad(bool set_to_none = true);
 
   const std::vector<Tensor>& params() const { return params_; }
-  const std::string& type_name() const { return type_name_; }
+  const std::string& type_name() const { return functional_->type_name(); }
 
-  virtual StateDict state_dict() const = 0;
-  // Replaces the state; validates everything before changing anything.
-  virtual void load_state_dict(const StateDict& state) = 0;
+  // Kind, hyperparameters and state (functional_optimizer.h).
+  StateDict state_dict() const { return functional_->state_dict(); }
+  // Replaces hyperparameters and state; validates everything before changing anything.
+  void load_state_dict(const StateDict& state) { functional_->load_state_dict(state, params_); }
 
- protected:
-  Optimizer(std::vector<Tensor> params, std::string type_name);
-  // Each parameter's .grad() (undefined where none).
-  std::vector<Tensor> grads() const;
+  // The optimizer the object steps (to change its learning rate, or hand it elsewhere).
+  FunctionalOptimizer& functional() { return *functional_; }
+  const FunctionalOptimizer& functional() const { return *functional_; }
 
+ private:
   std::vector<Tensor> params_;
-
- private:
-  std::string type_name_;
+  std::unique_ptr<FunctionalOptimizer> functional_;
 };
-
-namespace detail {
-// Shared checks of the functional steps: params and grads pair up (same count, each grad
-// undefined or shaped and typed like its param), and the state holds `state_size`
-// entries (0 meaning "fresh", resized by the caller). `op` names the step in messages.
-void check_step_args(const char* op, const std::vector<Tensor>& params,
-                     const std::vector<Tensor>& grads, size_t state_size);
-// Checks a parameter list given to an optimizer object.
-void check_params(const char* op, const std::vector<Tensor>& params, bool need_requires_grad);
-
-// Reads per-parameter entries "state.<i>.<field>" out of a StateDict, collecting every
-// problem (missing, unexpected, wrong shape or dtype) so they can be reported at once.
-class StateReader {
- public:
-  StateReader(const char* op, const StateDict& state, const std::vector<Tensor>& params);
-  // Whether any entry "state.<i>.*" exists (a parameter never stepped has none).
-  bool has(size_t i) const;
-  // The entry, checked to be shaped and typed like param i; undefined when absent and
-  // !required (an absent required entry is an error).
-  Tensor tensor(size_t i, const std::string& field, bool required);
-  // A 0-d int64 step count >= 0; absent counts as an error.
-  int64_t step(size_t i);
-  // Throws InvalidArgument listing every problem (and every entry never read).
-  void finish();
-
- private:
-  const char* op_;
-  const StateDict& state_;
-  const std::vector<Tensor>& params_;
-  std::vector<bool> used_;
-  std::vector<std::string> errors_;
-};
-
-std::string state_key(size_t i, const std::string& field);
-}  // namespace detail
 
 }  // namespace gradwire::optim

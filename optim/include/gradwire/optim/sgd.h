@@ -17,13 +17,17 @@
 //   optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .nesterov = true};
 //   optim::SGD opt(net.parameters(), o);
 //   opt.step();
-//   // functional form, as the distributed optimizer uses it:
+//   // functional forms, as the distributed optimizer uses them:
+//   optim::FunctionalSGD sgd(o);
+//   sgd.step(params, grads);
 //   optim::SGDState state;
 //   optim::sgd_step(params, grads, state, o);
 #pragma once
 
+#include <string>
 #include <vector>
 
+#include "gradwire/optim/functional_optimizer.h"
 #include "gradwire/optim/optimizer.h"
 
 namespace gradwire::optim {
@@ -43,21 +47,26 @@ struct SGDState {
 
   // "state.<i>.momentum_buffer" for each parameter that has one.
   StateDict state_dict() const;
-  // Replaces the state with `state`, checked against `params` (see optimizer.h).
+  // Replaces the state with the "state.*" entries of `state`, checked against `params`
+  // (see optimizer.h); "type" and "hyper.*" entries, if any, are ignored.
   void load_state_dict(const StateDict& state, const std::vector<Tensor>& params);
 };
 
 // One SGD step over params[i] with grads[i] (undefined grads are skipped), in place.
-void sgd_step(std::vector<Tensor>& params, const std::vector<Tensor>& grads, SGDState& state,
+void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, SGDState& state,
               const SGDOptions& options);
 
-class SGD : public Optimizer {
+// SGD as a FunctionalOptimizer (functional_optimizer.h): options and state in one object.
+class FunctionalSGD final : public FunctionalOptimizer {
  public:
-  SGD(std::vector<Tensor> params, const SGDOptions& options);
+  explicit FunctionalSGD(const SGDOptions& options = {});
 
-  void step() override;
-  StateDict state_dict() const override { return state_.state_dict(); }
-  void load_state_dict(const StateDict& state) override { state_.load_state_dict(state, params_); }
+  const std::string& type_name() const override;
+  void step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads) override;
+  double lr() const override { return options_.lr; }
+  void set_lr(double lr) override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state, const std::vector<Tensor>& params) override;
 
   const SGDOptions& options() const { return options_; }
   // Changes the options (a learning-rate schedule); validated.
@@ -67,6 +76,19 @@ class SGD : public Optimizer {
  private:
   SGDOptions options_;
   SGDState state_;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, const SGDOptions& options);
+
+  const SGDOptions& options() const { return sgd_->options(); }
+  // Changes the options (a learning-rate schedule); validated.
+  void set_options(const SGDOptions& options) { sgd_->set_options(options); }
+  const SGDState& state() const { return sgd_->state(); }
+
+ private:
+  FunctionalSGD* sgd_;  // functional(), typed
 };
 
 }  // namespace gradwire::optim
