@@ -6,6 +6,17 @@
 #include "gradwire/core/logging.h"
 
 namespace gradwire {
+
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point now = Clock::now();
+  // Compare in milliseconds, where neither side can overflow.
+  const auto room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
+  if (timeout >= room) return Clock::time_point::max();
+  return now + timeout;
+}
+
 namespace detail {
 
 bool FutureStateBase::completed() const {
@@ -24,11 +35,14 @@ std::exception_ptr FutureStateBase::error() const {
 }
 
 bool FutureStateBase::wait(std::chrono::milliseconds timeout) const {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::max(timeout, std::chrono::milliseconds(0));
+  const auto deadline = deadline_after(std::max(timeout, std::chrono::milliseconds(0)));
   MutexLock lock(mutex_);
   while (!completed_) {
-    if (lock.wait_until(cv_, deadline) == std::cv_status::timeout) return completed_;
+    if (deadline == std::chrono::steady_clock::time_point::max()) {
+      lock.wait(cv_);
+    } else if (lock.wait_until(cv_, deadline) == std::cv_status::timeout) {
+      return completed_;
+    }
   }
   return true;
 }

@@ -458,3 +458,46 @@ TEST_F(FutureTest, StressConcurrentAttachAndComplete) {
 
 }  // namespace
 }  // namespace gradwire
+
+namespace gradwire {
+namespace {
+
+TEST(FutureDefaultTimeout, GetWithoutArgumentUsesTheProducersDefault) {
+  Future<int> pending;
+  EXPECT_EQ(pending.default_timeout(), kDefaultFutureTimeout);
+  pending.set_default_timeout(std::chrono::milliseconds(20));
+  Future<int> copy = pending;  // the default belongs to the shared state
+  EXPECT_EQ(copy.default_timeout(), std::chrono::milliseconds(20));
+  try {
+    copy.get();
+    FAIL() << "expected a timeout";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("within 20 ms"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(copy.wait());
+  pending.set_value(7);
+  EXPECT_EQ(copy.get(), 7);
+  Future<void> done;
+  done.set_default_timeout(std::chrono::milliseconds(1));
+  EXPECT_THROW(done.get(), TimeoutError);
+}
+
+TEST(FutureDefaultTimeout, NoTimeoutWaitsUntilCompletion) {
+  EXPECT_EQ(deadline_after(kNoTimeout), std::chrono::steady_clock::time_point::max());
+  const auto soon = deadline_after(std::chrono::milliseconds(5));
+  EXPECT_LT(soon, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  Future<int> f;
+  f.set_default_timeout(kNoTimeout);
+  test::CountdownLatch waiting{1};
+  std::thread producer([&] {
+    ASSERT_TRUE(waiting.wait(std::chrono::seconds(10)));
+    f.set_value(3);
+  });
+  waiting.count_down();
+  EXPECT_EQ(f.get(), 3);  // would throw TimeoutError if the wait had a deadline in the past
+  EXPECT_TRUE(f.wait(kNoTimeout));
+  producer.join();
+}
+
+}  // namespace
+}  // namespace gradwire

@@ -7,8 +7,12 @@
 // false, set_* throws gradwire::Error), so races between a reply and a timeout are safe.
 //
 // Waiting always has a deadline: wait(timeout) returns false and get(timeout) throws
-// TimeoutError when it passes. kDefaultFutureTimeout is the default for callers that have
-// no better bound; there is deliberately no wait-forever.
+// TimeoutError when it passes. wait() and get() without an argument use the future's
+// default timeout: kDefaultFutureTimeout unless its producer knows better and set another
+// (an rpc call's future waits as long as the call's own deadline, so a long rpc_timeout is
+// never undercut by get()). kNoTimeout waits without a deadline, for producers that
+// guarantee completion themselves (a call given an infinite timeout still fails when its
+// peer or agent goes).
 //
 // Continuations never run inline. then(executor, fn) and add_callback(executor, fn) post
 // fn to the executor when the future completes, or at once if it has already completed;
@@ -57,6 +61,12 @@
 namespace gradwire {
 
 inline constexpr std::chrono::milliseconds kDefaultFutureTimeout{300'000};
+// A timeout that never passes.
+inline constexpr std::chrono::milliseconds kNoTimeout = std::chrono::milliseconds::max();
+
+// now + timeout on the steady clock, saturated: kNoTimeout (or any timeout too long to
+// represent) gives time_point::max(), which waits treat as "no deadline".
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout);
 
 template <typename T>
 class Future;
@@ -84,6 +94,12 @@ class FutureStateBase : public std::enable_shared_from_this<FutureStateBase> {
   void wait_or_throw(std::chrono::milliseconds timeout) const GRADWIRE_EXCLUDES(mutex_);
   bool try_set_error(std::exception_ptr error) GRADWIRE_EXCLUDES(mutex_);
   void add_continuation(Continuation continuation) GRADWIRE_EXCLUDES(mutex_);
+  std::chrono::milliseconds default_timeout() const {
+    return std::chrono::milliseconds(default_timeout_ms_.load(std::memory_order_relaxed));
+  }
+  void set_default_timeout(std::chrono::milliseconds timeout) {
+    default_timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
+  }
 
  protected:
   // Marks the state completed; the caller has stored the value or error under the lock.
@@ -97,6 +113,7 @@ class FutureStateBase : public std::enable_shared_from_this<FutureStateBase> {
   bool completed_ GRADWIRE_GUARDED_BY(mutex_) = false;
   std::exception_ptr error_ GRADWIRE_GUARDED_BY(mutex_);
   std::vector<Continuation> continuations_ GRADWIRE_GUARDED_BY(mutex_);
+  std::atomic<std::chrono::milliseconds::rep> default_timeout_ms_{kDefaultFutureTimeout.count()};
 };
 
 template <typename T>
@@ -169,8 +186,12 @@ class FutureBase {
   // The stored error, or nullptr while pending or after a value.
   std::exception_ptr error() const { return state().error(); }
   // True once completed (with a value or an error); false if `timeout` passed first.
-  bool wait(std::chrono::milliseconds timeout = kDefaultFutureTimeout) const {
-    return state().wait(timeout);
+  bool wait(std::chrono::milliseconds timeout) const { return state().wait(timeout); }
+  bool wait() const { return state().wait(default_timeout()); }
+  // What wait() and get() without an argument wait for (see the file comment).
+  std::chrono::milliseconds default_timeout() const { return state().default_timeout(); }
+  void set_default_timeout(std::chrono::milliseconds timeout) {
+    state().set_default_timeout(timeout);
   }
 
   bool try_set_error(std::exception_ptr error) { return state().try_set_error(std::move(error)); }
@@ -235,13 +256,18 @@ class Future : public detail::FutureBase<T> {
     return state.stored_value();
   }
 
-  const T& get(std::chrono::milliseconds timeout = kDefaultFutureTimeout) const& {
+  const T& get(std::chrono::milliseconds timeout) const& {
     this->state().wait_or_throw(timeout);
     return value();
   }
+  const T& get() const& { return get(this->default_timeout()); }
   // On a temporary (rpc_async(...).get()) a reference would dangle: return a copy.
-  T get(std::chrono::milliseconds timeout = kDefaultFutureTimeout) && {
+  T get(std::chrono::milliseconds timeout) && {
     this->state().wait_or_throw(timeout);
+    return value();
+  }
+  T get() && {
+    this->state().wait_or_throw(this->default_timeout());
     return value();
   }
 
@@ -269,10 +295,11 @@ class Future<void> : public detail::FutureBase<void> {
     if (std::exception_ptr error = s.error()) std::rethrow_exception(error);
   }
 
-  void get(std::chrono::milliseconds timeout = kDefaultFutureTimeout) const {
+  void get(std::chrono::milliseconds timeout) const {
     state().wait_or_throw(timeout);
     value();
   }
+  void get() const { get(default_timeout()); }
 
  private:
   friend struct detail::FutureAccess;
