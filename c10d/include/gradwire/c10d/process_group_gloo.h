@@ -26,7 +26,9 @@
 // Errors: creation throws TimeoutError when peers do not all appear within the timeout
 // (naming the ranks whose addresses are missing), NetworkError when a peer cannot be
 // reached; operations fail with TimeoutError or NetworkError naming the group, the
-// operation and the ranks that did not reach it.
+// operation and the ranks that did not reach it. Gloo raises one exception type for both;
+// a failure is a TimeoutError when the operation's timeout had passed since it started
+// (every Gloo wait of it is given that timeout), a NetworkError before.
 //
 // Example:
 //   auto group = c10d::ProcessGroupGloo::create(store, rank, world,
