@@ -73,6 +73,8 @@ struct ThreadPool::Impl {
   std::deque<std::function<void()>> queue GRADWIRE_GUARDED_BY(mutex);
   bool stopping GRADWIRE_GUARDED_BY(mutex) = false;
   std::vector<std::thread::id> worker_ids GRADWIRE_GUARDED_BY(mutex);
+  int live_workers GRADWIRE_GUARDED_BY(mutex) = 0;
+  std::condition_variable exited_cv;  // a worker left run()
 
   // Separate from `mutex` so that joining never blocks workers taking tasks.
   Mutex join_mutex;
@@ -89,7 +91,11 @@ void ThreadPool::Impl::run(const std::shared_ptr<Impl>& impl, int index) {
       while (!impl->stopping && impl->queue.empty())
         lock.wait(impl->cv);
       // Stopping only ends the loop once the queue is drained.
-      if (impl->queue.empty()) return;
+      if (impl->queue.empty()) {
+        --impl->live_workers;
+        impl->exited_cv.notify_all();
+        return;
+      }
       task = std::move(impl->queue.front());
       impl->queue.pop_front();
     }
@@ -118,6 +124,10 @@ ThreadPool::ThreadPool(ThreadPoolOptions options) {
     MutexLock join_lock(impl_->join_mutex);
     for (int i = 0; i < impl_->num_threads; ++i) {
       // The thread's copy of impl_ keeps the state alive for as long as it runs.
+      {
+        MutexLock lock(impl_->mutex);
+        ++impl_->live_workers;
+      }
       impl_->threads.emplace_back([impl = impl_, i] { Impl::run(impl, i); });
       MutexLock lock(impl_->mutex);
       impl_->worker_ids.push_back(impl_->threads.back().get_id());
@@ -155,6 +165,52 @@ void ThreadPool::shutdown() {
   // leaves the joining to a shutdown from outside, or to Impl's destructor.
   if (impl_->is_worker_thread()) return;
   impl_->join_all();
+}
+
+size_t ThreadPool::shutdown_now(std::chrono::milliseconds join_timeout) {
+  std::deque<std::function<void()>> dropped;
+  {
+    MutexLock lock(impl_->mutex);
+    impl_->stopping = true;
+    dropped.swap(impl_->queue);
+  }
+  impl_->cv.notify_all();
+  const size_t discarded = dropped.size();
+  dropped.clear();  // outside the lock: a task's captures may own anything
+  if (impl_->is_worker_thread()) return discarded;
+  const auto deadline = deadline_after(join_timeout);
+  bool all_exited = false;
+  {
+    MutexLock lock(impl_->mutex);
+    while (impl_->live_workers > 0) {
+      if (deadline == std::chrono::steady_clock::time_point::max()) {
+        lock.wait(impl_->exited_cv);
+      } else if (lock.wait_until(impl_->exited_cv, deadline) == std::cv_status::timeout) {
+        break;
+      }
+    }
+    all_exited = impl_->live_workers == 0;
+  }
+  MutexLock join_lock(impl_->join_mutex);
+  for (std::thread& thread : impl_->threads) {
+    if (!thread.joinable()) continue;
+    // A worker still in its task finishes on its own; its copy of the state keeps the
+    // queue it then finds empty alive.
+    if (all_exited) {
+      thread.join();
+    } else {
+      thread.detach();
+    }
+  }
+  if (!all_exited) {
+    GRADWIRE_LOG(kWarning) << "thread pool '" << impl_->name << "': tasks still running "
+                           << join_timeout.count() << " ms after shutdown_now; left to finish";
+  }
+  return discarded;
+}
+
+bool ThreadPool::is_worker_thread() const {
+  return impl_->is_worker_thread();
 }
 
 const std::string& ThreadPool::name() const {

@@ -210,3 +210,41 @@ TEST(ThreadPoolTest, LastReferenceDroppedOnAWorkerThread) {
 
 }  // namespace
 }  // namespace gradwire
+
+namespace gradwire {
+namespace {
+
+TEST(ThreadPoolShutdownNow, DiscardsTheQueueAndBoundsTheWaitForRunningTasks) {
+  auto pool = std::make_shared<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "now"});
+  test::CountdownLatch entered{1}, release{1};
+  std::atomic<int> later_runs{0};
+  std::atomic<bool> on_worker{false};
+  pool->execute([&] {
+    on_worker = pool->is_worker_thread();
+    entered.count_down();
+    EXPECT_TRUE(release.wait(std::chrono::seconds(20)));
+  });
+  ASSERT_TRUE(entered.wait(std::chrono::seconds(10)));
+  pool->execute([&] { ++later_runs; });
+  pool->execute([&] { ++later_runs; });
+  EXPECT_FALSE(pool->is_worker_thread());
+  // The running task never returns within the bound: shutdown_now leaves it and returns.
+  EXPECT_EQ(pool->shutdown_now(std::chrono::milliseconds(50)), 2u);
+  EXPECT_THROW(pool->execute([] {}), Error);
+  release.count_down();
+  pool.reset();  // the detached worker finishes on its own state
+  EXPECT_TRUE(on_worker);
+  EXPECT_EQ(later_runs, 0);
+}
+
+TEST(ThreadPoolShutdownNow, JoinsWorkersThatFinishInTime) {
+  ThreadPool pool(ThreadPoolOptions{.num_threads = 2, .name = "now2"});
+  std::atomic<int> runs{0};
+  Future<void> done = pool.submit([&] { ++runs; });
+  done.get(std::chrono::seconds(10));
+  EXPECT_EQ(pool.shutdown_now(std::chrono::seconds(10)), 0u);
+  EXPECT_EQ(runs, 1);
+}
+
+}  // namespace
+}  // namespace gradwire

@@ -17,6 +17,9 @@
 // workers finish the queue and exit on their own, keeping the pool's internal state (not
 // the ThreadPool object) alive until they are done.
 //
+// shutdown_now(join_timeout) instead discards the queue and bounds the wait for running
+// tasks (see below).
+//
 // Thread-safety: every method may be called from any thread, concurrently.
 // Errors: the constructor throws InvalidArgument for bad options; execute() throws Error
 // after shutdown.
@@ -61,6 +64,14 @@ class ThreadPool final : public Executor {
   auto submit(F fn) -> Future<std::invoke_result_t<F&>>;
 
   void shutdown();
+  // Shutdown without draining: stops intake, discards the queued tasks without running them
+  // (returns how many), and waits up to `join_timeout` for the running ones; workers still
+  // busy then are left to finish on their own (logged). For closing an agent whose queued
+  // work has lost its purpose and whose handlers may never return. From a worker of this
+  // pool it does not wait.
+  size_t shutdown_now(std::chrono::milliseconds join_timeout);
+  // True on one of this pool's worker threads.
+  bool is_worker_thread() const;
 
   const std::string& name() const;
   int num_threads() const;
