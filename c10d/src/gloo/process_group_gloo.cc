@@ -307,6 +307,24 @@ void ProcessGroupGloo::connect(const std::string& what) {
   } catch (const ::gloo::Exception& e) {
     throw NetworkError(what + ": connecting to the other ranks failed: " + e.what());
   }
+  // connectFullMesh returns once this rank's side of every pair is connected, which can be
+  // before a peer has finished its side; a rank that then destroyed its group at once
+  // would fail that peer's creation ("Connection closed by peer"). So no rank returns
+  // before every rank has connected.
+  const std::string connected = "gloo_connected/";
+  store()->set(connected + std::to_string(rank()), std::string_view("1"));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size(); ++r)
+    keys.push_back(connected + std::to_string(r));
+  const auto left = std::chrono::duration_cast<milliseconds>(timeout() - (Clock::now() - start));
+  try {
+    store()->wait(keys, std::max(left, milliseconds(1)));
+  } catch (const TimeoutError&) {
+    throw TimeoutError(what + ": ranks " +
+                       detail::ranks_text(detail::ranks_without_key(*store(), connected, size())) +
+                       " did not finish connecting within " + std::to_string(timeout().count()) +
+                       " ms");
+  }
   impl_->workers = std::make_unique<ThreadPool>(
       ThreadPoolOptions{.num_threads = gloo_options_.threads, .name = "gloo-" + name()});
   impl_->waiters = std::make_unique<WaiterThreads>("gloo-p2p-" + name());

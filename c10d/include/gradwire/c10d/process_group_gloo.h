@@ -1,10 +1,10 @@
 // ProcessGroupGloo: the CPU backend, on Gloo's TCP transport.
 //
 // Creating the group connects every pair of ranks (a full mesh), exchanging addresses
-// through the Store under the group's prefix. Operations are queued in call order and run
-// on a small pool of worker threads (GlooOptions::threads), so the caller can overlap
-// its own work with communication; two queued collectives may run at once, kept apart by
-// their operation numbers. Point-to-point sends and receives start on the calling thread
+// through the Store under the group's prefix, and returns once every rank has connected. Operations
+// are queued in call order and run on a small pool of worker threads (GlooOptions::threads), so the
+// caller can overlap its own work with communication; two queued collectives may run at once, kept
+// apart by their operation numbers. Point-to-point sends and receives start on the calling thread
 // and complete on Gloo's I/O thread.
 //
 // Algorithms: all_reduce uses Gloo's bcube (halving/doubling) algorithm up to
