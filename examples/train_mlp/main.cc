@@ -13,7 +13,9 @@
 //
 // At the end the program reports held-out accuracy, saves the model, loads it into a fresh
 // network and checks that both give identical outputs; it exits non-zero when accuracy,
-// the round trip or the ranks' agreement falls short.
+// the round trip or the ranks' agreement falls short. The model is kept at --save PATH;
+// without it, the round trip goes through a temporary directory under $TMPDIR (or /tmp)
+// that is removed afterwards, so a run leaves nothing in the working directory.
 //
 //   gradwire-train-mlp [--steps N] [--shards K | --processes P] [--save PATH]
 #include <gradwire/gradwire.h>
@@ -38,8 +40,8 @@ namespace {
 struct Options {
   int steps = 400;
   int shards = 4;
-  int processes = 0;  // 0: threads
-  std::string save_path = "spiral_model.gw";
+  int processes = 0;      // 0: threads
+  std::string save_path;  // empty: a temporary file, removed after the round trip
 };
 
 Options parse_args(int argc, char** argv) {
@@ -64,6 +66,17 @@ Options parse_args(int argc, char** argv) {
     }
   }
   return o;
+}
+
+// A fresh directory under $TMPDIR (or /tmp), named after `what`.
+std::string make_temp_dir(const std::string& what) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string where = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  std::string dir_template = where + "/gradwire-train-mlp-" + what + "-XXXXXX";
+  if (::mkdtemp(dir_template.data()) == nullptr) {
+    throw Error("cannot create a temporary directory in " + where + ": " + std::strerror(errno));
+  }
+  return dir_template;
 }
 
 // `per_class` points on each of three spiral arms, with angular noise.
@@ -97,14 +110,21 @@ int finish(nn::MLP& net, const Tensor& test_x, const Tensor& test_y, const Optio
   const double test_accuracy = accuracy(net, test_x, test_y);
   std::printf("trained %d steps on %s in %.2f s; held-out accuracy %.3f\n", opt.steps, how.c_str(),
               seconds, test_accuracy);
-  nn::save(net, opt.save_path);
+  const bool temporary = opt.save_path.empty();
+  const std::string dir = temporary ? make_temp_dir("model") : std::string();
+  const std::string path = temporary ? dir + "/spiral_model.gw" : opt.save_path;
+  nn::save(net, path);
   Generator other(99);
   nn::MLP reloaded(nn::MLPOptions{.sizes = {2, 64, 64, 3}, .generator = &other});
-  nn::load(reloaded, opt.save_path);
+  nn::load(reloaded, path);
   autograd::NoGradGuard no_grad;
   const bool same = equal(net(test_x), reloaded(test_x));
-  std::printf("saved to %s and reloaded: outputs %s\n", opt.save_path.c_str(),
-              same ? "identical" : "DIFFER");
+  std::printf("saved to %s%s and reloaded: outputs %s\n", path.c_str(),
+              temporary ? " (temporary; --save PATH keeps it)" : "", same ? "identical" : "DIFFER");
+  if (temporary) {
+    std::remove(path.c_str());
+    ::rmdir(dir.c_str());
+  }
   if (!same) return 1;
   if (opt.steps >= 300 && test_accuracy < 0.9) {
     std::fprintf(stderr, "train-mlp: held-out accuracy %.3f is below 0.9\n", test_accuracy);
@@ -171,16 +191,9 @@ int train_rank(int rank, const Options& opt, const std::string& store_path) {
 
 // Forks the ranks (before this process starts any thread) and waits for them.
 int run_processes(const Options& opt) {
-  // The ranks meet through a FileStore in a fresh directory under $TMPDIR (or /tmp).
-  const char* tmp = std::getenv("TMPDIR");
-  std::string dir_template =
-      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/gradwire-train-mlp-XXXXXX";
-  const std::string where = dir_template.substr(0, dir_template.rfind('/'));
-  const char* dir = ::mkdtemp(dir_template.data());
-  if (dir == nullptr) {
-    throw Error("cannot create a temporary directory in " + where + ": " + std::strerror(errno));
-  }
-  const std::string store_path = std::string(dir) + "/store";
+  // The ranks meet through a FileStore in a fresh directory.
+  const std::string dir = make_temp_dir("store");
+  const std::string store_path = dir + "/store";
   std::fflush(nullptr);
   std::vector<pid_t> children;
   for (int rank = 0; rank < opt.processes; ++rank) {
@@ -205,7 +218,7 @@ int run_processes(const Options& opt) {
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
     worst = std::max(worst, code);
   }
-  ::rmdir(dir);
+  ::rmdir(dir.c_str());
   return worst;
 }
 
