@@ -13,10 +13,32 @@ std::ostream& operator<<(std::ostream& os, const WorkerInfo& info) {
   return os << info.describe();
 }
 
-void Interceptor::on_outgoing_request(const WorkerInfo&, Request&) {}
-void Interceptor::on_incoming_request(const WorkerInfo&, Request&) {}
+std::shared_ptr<void> Interceptor::on_outgoing_request(const WorkerInfo&, Request&) {
+  return nullptr;
+}
+void Interceptor::on_incoming_response(const WorkerInfo&, Response&, const std::shared_ptr<void>&) {
+}
+void Interceptor::on_call_finished(const FinishedCall&, const std::shared_ptr<void>&) {}
+std::shared_ptr<ServeScope> Interceptor::on_incoming_request(const WorkerInfo&, Request&) {
+  return nullptr;
+}
 void Interceptor::on_outgoing_response(const WorkerInfo&, const Request&, Response&) {}
-void Interceptor::on_incoming_response(const WorkerInfo&, Response&) {}
+
+const char* call_outcome_name(CallOutcome outcome) {
+  switch (outcome) {
+    case CallOutcome::kReplied:
+      return "replied";
+    case CallOutcome::kTimedOut:
+      return "timed out";
+    case CallOutcome::kConnectionLost:
+      return "connection lost";
+    case CallOutcome::kNotSent:
+      return "not sent";
+    case CallOutcome::kShutDown:
+      return "shut down";
+  }
+  return "unknown";
+}
 
 Registry& RpcAgent::registry() const {
   Registry* chosen = options().registry;
@@ -29,6 +51,8 @@ std::chrono::milliseconds RpcAgent::effective_timeout(const CallOptions& options
 
 Future<Value> RpcAgent::send(const Destination& to, Request request, CallOptions options) {
   Future<Value> result;
+  const std::chrono::milliseconds timeout = effective_timeout(options);
+  result.set_default_timeout(wait_bound(timeout));
   send_request(to, std::move(request), options,
                [result](Value value, std::exception_ptr error) mutable {
                  if (error) {

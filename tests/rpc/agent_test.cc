@@ -358,21 +358,25 @@ TEST(RpcAgent, NestedCallsFromAHandlerReachAThirdWorker) {
 
 class RecordingInterceptor : public Interceptor {
  public:
-  void on_outgoing_request(const WorkerInfo& to, Request& request) override {
+  std::shared_ptr<void> on_outgoing_request(const WorkerInfo& to, Request& request) override {
     if (request.handler == 100) request.autograd_context_id = 1000 + static_cast<uint64_t>(to.id);
     outgoing_requests++;
+    return nullptr;
   }
-  void on_incoming_request(const WorkerInfo& from, Request& request) override {
+  std::shared_ptr<ServeScope> on_incoming_request(const WorkerInfo& from,
+                                                  Request& request) override {
     if (request.handler == 100) seen_context = request.autograd_context_id;
     if (request.function == "forbidden") throw InvalidArgument("interceptor refuses 'forbidden'");
     last_caller = from.name;
     incoming_requests++;
+    return nullptr;
   }
   void on_outgoing_response(const WorkerInfo&, const Request&, Response& response) override {
     response.autograd_message_id = 77;
     outgoing_responses++;
   }
-  void on_incoming_response(const WorkerInfo&, Response& response) override {
+  void on_incoming_response(const WorkerInfo&, Response& response,
+                            const std::shared_ptr<void>&) override {
     last_response_message_id = response.autograd_message_id;
     incoming_responses++;
   }
@@ -391,9 +395,9 @@ TEST(RpcAgent, OwnHandlerAndInterceptorSeeEveryMessage) {
   agents[0]->add_interceptor(sender);
   agents[1]->add_interceptor(receiver);
   // A handler of our own: it answers with the payload length and the context id it got.
-  agents[1]->register_handler(100, "probe", [](const WorkerInfo& caller, const Request& request) {
+  agents[1]->register_handler(100, "probe", [](const CallContext& ctx, const Request& request) {
     return make_ready_future(
-        Value::list({Value(caller.name), Value(static_cast<int64_t>(request.payload.size())),
+        Value::list({Value(ctx.caller().name), Value(static_cast<int64_t>(request.payload.size())),
                      Value(static_cast<int64_t>(request.autograd_context_id))}));
   });
   Request probe;
@@ -418,13 +422,14 @@ TEST(RpcAgent, OwnHandlerAndInterceptorSeeEveryMessage) {
   EXPECT_NE(refused.find("interceptor refuses 'forbidden'"), std::string::npos) << refused;
   // Handler ids are unique; an id nobody registered is refused by the receiver.
   const std::string taken = error_text<InvalidArgument>([&] {
-    agents[1]->register_handler(
-        100, "again", [](const WorkerInfo&, const Request&) { return make_ready_future(Value()); });
+    agents[1]->register_handler(100, "again", [](const CallContext&, const Request&) {
+      return make_ready_future(Value());
+    });
   });
   EXPECT_NE(taken.find("already taken by 'probe'"), std::string::npos) << taken;
   EXPECT_THROW(agents[1]->register_handler(
                    kCallHandler, "x",
-                   [](const WorkerInfo&, const Request&) { return make_ready_future(Value()); }),
+                   [](const CallContext&, const Request&) { return make_ready_future(Value()); }),
                InvalidArgument);
   Request stray;
   stray.handler = 77;
@@ -628,7 +633,7 @@ TEST(RpcAgent, LargeTensorsAreLentBetweenProcesses) {
 
 // The address a worker published, read back from the store.
 std::string published_url(c10d::Store& store, int rank) {
-  std::istringstream in(c10d::to_string(store.get("rpc/worker/" + std::to_string(rank))));
+  std::istringstream in(c10d::to_string(store.get("rpc/1/worker/" + std::to_string(rank))));
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("url ", 0) == 0) return line.substr(4);
@@ -815,7 +820,7 @@ TEST(RpcAgent, StartupChecksNamesOptionsAndMissingWorkers) {
   t.join();  // rank 1 never came: rank 0 timed out naming it
   const std::string missing = error_text<TimeoutError>(
       [&] { make_tensorpipe_agent("other", 0, 2, std::make_shared<c10d::HashStore>(5s), quick); });
-  EXPECT_NE(missing.find("ranks that did not: [1]"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("workers that did not: [rank 1]"), std::string::npos) << missing;
   const std::string taken =
       error_text<InvalidArgument>([&] { make_tensorpipe_agent("same", 1, 2, shared, quick); });
   EXPECT_NE(taken.find("'same' is already taken by rank 0"), std::string::npos) << taken;

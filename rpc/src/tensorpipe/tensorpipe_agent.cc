@@ -89,6 +89,41 @@ std::exception_ptr error_of_kind(ErrorKind kind, const std::string& message) {
   }
 }
 
+// The agent whose handler (or reply to a request) runs on this thread: shutdown() from
+// there would wait for itself.
+thread_local const void* t_serving_agent = nullptr;
+
+class ServingMark {
+ public:
+  explicit ServingMark(const void* agent) : previous_(t_serving_agent) { t_serving_agent = agent; }
+  ~ServingMark() { t_serving_agent = previous_; }
+  ServingMark(const ServingMark&) = delete;
+  ServingMark& operator=(const ServingMark&) = delete;
+
+ private:
+  const void* previous_;
+};
+
+using ServeScopes = std::vector<std::shared_ptr<ServeScope>>;
+
+// Enters every scope for a stretch of work on this thread, and exits them in reverse.
+class ScopesEntered {
+ public:
+  explicit ScopesEntered(const ServeScopes& scopes) : scopes_(scopes) {
+    for (const auto& s : scopes_)
+      s->enter();
+  }
+  ~ScopesEntered() {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it)
+      (*it)->exit();
+  }
+  ScopesEntered(const ScopesEntered&) = delete;
+  ScopesEntered& operator=(const ScopesEntered&) = delete;
+
+ private:
+  const ServeScopes& scopes_;
+};
+
 // Loan table slots: loans outstanding at once per agent; beyond, tensors are sent.
 constexpr uint32_t kLoanSlots = 4096;
 
@@ -97,13 +132,15 @@ constexpr uint32_t kLoanSlots = 4096;
 struct WorkerRecord {
   std::string name;
   std::string url;
+  int cuda_devices{0};
   std::map<std::string, DeviceMap> device_maps;
   std::string boot_id;
   std::optional<detail::LoanTableAddress> loans;
 };
 
 std::string format_record(const WorkerRecord& r) {
-  std::string out = "gradwire-rpc 1\nname " + r.name + "\nurl " + r.url + "\n";
+  std::string out = "gradwire-rpc 1\nname " + r.name + "\nurl " + r.url + "\ndevices " +
+                    std::to_string(r.cuda_devices) + "\n";
   for (const auto& [worker, pairs] : r.device_maps) {
     for (const auto& [from, to] : pairs)
       out += "map " + worker + " " + from.str() + " " + to.str() + "\n";
@@ -134,6 +171,10 @@ WorkerRecord parse_record(const std::string& text, int rank) {
       fields >> r.name;
     } else if (tag == "url") {
       fields >> r.url;
+    } else if (tag == "devices") {
+      if (!(fields >> r.cuda_devices) || r.cuda_devices < 0 || r.cuda_devices > 4096) {
+        throw bad("devices line '" + line + "'");
+      }
     } else if (tag == "loans") {
       detail::LoanTableAddress a;
       if (!(fields >> r.boot_id >> a.pid >> a.probe_address >> a.probe_value >> a.table_address >>
@@ -165,11 +206,20 @@ class TensorPipeAgent final : public RpcAgent,
       : self_(std::move(self)),
         world_size_(world_size),
         store_(std::move(store)),
-        options_(std::move(options)) {}
+        options_(std::move(options)) {
+    // rpc/ owns the call handler: registered functions, by name.
+    handlers_[kCallHandler] = std::make_shared<const HandlerEntry>(
+        HandlerEntry{"call",
+                     [this](const CallContext&, const Request& request) {
+                       return registry().invoke(request.function, request.args, pool_);
+                     },
+                     Execution::kPool});
+  }
 
   ~TensorPipeAgent() override { close(); }
 
-  void start();
+  void start() override;
+  void start_serving();
 
   const WorkerInfo& worker_info() const override { return self_; }
   WorkerInfo get_worker_info(const Destination& worker) const override;
@@ -179,7 +229,8 @@ class TensorPipeAgent final : public RpcAgent,
 
   void send_request(const Destination& to, Request request, CallOptions options,
                     ReplyCallback done) override;
-  void register_handler(uint32_t id, std::string name, MessageHandler handler) override;
+  void register_handler(uint32_t id, std::string name, MessageHandler handler,
+                        Execution execution) override;
   void add_interceptor(std::shared_ptr<Interceptor> interceptor) override;
   void shutdown(bool graceful) override;
   bool is_shut_down() const override {
@@ -201,19 +252,31 @@ class TensorPipeAgent final : public RpcAgent,
     bool outgoing{false};
   };
   using Deadlines = std::multimap<Clock::time_point, uint64_t>;
+  using Interceptors = std::vector<std::shared_ptr<Interceptor>>;
   struct Pending {
     ReplyCallback done;
     WorkerInfo to;
-    std::string what;  // "call 'add'" or "request to handler 3"
+    uint32_t handler{kCallHandler};
+    std::string function;
     std::chrono::milliseconds timeout{0};
     uint64_t connection{0};
-    Deadlines::iterator deadline;
+    std::optional<Deadlines::iterator> deadline;  // none: no timeout
+    // The interceptors that saw the request, and what each kept for this call.
+    std::shared_ptr<const Interceptors> interceptors;
+    std::vector<std::shared_ptr<void>> states;
+    uint64_t id{0};
+    // "call 'add'" or "request to handler 3"; built only for messages.
+    std::string what() const { return describe_call(handler, function); }
   };
   struct HandlerEntry {
     std::string name;
     MessageHandler handler;
+    Execution execution{Execution::kPool};
   };
-  using Interceptors = std::vector<std::shared_ptr<Interceptor>>;
+  static std::string describe_call(uint32_t handler, const std::string& function) {
+    if (handler == kCallHandler) return "call '" + function + "'";
+    return "request to handler " + std::to_string(handler);
+  }
 
   void validate_options() const;
   std::string resolve_host() const;
@@ -225,7 +288,27 @@ class TensorPipeAgent final : public RpcAgent,
     MutexLock lock(mutex_);
     return interceptors_;
   }
-  std::string describe(const Request& request) const;
+  std::string describe(const Request& request) const {
+    return describe_call(request.handler, request.function);
+  }
+  // The error a refused operation throws: the agent's first failure, else that it is not
+  // running. Requires mutex_.
+  [[noreturn]] void refuse_locked(const std::string& what) const GRADWIRE_REQUIRES(mutex_);
+  // Removes a pending call (only if it travels on `connection`, when that is not 0).
+  std::optional<Pending> take_pending_locked(uint64_t id, uint64_t connection = 0)
+      GRADWIRE_REQUIRES(mutex_);
+  // Ends a call: tells its interceptors how, then its callback (both guarded).
+  void finish_call(Pending& call, Value value, std::exception_ptr error, CallOutcome outcome);
+  void fail_call(uint64_t id, std::exception_ptr error, CallOutcome outcome,
+                 uint64_t connection = 0);
+  // The store key of `name` in this group's generation.
+  std::string key(const std::string& name) const { return prefix_ + name; }
+  // Waits for every rank's key `prefix<r>`; TimeoutError naming those missing.
+  void wait_for_all(const std::string& prefix, std::chrono::milliseconds timeout,
+                    const std::string& what);
+  // Tensor bytes of requests from `peer` being served (max_inflight_bytes_per_peer).
+  bool reserve_inflight(int peer, size_t bytes);
+  void release_inflight(int peer, size_t bytes);
   DeviceMapper mapper_to(const WorkerInfo& to) const;
   DeviceMapper reply_mapper(const WorkerInfo& caller) const;
 
@@ -234,7 +317,7 @@ class TensorPipeAgent final : public RpcAgent,
   void on_descriptor(const std::shared_ptr<Connection>& conn, tp::Descriptor descriptor);
   void on_message(const std::shared_ptr<Connection>& conn, std::string metadata,
                   std::vector<Tensor> tensors, const std::vector<Device>& targets,
-                  std::vector<detail::LoanCopy> lent);
+                  std::vector<detail::LoanCopy> lent, size_t tensor_bytes);
   void on_malformed(const std::shared_ptr<Connection>& conn, const std::string& metadata,
                     const std::string& why, bool close_after);
   // A message whose lent tensors could not be copied: the request is answered with a
@@ -260,17 +343,18 @@ class TensorPipeAgent final : public RpcAgent,
   void write(const std::shared_ptr<Connection>& conn, EncodedMessage message,
              std::function<void(const std::string& error)> on_done);
 
-  void handle_request(const std::shared_ptr<Connection>& conn, Request request);
+  void handle_request(const std::shared_ptr<Connection>& conn, Request request,
+                      size_t tensor_bytes);
   void respond(const std::shared_ptr<Connection>& conn, const Request& request,
-               const Future<Value>& result);
+               const Future<Value>& result, size_t tensor_bytes);
   ErrorReply error_reply(std::exception_ptr error) const;
   void complete_call(const std::shared_ptr<Connection>& conn, Response response);
-  void fail_call(uint64_t id, std::exception_ptr error);
   std::exception_ptr reply_error(const ErrorReply& reply, const Pending& call) const;
 
   void timer_loop();
   void wait_until_idle(Clock::time_point deadline);
   void barrier(const std::string& phase, Clock::time_point deadline);
+  void on_message_tensors_done(int peer, size_t bytes);
 
   const WorkerInfo self_;
   const int world_size_;
@@ -285,6 +369,8 @@ class TensorPipeAgent final : public RpcAgent,
   std::map<std::string, int, std::less<>> ids_by_name_;
   std::vector<std::string> urls_;
   std::vector<DeviceMap> reply_maps_;  // per caller id: (device here, device on the caller)
+  std::vector<int> cuda_devices_;      // per worker id
+  std::string prefix_;                 // "rpc/<generation>/": this group's store keys
   std::thread timer_;
   // Direct copies: this worker's loan table (null when they are off), the tables of the
   // peers whose memory this worker can read, and the peers that can read this one's.
@@ -307,13 +393,15 @@ class TensorPipeAgent final : public RpcAgent,
   int active_handlers_ GRADWIRE_GUARDED_BY(mutex_) = 0;
   std::map<int, std::shared_ptr<Connection>> clients_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<uint64_t, std::shared_ptr<Connection>> servers_ GRADWIRE_GUARDED_BY(mutex_);
+  std::exception_ptr failure_ GRADWIRE_GUARDED_BY(mutex_);      // the first failure, if any
+  std::map<int, size_t> inflight_ GRADWIRE_GUARDED_BY(mutex_);  // per peer id
   std::unordered_map<uint64_t, Pending> pending_ GRADWIRE_GUARDED_BY(mutex_);
   Deadlines deadlines_ GRADWIRE_GUARDED_BY(mutex_);
   std::shared_ptr<const Interceptors> interceptors_ GRADWIRE_GUARDED_BY(mutex_) =
       std::make_shared<const Interceptors>();
 
   mutable std::shared_mutex handlers_mutex_;
-  std::map<uint32_t, HandlerEntry> handlers_;  // guarded by handlers_mutex_
+  std::map<uint32_t, std::shared_ptr<const HandlerEntry>> handlers_;  // by handlers_mutex_
 };
 
 // ---- start-up
@@ -352,6 +440,13 @@ void TensorPipeAgent::validate_options() const {
   }
   if (options_.channels.empty()) {
     throw InvalidArgument(who + "AgentOptions::channels is empty: tensors need a channel");
+  }
+  if (options_.max_inflight_bytes_per_peer == 0) {
+    throw InvalidArgument(who + "AgentOptions::max_inflight_bytes_per_peer must be > 0");
+  }
+  if (options_.close_timeout.count() < 0) {
+    throw InvalidArgument(who + "AgentOptions::close_timeout must be >= 0, got " +
+                          ms_text(options_.close_timeout));
   }
   for (const auto& [worker, pairs] : options_.device_maps) {
     if (!valid_name(worker)) {
@@ -418,19 +513,26 @@ void TensorPipeAgent::register_transports_and_channels(const std::string& host) 
 }
 
 void TensorPipeAgent::start() {
+  try {
+    start_serving();
+  } catch (...) {
+    close();
+    throw;
+  }
+}
+
+void TensorPipeAgent::start_serving() {
   validate_options();
   if (store_ == nullptr) {
     throw InvalidArgument("rpc agent " + self_.describe() + ": no store was given");
   }
-  pool_ = std::make_shared<ThreadPool>(
-      ThreadPoolOptions{.num_threads = options_.num_worker_threads, .name = "rpc"});
   {
-    // rpc/ owns the call handler: registered functions, by name.
-    std::unique_lock lock(handlers_mutex_);
-    handlers_[kCallHandler] =
-        HandlerEntry{"call", [this](const WorkerInfo&, const Request& request) {
-                       return registry().invoke(request.function, request.args, pool_);
-                     }};
+    MutexLock lock(mutex_);
+    if (state_ != State::kStarting || pool_ != nullptr) {
+      throw InvalidArgument("rpc agent " + self_.describe() + ": start() was already called");
+    }
+    pool_ = std::make_shared<ThreadPool>(
+        ThreadPoolOptions{.num_threads = options_.num_worker_threads, .name = "rpc"});
   }
   if (options_.direct_copy_threads > 0) loans_ = std::make_unique<detail::LoanTable>(kLoanSlots);
   const std::string host = resolve_host();
@@ -457,10 +559,14 @@ void TensorPipeAgent::start() {
 
 void TensorPipeAgent::join_group(const std::string& url) {
   const std::string me = "rpc agent " + self_.describe();
-  // Names are unique: the first rank to claim one keeps it.
   const std::string rank_text = std::to_string(self_.id);
+  // A store may see several groups, one after another (init_rpc, shutdown, init_rpc): each
+  // rank counts its own starts, and the n-th start of every rank forms the n-th group, whose
+  // keys live under "rpc/<n>/", so no record or barrier of an earlier group is read.
+  prefix_ = "rpc/" + std::to_string(store_->add("rpc/starts/" + rank_text, 1)) + "/";
+  // Names are unique: the first rank to claim one keeps it.
   const c10d::Bytes owner =
-      store_->compare_set("rpc/name/" + self_.name, {}, c10d::to_bytes(rank_text));
+      store_->compare_set(key("name/" + self_.name), {}, c10d::to_bytes(rank_text));
   if (c10d::to_string(owner) != rank_text) {
     throw InvalidArgument(me + ": the worker name '" + self_.name + "' is already taken by rank " +
                           c10d::to_string(owner));
@@ -468,31 +574,23 @@ void TensorPipeAgent::join_group(const std::string& url) {
   const std::string boot = loans_ ? detail::boot_id() : std::string();
   std::optional<detail::LoanTableAddress> table;
   if (loans_ && !boot.empty()) table = loans_->address();
-  store_->set("rpc/worker/" + rank_text,
-              format_record(WorkerRecord{self_.name, url, options_.device_maps, boot, table}));
+  store_->set(key("worker/" + rank_text),
+              format_record(WorkerRecord{self_.name, url, cuda_device_count(), options_.device_maps,
+                                         boot, table}));
   // Every rank's key under `prefix`, once all are there.
   auto gather = [&](const std::string& prefix, const char* step) {
+    wait_for_all(prefix, options_.join_timeout, std::string("for every worker ") + step);
     std::vector<std::string> keys;
     for (int r = 0; r < world_size_; ++r)
-      keys.push_back(prefix + std::to_string(r));
-    try {
-      store_->wait(keys, options_.join_timeout);
-    } catch (const TimeoutError&) {
-      std::string list;
-      for (int r = 0; r < world_size_; ++r) {
-        if (!store_->check({keys[static_cast<size_t>(r)]}))
-          list += (list.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw TimeoutError(me + " waited " + ms_text(options_.join_timeout) + " for every worker " +
-                         step + "; ranks that did not: [" + list + "]");
-    }
+      keys.push_back(key(prefix + std::to_string(r)));
     return store_->multi_get(keys, options_.join_timeout);
   };
-  const std::vector<c10d::Bytes> values = gather("rpc/worker/", "to start");
+  const std::vector<c10d::Bytes> values = gather("worker/", "to start");
   std::vector<WorkerRecord> records;
   for (int r = 0; r < world_size_; ++r)
     records.push_back(parse_record(c10d::to_string(values[static_cast<size_t>(r)]), r));
   for (int r = 0; r < world_size_; ++r) {
+    cuda_devices_.push_back(records[static_cast<size_t>(r)].cuda_devices);
     workers_.push_back(WorkerInfo{records[static_cast<size_t>(r)].name, r});
     urls_.push_back(records[static_cast<size_t>(r)].url);
     ids_by_name_[records[static_cast<size_t>(r)].name] = r;
@@ -517,8 +615,8 @@ void TensorPipeAgent::join_group(const std::string& url) {
       can_read += " " + std::to_string(r);
     }
   }
-  store_->set("rpc/direct/" + rank_text, can_read);
-  const std::vector<c10d::Bytes> readers = gather("rpc/direct/", "to check its peers");
+  store_->set(key("direct/" + rank_text), can_read);
+  const std::vector<c10d::Bytes> readers = gather("direct/", "to check its peers");
   for (int r = 0; loans_ && r < world_size_; ++r) {
     std::istringstream in(c10d::to_string(readers[static_cast<size_t>(r)]));
     std::string word;
@@ -533,11 +631,51 @@ void TensorPipeAgent::join_group(const std::string& url) {
   }
 }
 
+void TensorPipeAgent::wait_for_all(const std::string& prefix, std::chrono::milliseconds timeout,
+                                   const std::string& what) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size_; ++r)
+    keys.push_back(key(prefix + std::to_string(r)));
+  try {
+    store_->wait(keys, std::max(timeout, std::chrono::milliseconds(1)));
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < world_size_; ++r) {
+      if (store_->check({keys[static_cast<size_t>(r)]})) continue;
+      const bool known = static_cast<size_t>(r) < workers_.size();
+      missing +=
+          (missing.empty() ? "" : ", ") +
+          (known ? workers_[static_cast<size_t>(r)].describe() : "rank " + std::to_string(r));
+    }
+    throw TimeoutError("rpc agent " + self_.describe() + " waited " +
+                       ms_text(options_.join_timeout) + " " + what + "; workers that did not: [" +
+                       missing + "]");
+  }
+}
+
 void TensorPipeAgent::check_device_maps() const {
+  // A map naming a device that one end lacks would otherwise surface as a failure to
+  // receive the first tensor sent through it.
+  const std::string me = "rpc agent " + self_.describe();
+  const int here = cuda_devices_[static_cast<size_t>(self_.id)];
   for (const auto& [worker, pairs] : options_.device_maps) {
-    if (ids_by_name_.find(worker) == ids_by_name_.end()) {
-      throw InvalidArgument("rpc agent " + self_.describe() + ": device_maps names worker '" +
-                            worker + "', which is not in the group");
+    auto it = ids_by_name_.find(worker);
+    if (it == ids_by_name_.end()) {
+      throw InvalidArgument(me + ": device_maps names worker '" + worker +
+                            "', which is not in the group");
+    }
+    const int there = cuda_devices_[static_cast<size_t>(it->second)];
+    for (const auto& [from, to] : pairs) {
+      if (from.index >= here) {
+        throw InvalidArgument(me + ": device_maps['" + worker + "'] maps " + from.str() +
+                              ", but this worker has " + std::to_string(here) + " CUDA devices");
+      }
+      if (to.index >= there) {
+        throw InvalidArgument(me + ": device_maps['" + worker + "'] maps " + from.str() + " to " +
+                              to.str() + ", but worker " +
+                              workers_[static_cast<size_t>(it->second)].describe() + " has " +
+                              std::to_string(there) + " CUDA devices");
+      }
     }
   }
 }
@@ -571,11 +709,6 @@ WorkerInfo TensorPipeAgent::get_worker_info(const Destination& worker) const {
     throw InvalidArgument("rpc: unknown worker " + info.describe() + "; " + known());
   }
   return info;
-}
-
-std::string TensorPipeAgent::describe(const Request& request) const {
-  if (request.handler == kCallHandler) return "call '" + request.function + "'";
-  return "request to handler " + std::to_string(request.handler);
 }
 
 DeviceMapper TensorPipeAgent::mapper_to(const WorkerInfo& to) const {
@@ -613,7 +746,8 @@ DeviceMapper TensorPipeAgent::reply_mapper(const WorkerInfo& caller) const {
 
 // ---- handlers and interceptors
 
-void TensorPipeAgent::register_handler(uint32_t id, std::string name, MessageHandler handler) {
+void TensorPipeAgent::register_handler(uint32_t id, std::string name, MessageHandler handler,
+                                       Execution execution) {
   if (!handler)
     throw InvalidArgument("rpc: register_handler(" + std::to_string(id) + ", '" + name +
                           "') was given an empty handler");
@@ -621,9 +755,10 @@ void TensorPipeAgent::register_handler(uint32_t id, std::string name, MessageHan
   auto it = handlers_.find(id);
   if (it != handlers_.end()) {
     throw InvalidArgument("rpc: handler id " + std::to_string(id) + " ('" + name +
-                          "') is already taken by '" + it->second.name + "'");
+                          "') is already taken by '" + it->second->name + "'");
   }
-  handlers_.emplace(id, HandlerEntry{std::move(name), std::move(handler)});
+  handlers_.emplace(id, std::make_shared<const HandlerEntry>(
+                            HandlerEntry{std::move(name), std::move(handler), execution}));
 }
 
 void TensorPipeAgent::add_interceptor(std::shared_ptr<Interceptor> interceptor) {
@@ -636,6 +771,14 @@ void TensorPipeAgent::add_interceptor(std::shared_ptr<Interceptor> interceptor) 
 
 // ---- sending
 
+void TensorPipeAgent::refuse_locked(const std::string& what) const {
+  if (failure_) std::rethrow_exception(failure_);
+  if (state_ == State::kStarting) {
+    throw Error("rpc agent " + self_.describe() + " has not been started; cannot " + what);
+  }
+  throw Error("rpc agent " + self_.describe() + " is shut down; cannot " + what);
+}
+
 void TensorPipeAgent::send_request(const Destination& to, Request request, CallOptions options,
                                    ReplyCallback done) {
   const WorkerInfo target = get_worker_info(to);
@@ -644,50 +787,61 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
                           " was given a negative timeout (" + ms_text(options.timeout) + ")");
   }
   const std::chrono::milliseconds timeout = effective_timeout(options);
-  auto refuse = [&] {
-    return Error("rpc agent " + self_.describe() + " is shut down; cannot send " +
-                 describe(request) + " to worker " + target.describe());
-  };
-  {
-    MutexLock lock(mutex_);
-    if (state_ != State::kRunning) throw refuse();
-    request.id = next_request_id_++;
-  }
-  request.timeout = timeout;
-  for (const auto& interceptor : *interceptors())
-    interceptor->on_outgoing_request(target, request);
-  const uint64_t id = request.id;
-  std::string what = describe(request);
-
   std::shared_ptr<Connection> conn;
+  std::shared_ptr<const Interceptors> interceptors;
   bool fresh = false;
   {
     // connect() takes no callback, so it may be called with mutex_ held; the pipe is set
     // before any other sender can see the connection.
     MutexLock lock(mutex_);
-    if (state_ != State::kRunning) throw refuse();
+    if (state_ != State::kRunning) {
+      refuse_locked("send " + describe(request) + " to worker " + target.describe());
+    }
+    request.id = next_request_id_++;
+    interceptors = interceptors_;
     auto it = clients_.find(target.id);
     if (it == clients_.end()) {
-      conn = std::make_shared<Connection>();
-      conn->serial = next_serial_++;
-      conn->peer = target;
-      conn->outgoing = true;
-      conn->pipe = context_->connect(urls_[static_cast<size_t>(target.id)],
+      auto made = std::make_shared<Connection>();
+      made->serial = next_serial_++;
+      made->peer = target;
+      made->outgoing = true;
+      made->pipe = context_->connect(urls_[static_cast<size_t>(target.id)],
                                      tp::PipeOptions().remoteName(target.name));
-      it = clients_.emplace(target.id, conn).first;
+      it = clients_.emplace(target.id, std::move(made)).first;
       fresh = true;
     }
     conn = it->second;
   }
   if (fresh) read_next(conn);
+  const uint64_t id = request.id;
+  // The wire says "no timeout" with 0.
+  request.timeout = timeout == kNoTimeout ? std::chrono::milliseconds(0) : timeout;
+  Pending call{std::move(done),
+               target,
+               request.handler,
+               request.function,
+               timeout,
+               conn->serial,
+               std::nullopt,
+               interceptors,
+               {},
+               id};
+  call.states.reserve(interceptors->size());
   // Loans are tied to the connection they travel on: losing it ends them.
   Lending lending{target.id, conn->serial, {}};
   EncodedMessage message;
   try {
+    for (const auto& interceptor : *interceptors)
+      call.states.push_back(interceptor->on_outgoing_request(target, request));
+    request.id = id;  // the agent's, whatever an interceptor did
     message = encode(Envelope{std::move(request)}, mapper_to(target), kDefaultInlineTensorBytes,
                      lender_for(lending));
   } catch (...) {
     return_loans(lending.taken, conn->serial);
+    // The interceptors that saw the request learn that it never left; the caller gets the
+    // error thrown, not through its callback.
+    call.done = nullptr;
+    finish_call(call, Value(), std::current_exception(), CallOutcome::kNotSent);
     throw;
   }
   {
@@ -695,26 +849,39 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
     if (state_ != State::kRunning) {
       lock.unlock();
       return_loans(lending.taken, conn->serial);
-      throw refuse();
+      call.done = nullptr;
+      finish_call(call, Value(), nullptr, CallOutcome::kShutDown);
+      MutexLock again(mutex_);
+      refuse_locked("send " + call.what() + " to worker " + target.describe());
     }
-    const Clock::time_point deadline = Clock::now() + timeout;
-    auto slot = deadlines_.emplace(deadline, id);
-    pending_.emplace(id, Pending{std::move(done), target, what, timeout, conn->serial, slot});
-    if (slot == deadlines_.begin()) timer_cv_.notify_one();
+    const Clock::time_point deadline = deadline_after(timeout);
+    if (deadline != Clock::time_point::max()) {
+      call.deadline = deadlines_.emplace(deadline, id);
+      if (*call.deadline == deadlines_.begin()) timer_cv_.notify_one();
+    }
+    pending_.emplace(id, std::move(call));
   }
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
   // A message that never left cannot be copied from: its loans end (the connection may
   // have been lost before they were made, so its own clean-up missed them).
   write(conn, std::move(message),
-        [weak, id, target, what, taken = std::move(lending.taken),
+        [weak, id, target, taken = std::move(lending.taken),
          serial = conn->serial](const std::string& error) {
           if (error.empty()) return;
-          if (auto self = weak.lock()) {
-            self->return_loans(taken, serial);
-            self->fail_call(id, std::make_exception_ptr(NetworkError(
-                                    "rpc: " + what + " to worker " + target.describe() +
-                                    " could not be sent: " + error)));
+          auto self = weak.lock();
+          if (self == nullptr) return;
+          self->return_loans(taken, serial);
+          std::optional<Pending> lost;
+          {
+            MutexLock lock(self->mutex_);
+            lost = self->take_pending_locked(id, serial);
           }
+          if (!lost) return;
+          self->finish_call(*lost, Value(),
+                            std::make_exception_ptr(NetworkError("rpc: " + lost->what() +
+                                                                 " to worker " + target.describe() +
+                                                                 " could not be sent: " + error)),
+                            CallOutcome::kNotSent);
         });
 }
 
@@ -815,51 +982,97 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
     on_malformed(conn, descriptor.metadata, e.what(), /*close_after=*/true);
     return;
   }
+  size_t total = 0;
+  for (const IncomingTensor& a : announced)
+    total += a.nbytes();
+  const int peer = conn->peer.id;
+  if (!reserve_inflight(peer, total)) {
+    on_malformed(conn, descriptor.metadata,
+                 "worker " + conn->peer.describe() + " sent a message of " + std::to_string(total) +
+                     " tensor bytes while its requests already being served here hold more "
+                     "than max_inflight_bytes_per_peer (" +
+                     std::to_string(options_.max_inflight_bytes_per_peer) + ") with it",
+                 /*close_after=*/true);
+    return;
+  }
   tp::Allocation allocation;
   std::vector<Tensor> tensors;
   std::vector<Device> targets;
   std::vector<detail::LoanCopy> lent;
-  tensors.reserve(announced.size());
-  for (const IncomingTensor& a : announced) {
-    Tensor t = gradwire::empty(a.sizes, a.dtype);
-    if (a.loan) {
-      lent.push_back(
-          detail::LoanCopy{*a.loan, t.nbytes() == 0 ? nullptr : t.data_ptr(), t.nbytes()});
-    } else {
-      tp::Allocation::Tensor slot;
-      slot.buffer = tp::CpuBuffer{buffer_of(t)};
-      allocation.tensors.push_back(std::move(slot));
+  try {
+    // Runs on TensorPipe's loop thread: an allocation failure must become an error reply,
+    // not an exception escaping into the loop.
+    tensors.reserve(announced.size());
+    for (const IncomingTensor& a : announced) {
+      Tensor t = gradwire::empty(a.sizes, a.dtype);
+      if (a.loan) {
+        lent.push_back(
+            detail::LoanCopy{*a.loan, t.nbytes() == 0 ? nullptr : t.data_ptr(), t.nbytes()});
+      } else {
+        tp::Allocation::Tensor slot;
+        slot.buffer = tp::CpuBuffer{buffer_of(t)};
+        allocation.tensors.push_back(std::move(slot));
+      }
+      tensors.push_back(std::move(t));
+      targets.push_back(a.device);
     }
-    tensors.push_back(std::move(t));
-    targets.push_back(a.device);
+  } catch (const std::exception& e) {
+    release_inflight(peer, total);
+    on_malformed(
+        conn, descriptor.metadata,
+        "cannot allocate the " + std::to_string(total) + " tensor bytes announced: " + e.what(),
+        /*close_after=*/true);
+    return;
   }
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
   conn->pipe->read(
       std::move(allocation),
-      [weak, conn, metadata = std::move(descriptor.metadata), tensors = std::move(tensors),
+      [weak, conn, total, metadata = std::move(descriptor.metadata), tensors = std::move(tensors),
        targets = std::move(targets), lent = std::move(lent)](const tp::Error& error) mutable {
         auto self = weak.lock();
         if (self == nullptr) return;
         if (error) {
+          self->release_inflight(conn->peer.id, total);
           self->on_connection_error(conn, error.what());
           return;
         }
         self->read_next(conn);
-        self->on_message(conn, std::move(metadata), std::move(tensors), targets, std::move(lent));
+        self->on_message(conn, std::move(metadata), std::move(tensors), targets, std::move(lent),
+                         total);
       });
+}
+
+bool TensorPipeAgent::reserve_inflight(int peer, size_t bytes) {
+  if (bytes == 0) return true;
+  MutexLock lock(mutex_);
+  size_t& held = inflight_[peer];
+  if (held + bytes > options_.max_inflight_bytes_per_peer) return false;
+  held += bytes;
+  return true;
+}
+
+void TensorPipeAgent::release_inflight(int peer, size_t bytes) {
+  if (bytes == 0) return;
+  MutexLock lock(mutex_);
+  auto it = inflight_.find(peer);
+  if (it == inflight_.end()) return;
+  it->second -= std::min(it->second, bytes);
+  if (it->second == 0) inflight_.erase(it);
 }
 
 void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn, std::string metadata,
                                  std::vector<Tensor> tensors, const std::vector<Device>& targets,
-                                 std::vector<detail::LoanCopy> lent) {
+                                 std::vector<detail::LoanCopy> lent, size_t tensor_bytes) {
   const bool to_device =
       std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
   const bool has_loans = !lent.empty();
   auto process = [self = shared_from_this(), conn, metadata = std::move(metadata),
-                  tensors = std::move(tensors), lent = std::move(lent)]() mutable {
+                  tensors = std::move(tensors), lent = std::move(lent), tensor_bytes]() mutable {
+    const int peer = conn->peer.id;
     if (!lent.empty()) {
       const std::string failure = self->copy_lent(conn, lent);
       if (!failure.empty()) {
+        self->release_inflight(peer, tensor_bytes);
         self->on_lost_loans(conn, metadata, failure);
         return;
       }
@@ -868,6 +1081,7 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn, std::s
     try {
       envelope = decode(metadata, tensors, self->options_.limits);
     } catch (const std::exception& e) {
+      self->release_inflight(peer, tensor_bytes);
       self->on_malformed(conn, metadata, e.what(), /*close_after=*/false);
       return;
     }
@@ -877,8 +1091,12 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn, std::s
         if (self->state_ == State::kClosed) return;
         ++self->active_handlers_;
       }
-      self->handle_request(conn, std::move(*request));
-    } else if (Response* response = std::get_if<Response>(&envelope.body)) {
+      // The request's tensors are the handler's until its reply is written.
+      self->handle_request(conn, std::move(*request), tensor_bytes);
+      return;
+    }
+    self->release_inflight(peer, tensor_bytes);
+    if (Response* response = std::get_if<Response>(&envelope.body)) {
       self->complete_call(conn, std::move(*response));
     } else {
       self->on_release(conn, std::get<Release>(envelope.body));
@@ -916,16 +1134,10 @@ void TensorPipeAgent::on_malformed(const std::shared_ptr<Connection>& conn,
     return;
   }
   if (header) {
-    {
-      MutexLock lock(mutex_);
-      auto it = pending_.find(header->id);
-      if (it == pending_.end() || it->second.connection != conn->serial) header.reset();
-    }
-    if (header) {
-      fail_call(header->id,
-                std::make_exception_ptr(InvalidArgument("rpc: worker " + conn->peer.describe() +
-                                                        " sent a malformed reply: " + why)));
-    }
+    fail_call(header->id,
+              std::make_exception_ptr(InvalidArgument("rpc: worker " + conn->peer.describe() +
+                                                      " sent a malformed reply: " + why)),
+              CallOutcome::kReplied, conn->serial);
   }
   if (close_after) conn->pipe->close();
 }
@@ -945,12 +1157,8 @@ void TensorPipeAgent::on_lost_loans(const std::shared_ptr<Connection>& conn,
     write(conn, encode(Envelope{std::move(reply)}), nullptr);
     return;
   }
-  {
-    MutexLock lock(mutex_);
-    auto it = pending_.find(header->id);
-    if (it == pending_.end() || it->second.connection != conn->serial) return;
-  }
-  fail_call(header->id, std::make_exception_ptr(NetworkError("rpc: the reply " + text)));
+  fail_call(header->id, std::make_exception_ptr(NetworkError("rpc: the reply " + text)),
+            CallOutcome::kReplied, conn->serial);
 }
 
 // ---- direct copies
@@ -1043,15 +1251,12 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
     if (conn->outgoing) {
       auto it = clients_.find(conn->peer.id);
       if (it != clients_.end() && it->second == conn) clients_.erase(it);
-      for (auto it2 = pending_.begin(); it2 != pending_.end();) {
-        if (it2->second.connection == conn->serial) {
-          deadlines_.erase(it2->second.deadline);
-          lost.push_back(std::move(it2->second));
-          it2 = pending_.erase(it2);
-        } else {
-          ++it2;
-        }
+      std::vector<uint64_t> ids;
+      for (const auto& [id, call] : pending_) {
+        if (call.connection == conn->serial) ids.push_back(id);
       }
+      for (uint64_t id : ids)
+        lost.push_back(std::move(*take_pending_locked(id)));
     } else {
       servers_.erase(conn->serial);
     }
@@ -1061,48 +1266,79 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
                         << conn->peer.describe() << " lost: " << what;
   }
   for (Pending& call : lost) {
-    call.done(Value(), std::make_exception_ptr(
-                           NetworkError("rpc: " + call.what + " to worker " + call.to.describe() +
-                                        " failed: the connection to it was lost (" + what + ")")));
+    finish_call(call, Value(),
+                std::make_exception_ptr(
+                    NetworkError("rpc: " + call.what() + " to worker " + call.to.describe() +
+                                 " failed: the connection to it was lost (" + what + ")")),
+                CallOutcome::kConnectionLost);
   }
 }
 
 // ---- serving
 
-void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Request request) {
-  const bool request_runs_inline = request.handler == kCallHandler &&
-                                   registry().execution(request.function) == Execution::kInline;
-  auto run = [self = shared_from_this(), conn, request = std::move(request)]() mutable {
+void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Request request,
+                                     size_t tensor_bytes) {
+  std::shared_ptr<const HandlerEntry> entry;
+  {
+    std::shared_lock lock(handlers_mutex_);
+    auto it = handlers_.find(request.handler);
+    if (it != handlers_.end()) entry = it->second;
+  }
+  const bool request_runs_inline =
+      entry != nullptr && (entry->execution == Execution::kInline ||
+                           (request.handler == kCallHandler &&
+                            registry().execution(request.function) == Execution::kInline));
+  auto run = [self = shared_from_this(), conn, entry, tensor_bytes,
+              request = std::move(request)]() mutable {
+    ServingMark serving(self.get());
+    ServeScopes scopes;
     Future<Value> result;
+    bool failed = false;
     try {
-      for (const auto& interceptor : *self->interceptors())
-        interceptor->on_incoming_request(conn->peer, request);
-      MessageHandler handler;
-      {
-        std::shared_lock lock(self->handlers_mutex_);
-        auto it = self->handlers_.find(request.handler);
-        if (it == self->handlers_.end()) {
-          std::string known;
-          for (const auto& [id, entry] : self->handlers_)
-            known += (known.empty() ? "" : ", ") + std::to_string(id) + " (" + entry.name + ")";
-          throw CallRejected("worker " + self->self_.describe() + " has no handler with id " +
-                             std::to_string(request.handler) + " (registered: " + known + ")");
-        }
-        handler = it->second.handler;
+      for (const auto& interceptor : *self->interceptors()) {
+        if (auto scope = interceptor->on_incoming_request(conn->peer, request))
+          scopes.push_back(std::move(scope));
       }
-      result = handler(conn->peer, request);
     } catch (...) {
       result = make_failed_future<Value>(std::current_exception());
+      failed = true;
     }
-    if (result.completed()) {
-      self->respond(conn, request, result);
-    } else {
-      result.add_callback(self->pool_, [self, conn, request](Future<Value> done) {
-        self->respond(conn, request, done);
-      });
+    {
+      ScopesEntered entered(scopes);
+      if (!failed) {
+        try {
+          if (entry == nullptr) {
+            std::string known;
+            {
+              std::shared_lock lock(self->handlers_mutex_);
+              for (const auto& [id, e] : self->handlers_)
+                known += (known.empty() ? "" : ", ") + std::to_string(id) + " (" + e->name + ")";
+            }
+            throw CallRejected("worker " + self->self_.describe() + " has no handler with id " +
+                               std::to_string(request.handler) + " (registered: " + known + ")");
+          }
+          const CallContext context(self.get(), conn->peer, request.id,
+                                    request.timeout.count() > 0 ? deadline_after(request.timeout)
+                                                                : Clock::time_point::max());
+          result = entry->handler(context, request);
+        } catch (...) {
+          result = make_failed_future<Value>(std::current_exception());
+        }
+      }
+      if (result.completed()) {
+        self->respond(conn, request, result, tensor_bytes);
+        return;
+      }
     }
+    // The reply is written by the pool thread that sees the result, inside the same scopes.
+    result.add_callback(self->pool_, [self, conn, tensor_bytes, scopes = std::move(scopes),
+                                      request = std::move(request)](Future<Value> done) {
+      ServingMark serving(self.get());
+      ScopesEntered entered(scopes);
+      self->respond(conn, request, done, tensor_bytes);
+    });
   };
-  // Registered functions that asked for it run right here, on the thread that received
+  // Functions and handlers that asked for it run right here, on the thread that received
   // the request (an I/O thread, or the pool when tensors had to be copied first).
   if (request_runs_inline) {
     run();
@@ -1111,6 +1347,7 @@ void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Re
   try {
     pool_->execute(std::move(run));
   } catch (const Error&) {
+    release_inflight(conn->peer.id, tensor_bytes);
     MutexLock lock(mutex_);
     --active_handlers_;
     idle_cv_.notify_all();
@@ -1120,6 +1357,15 @@ void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Re
 ErrorReply TensorPipeAgent::error_reply(std::exception_ptr error) const {
   try {
     std::rethrow_exception(std::move(error));
+  } catch (const RemoteError& e) {
+    // Raised further down a chain of calls (A -> B -> C): the reply names where it came
+    // from and what it was there, not this worker.
+    ErrorKind kind = ErrorKind::kError;
+    for (ErrorKind k : {ErrorKind::kInvalidArgument, ErrorKind::kTimeout, ErrorKind::kNetwork,
+                        ErrorKind::kStore}) {
+      if (error_kind_name(k) == e.remote_type()) kind = k;
+    }
+    return ErrorReply{kind, e.remote_message(), e.worker(), false};
   } catch (const CallRejected& e) {
     return ErrorReply{ErrorKind::kInvalidArgument, e.what(), self_.name, /*rejected=*/true};
   } catch (const Error& e) {
@@ -1133,7 +1379,7 @@ ErrorReply TensorPipeAgent::error_reply(std::exception_ptr error) const {
 }
 
 void TensorPipeAgent::respond(const std::shared_ptr<Connection>& conn, const Request& request,
-                              const Future<Value>& result) {
+                              const Future<Value>& result, size_t tensor_bytes) {
   Response response;
   response.id = request.id;
   response.autograd_context_id = request.autograd_context_id;
@@ -1164,6 +1410,7 @@ void TensorPipeAgent::respond(const std::shared_ptr<Connection>& conn, const Req
           if (error.empty() || taken.empty()) return;
           if (auto self = weak.lock()) self->return_loans(taken, serial);
         });
+  release_inflight(conn->peer.id, tensor_bytes);
   MutexLock lock(mutex_);
   --active_handlers_;
   idle_cv_.notify_all();
@@ -1174,56 +1421,90 @@ void TensorPipeAgent::respond(const std::shared_ptr<Connection>& conn, const Req
 std::exception_ptr TensorPipeAgent::reply_error(const ErrorReply& reply,
                                                 const Pending& call) const {
   if (reply.rejected) {
-    return error_of_kind(reply.kind, "rpc: worker " + call.to.describe() + " refused " + call.what +
-                                         ": " + reply.message);
+    return error_of_kind(reply.kind, "rpc: worker " + call.to.describe() + " refused " +
+                                         call.what() + ": " + reply.message);
   }
   return std::make_exception_ptr(RemoteError(reply.worker.empty() ? call.to.name : reply.worker,
                                              std::string(error_kind_name(reply.kind)),
                                              reply.message));
 }
 
-void TensorPipeAgent::complete_call(const std::shared_ptr<Connection>& conn, Response response) {
-  Pending call;
-  {
-    MutexLock lock(mutex_);
-    auto it = pending_.find(response.id);
-    if (it == pending_.end() || it->second.connection != conn->serial) {
-      GRADWIRE_LOG(kDebug) << "rpc worker " << self_.describe() << ": dropped the reply "
-                           << response.id << " from " << conn->peer.describe()
-                           << " (its call timed out or was never made)";
-      return;
+std::optional<TensorPipeAgent::Pending> TensorPipeAgent::take_pending_locked(uint64_t id,
+                                                                             uint64_t connection) {
+  auto it = pending_.find(id);
+  if (it == pending_.end() || (connection != 0 && it->second.connection != connection)) {
+    return std::nullopt;
+  }
+  if (it->second.deadline) deadlines_.erase(*it->second.deadline);
+  Pending call = std::move(it->second);
+  pending_.erase(it);
+  // Whoever removes the last pending call wakes a graceful shutdown waiting for it.
+  if (pending_.empty()) idle_cv_.notify_all();
+  return call;
+}
+
+void TensorPipeAgent::finish_call(Pending& call, Value value, std::exception_ptr error,
+                                  CallOutcome outcome) {
+  if (call.interceptors != nullptr) {
+    const FinishedCall finished{call.to, call.id, call.handler, call.function, outcome, error};
+    for (size_t i = 0; i < call.states.size() && i < call.interceptors->size(); ++i) {
+      try {
+        (*call.interceptors)[i]->on_call_finished(finished, call.states[i]);
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kError) << "rpc worker " << self_.describe()
+                             << ": an interceptor's on_call_finished threw: " << e.what();
+      }
     }
-    deadlines_.erase(it->second.deadline);
-    call = std::move(it->second);
-    pending_.erase(it);
-    if (pending_.empty()) idle_cv_.notify_all();
   }
+  if (!call.done) return;
   try {
-    for (const auto& interceptor : *interceptors())
-      interceptor->on_incoming_response(call.to, response);
+    call.done(std::move(value), std::move(error));
+  } catch (const std::exception& e) {
+    // The callback is the caller's; a throw from it must not unwind into an I/O thread.
+    GRADWIRE_LOG(kError) << "rpc worker " << self_.describe() << ": the reply callback of "
+                         << call.what() << " to worker " << call.to.describe()
+                         << " threw: " << e.what();
   } catch (...) {
-    call.done(Value(), std::current_exception());
-    return;
-  }
-  if (Value* value = std::get_if<Value>(&response.result)) {
-    call.done(std::move(*value), nullptr);
-  } else {
-    call.done(Value(), reply_error(std::get<ErrorReply>(response.result), call));
+    GRADWIRE_LOG(kError) << "rpc worker " << self_.describe() << ": the reply callback of "
+                         << call.what() << " threw a non-std::exception";
   }
 }
 
-void TensorPipeAgent::fail_call(uint64_t id, std::exception_ptr error) {
-  Pending call;
+void TensorPipeAgent::complete_call(const std::shared_ptr<Connection>& conn, Response response) {
+  std::optional<Pending> call;
   {
     MutexLock lock(mutex_);
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return;
-    deadlines_.erase(it->second.deadline);
-    call = std::move(it->second);
-    pending_.erase(it);
-    if (pending_.empty()) idle_cv_.notify_all();
+    call = take_pending_locked(response.id, conn->serial);
   }
-  call.done(Value(), std::move(error));
+  if (!call) {
+    GRADWIRE_LOG(kDebug) << "rpc worker " << self_.describe() << ": dropped the reply "
+                         << response.id << " from " << conn->peer.describe()
+                         << " (its call timed out or was never made)";
+    return;
+  }
+  try {
+    for (size_t i = 0; i < call->states.size(); ++i)
+      (*call->interceptors)[i]->on_incoming_response(call->to, response, call->states[i]);
+  } catch (...) {
+    finish_call(*call, Value(), std::current_exception(), CallOutcome::kReplied);
+    return;
+  }
+  if (Value* value = std::get_if<Value>(&response.result)) {
+    finish_call(*call, std::move(*value), nullptr, CallOutcome::kReplied);
+  } else {
+    finish_call(*call, Value(), reply_error(std::get<ErrorReply>(response.result), *call),
+                CallOutcome::kReplied);
+  }
+}
+
+void TensorPipeAgent::fail_call(uint64_t id, std::exception_ptr error, CallOutcome outcome,
+                                uint64_t connection) {
+  std::optional<Pending> call;
+  {
+    MutexLock lock(mutex_);
+    call = take_pending_locked(id, connection);
+  }
+  if (call) finish_call(*call, Value(), std::move(error), outcome);
 }
 
 void TensorPipeAgent::timer_loop() {
@@ -1242,18 +1523,20 @@ void TensorPipeAgent::timer_loop() {
       if (stop_timer_) return;
       const Clock::time_point now = Clock::now();
       while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-        auto it = pending_.find(deadlines_.begin()->second);
-        deadlines_.erase(deadlines_.begin());
-        if (it == pending_.end()) continue;
-        expired.push_back(std::move(it->second));
-        pending_.erase(it);
+        std::optional<Pending> call = take_pending_locked(deadlines_.begin()->second);
+        if (call) {
+          expired.push_back(std::move(*call));
+        } else {
+          deadlines_.erase(deadlines_.begin());
+        }
       }
-      if (pending_.empty()) idle_cv_.notify_all();
     }
     for (Pending& call : expired) {
-      call.done(Value(), std::make_exception_ptr(
-                             TimeoutError("rpc: " + call.what + " to worker " + call.to.describe() +
-                                          " timed out after " + ms_text(call.timeout))));
+      finish_call(call, Value(),
+                  std::make_exception_ptr(TimeoutError("rpc: " + call.what() + " to worker " +
+                                                       call.to.describe() + " timed out after " +
+                                                       ms_text(call.timeout))),
+                  CallOutcome::kTimedOut);
     }
   }
 }
@@ -1278,28 +1561,19 @@ void TensorPipeAgent::wait_until_idle(Clock::time_point deadline) {
 }
 
 void TensorPipeAgent::barrier(const std::string& phase, Clock::time_point deadline) {
-  const std::string prefix = "rpc/shutdown/" + phase + "/";
-  store_->set(prefix + std::to_string(self_.id), "1");
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size_; ++r)
-    keys.push_back(prefix + std::to_string(r));
+  const std::string prefix = "shutdown/" + phase + "/";
+  store_->set(key(prefix + std::to_string(self_.id)), "1");
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  try {
-    store_->wait(keys, std::max(left, std::chrono::milliseconds(1)));
-  } catch (const TimeoutError&) {
-    std::string missing;
-    for (int r = 0; r < world_size_; ++r) {
-      if (!store_->check({keys[static_cast<size_t>(r)]})) {
-        missing += (missing.empty() ? "" : ", ") + workers_[static_cast<size_t>(r)].describe();
-      }
-    }
-    throw TimeoutError("rpc agent " + self_.describe() + ": graceful shutdown waited " +
-                       ms_text(options_.join_timeout) +
-                       " for every worker to agree; workers that did not: [" + missing + "]");
-  }
+  wait_for_all(prefix, left, "in graceful shutdown for every worker to agree");
 }
 
 void TensorPipeAgent::shutdown(bool graceful) {
+  if (t_serving_agent == this) {
+    throw InvalidArgument("rpc agent " + self_.describe() +
+                          ": shutdown() was called from a request this agent is serving; it "
+                          "would wait for that request itself. Shut the agent down from "
+                          "outside its handlers");
+  }
   {
     MutexLock lock(mutex_);
     // A second shutdown returns at once; calls may still be made while a graceful one
@@ -1317,6 +1591,11 @@ void TensorPipeAgent::shutdown(bool graceful) {
       wait_until_idle(deadline);
       barrier("2", deadline);
     } catch (...) {
+      {
+        // Later operations fail with this error, not a generic "shut down".
+        MutexLock lock(mutex_);
+        if (failure_ == nullptr) failure_ = std::current_exception();
+      }
       close();
       throw;
     }
@@ -1339,9 +1618,11 @@ void TensorPipeAgent::close() {
     idle_cv_.notify_all();
   }
   for (Pending& call : abandoned) {
-    call.done(Value(), std::make_exception_ptr(
-                           Error("rpc agent " + self_.describe() + " was shut down before " +
-                                 call.what + " to worker " + call.to.describe() + " completed")));
+    finish_call(call, Value(),
+                std::make_exception_ptr(Error("rpc agent " + self_.describe() +
+                                              " was shut down before " + call.what() +
+                                              " to worker " + call.to.describe() + " completed")),
+                CallOutcome::kShutDown);
   }
   if (listener_) listener_->close();
   if (context_) {
@@ -1349,7 +1630,9 @@ void TensorPipeAgent::close() {
     context_->join();
   }
   if (timer_.joinable()) timer_.join();
-  if (pool_) pool_->shutdown();
+  // Queued requests have lost their connections: drop them; handlers still running get
+  // close_timeout to return, then are left to finish on their own.
+  if (pool_) pool_->shutdown_now(options_.close_timeout);
   if (loans_) loans_->release_all();
   std::map<int, std::shared_ptr<Connection>> clients;
   std::map<uint64_t, std::shared_ptr<Connection>> servers;
@@ -1363,9 +1646,9 @@ void TensorPipeAgent::close() {
 
 }  // namespace
 
-std::shared_ptr<RpcAgent> make_tensorpipe_agent(std::string name, int rank, int world_size,
-                                                std::shared_ptr<c10d::Store> store,
-                                                AgentOptions options) {
+std::shared_ptr<RpcAgent> create_tensorpipe_agent(std::string name, int rank, int world_size,
+                                                  std::shared_ptr<c10d::Store> store,
+                                                  AgentOptions options) {
   if (!valid_name(name)) {
     throw InvalidArgument("rpc: invalid worker name '" + name +
                           "': use 1 to 128 characters from [A-Za-z0-9_.:-]");
@@ -1379,18 +1662,21 @@ std::shared_ptr<RpcAgent> make_tensorpipe_agent(std::string name, int rank, int 
   }
   auto agent = std::make_shared<TensorPipeAgent>(WorkerInfo{std::move(name), rank}, world_size,
                                                  std::move(store), std::move(options));
-  try {
-    agent->start();
-  } catch (...) {
-    agent->close();
-    throw;
-  }
   // The handle's deleter closes the agent on the thread that drops the last handle.
   RpcAgent* raw = agent.get();
   return std::shared_ptr<RpcAgent>(raw, [agent](RpcAgent*) mutable {
     agent->close();
     agent.reset();
   });
+}
+
+std::shared_ptr<RpcAgent> make_tensorpipe_agent(std::string name, int rank, int world_size,
+                                                std::shared_ptr<c10d::Store> store,
+                                                AgentOptions options) {
+  std::shared_ptr<RpcAgent> agent = create_tensorpipe_agent(std::move(name), rank, world_size,
+                                                            std::move(store), std::move(options));
+  agent->start();
+  return agent;
 }
 
 }  // namespace gradwire::rpc

@@ -6,18 +6,28 @@
 // TensorPipe implementation; init_rpc() (rpc.h) builds one and makes it the default that the
 // free functions rpc_sync / rpc_async use.
 //
+// Start-up order: create_tensorpipe_agent() builds an agent that has not joined its group;
+// handlers, interceptors and attachments installed then are in place before any peer can
+// reach it, and start() joins the group and begins serving. make_tensorpipe_agent() does
+// both at once, for programs that install nothing of their own.
+//
 // Calls. rpc_async<R>(to, "fn", args...) sends a request to call the registered function
 // "fn" on worker `to` (a name, an id or a WorkerInfo) and returns a Future<R>; rpc_sync<R>
 // waits for it. A CallOptions placed before the arguments sets a per-call timeout:
 //   agent->rpc_sync<Tensor>("ps0", "add", CallOptions{.timeout = 500ms}, a, b);
 // Each call has a deadline (the per-call timeout, else AgentOptions::rpc_timeout); when it
-// passes, the future fails with TimeoutError and a late reply is dropped.
+// passes, the future fails with TimeoutError and a late reply is dropped. kNoTimeout
+// (core/future.h) means no deadline: the call still fails when its peer or the agent goes.
+// The future's get() without an argument waits as long as the call's deadline.
 //
 // Extension points (what rref/ and dist_autograd/ plug into):
-// - register_handler(id, name, handler): requests whose Request::handler is `id` go to
-//   `handler` instead of the function registry. rpc/ owns kCallHandler (1).
+// - register_handler(id, name, handler, execution): requests whose Request::handler is `id`
+//   go to `handler` instead of the function registry. rpc/ owns kCallHandler (1).
 // - add_interceptor(interceptor): sees every outgoing and incoming request and response and
-//   may change it (set autograd ids, record tensors) or refuse it by throwing.
+//   may change it (set autograd ids, record tensors) or refuse it by throwing; it is told
+//   how every call it saw ends, and may wrap the execution of every request served.
+// - attachments: typed per-agent state the modules above hang on the agent (the RRef
+//   context, the dist-autograd container), found from a CallContext.
 // send(to, request) sends a raw Request to any handler and returns its Value.
 //
 // Thread-safety: every method may be called from any thread, concurrently, including from
@@ -27,7 +37,9 @@
 //
 // Errors, at the caller:
 // - thrown at once by rpc_async / send: InvalidArgument for an unknown worker, a
-//   non-positive timeout or a value that cannot travel; Error once the agent is shut down;
+//   negative timeout or a value that cannot travel; Error before start() and once the agent
+//   is shut down — or, after a failure (a graceful shutdown that timed out), that first
+//   error;
 // - stored in the future (and thrown by rpc_sync): TimeoutError when the deadline passes;
 //   NetworkError naming the worker when the connection to it is lost; InvalidArgument
 //   (naming the worker, the function, the expected and received types) when the remote
@@ -55,11 +67,14 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <typeindex>
 #include <utility>
 #include <vector>
 
 #include "gradwire/core/executor.h"
 #include "gradwire/core/future.h"
+#include "gradwire/core/mutex.h"
+#include "gradwire/rpc/call_context.h"
 #include "gradwire/rpc/envelope.h"
 #include "gradwire/rpc/registry.h"
 #include "gradwire/rpc/value.h"
@@ -77,7 +92,7 @@ inline constexpr std::chrono::milliseconds kDefaultRpcTimeout{60'000};
 
 // Options of one call.
 struct CallOptions {
-  // The call's deadline, from now; 0 means the agent's rpc_timeout.
+  // The call's deadline, from now; 0 means the agent's rpc_timeout; kNoTimeout none.
   std::chrono::milliseconds timeout{0};
 };
 
@@ -86,7 +101,7 @@ struct CallOptions {
 using DeviceMap = std::vector<std::pair<Device, Device>>;
 
 struct AgentOptions {
-  // Default deadline of a call; > 0.
+  // Default deadline of a call; > 0 (kNoTimeout: none).
   std::chrono::milliseconds rpc_timeout{kDefaultRpcTimeout};
   // How long start-up and graceful shutdown wait for every worker to arrive; > 0.
   std::chrono::milliseconds join_timeout{120'000};
@@ -119,27 +134,81 @@ struct AgentOptions {
   // Per destination worker name.
   std::map<std::string, DeviceMap> device_maps;
   EnvelopeLimits limits;
+  // Tensor bytes received from one peer whose requests are still being served (received,
+  // queued or running, until the reply is written); a message that would exceed it is
+  // refused with an error reply and its connection closed (its data cannot be skipped).
+  // Bounds what a peer, hostile or not, can make this worker allocate. > 0.
+  size_t max_inflight_bytes_per_peer{size_t{8} << 30};
+  // How long a forced shutdown waits for handlers still running (queued requests are
+  // dropped at once); those still running then are left to finish on their own. >= 0.
+  std::chrono::milliseconds close_timeout{5'000};
   // The functions peers may call; nullptr means rpc::registry().
   Registry* registry{nullptr};
 };
 
-// Handles requests with one handler id; runs on the agent's thread pool. The returned
-// future's value (or error) is the reply.
+// Handles requests with one handler id, on the agent's thread pool (or inline, see
+// register_handler). The returned future's value (or error) is the reply.
 using MessageHandler =
-    std::function<Future<Value>(const WorkerInfo& caller, const Request& request)>;
+    std::function<Future<Value>(const CallContext& context, const Request& request)>;
 
-// Sees every message an agent sends or receives. The default methods do nothing. A throw
-// from on_outgoing_request fails the send at once; from on_incoming_request, the call (the
-// caller gets a RemoteError); from on_outgoing_response, the reply becomes that error; from
-// on_incoming_response, the call's future fails with it.
+// How an outgoing call ended (Interceptor::on_call_finished).
+enum class CallOutcome {
+  kReplied,         // a reply arrived: a value, or an error raised on the peer
+  kTimedOut,        // its deadline passed; a late reply is dropped
+  kConnectionLost,  // the connection to the peer went while the call was pending
+  kNotSent,         // refused by an interceptor, or encoding or writing it failed
+  kShutDown,        // the agent closed before a reply came
+};
+// "replied", "timed out", ...
+const char* call_outcome_name(CallOutcome outcome);
+
+// How one outgoing call ended, as an interceptor is told.
+struct FinishedCall {
+  const WorkerInfo& to;
+  uint64_t request_id;
+  uint32_t handler;
+  const std::string& function;  // empty for requests to other handlers
+  CallOutcome outcome;
+  std::exception_ptr error;  // null for a reply with a value
+};
+
+// Wraps the work an agent does for one incoming request: enter() runs on a thread before
+// the handler, and before each later piece of work for the request (the reply, after an
+// asynchronous handler's future completes on another thread), and exit() after it on the
+// same thread, also when it throws. dist_autograd/ sets its thread-local context id here, so
+// it never leaks into the next task of a pool thread. Must not throw.
+class ServeScope {
+ public:
+  virtual ~ServeScope() = default;
+  virtual void enter() {}
+  virtual void exit() {}
+};
+
+// Sees every message an agent sends or receives. The default methods do nothing.
+//
+// Outgoing calls: on_outgoing_request may change the request and may return state for this
+// call (null for none); the agent hands it back to on_incoming_response and then, exactly
+// once, to on_call_finished, however the call ends — so what an interceptor recorded for a
+// call never leaks. A throw from on_outgoing_request fails the send at once (interceptors
+// that already ran are told kNotSent); from on_incoming_response, the call's future fails
+// with it.
+//
+// Incoming requests: on_incoming_request may change the request and may return a ServeScope
+// held until the reply is written; a throw fails the call (the caller gets a RemoteError).
+// From on_outgoing_response, the reply becomes that error.
+//
+// Interceptors run in the order they were added, on the thread that sends or receives; they
+// must not block. on_call_finished must not throw (what it throws is logged).
 class Interceptor {
  public:
   virtual ~Interceptor() = default;
-  virtual void on_outgoing_request(const WorkerInfo& to, Request& request);
-  virtual void on_incoming_request(const WorkerInfo& from, Request& request);
+  virtual std::shared_ptr<void> on_outgoing_request(const WorkerInfo& to, Request& request);
+  virtual void on_incoming_response(const WorkerInfo& from, Response& response,
+                                    const std::shared_ptr<void>& state);
+  virtual void on_call_finished(const FinishedCall& call, const std::shared_ptr<void>& state);
+  virtual std::shared_ptr<ServeScope> on_incoming_request(const WorkerInfo& from, Request& request);
   virtual void on_outgoing_response(const WorkerInfo& to, const Request& request,
                                     Response& response);
-  virtual void on_incoming_response(const WorkerInfo& from, Response& response);
 };
 
 // A snapshot of what an agent holds and has done, for monitoring and tests.
@@ -162,6 +231,10 @@ class RpcAgent {
   virtual ~RpcAgent() = default;
   RpcAgent(const RpcAgent&) = delete;
   RpcAgent& operator=(const RpcAgent&) = delete;
+
+  // Joins the group and begins serving (see the file comment). Throws what
+  // make_tensorpipe_agent throws; the agent is then closed. Once only.
+  virtual void start() = 0;
 
   virtual const WorkerInfo& worker_info() const = 0;
   // InvalidArgument naming the known workers when there is no such worker.
@@ -196,15 +269,35 @@ class RpcAgent {
     return rpc_sync<R>(to, std::move(function), CallOptions{}, std::forward<Args>(args)...);
   }
 
-  // Throws InvalidArgument if `id` is taken (kCallHandler always is).
-  virtual void register_handler(uint32_t id, std::string name, MessageHandler handler) = 0;
+  // Throws InvalidArgument if `id` is taken (kCallHandler always is). `execution` as for
+  // registered functions (registry.h): kInline runs the handler on the I/O thread that
+  // received the request, for handlers that never block.
+  virtual void register_handler(uint32_t id, std::string name, MessageHandler handler,
+                                Execution execution = Execution::kPool) = 0;
   virtual void add_interceptor(std::shared_ptr<Interceptor> interceptor) = 0;
+
+  // Typed per-agent state of the modules above rpc/ (one object per type). set_attachment
+  // replaces any earlier one; attachment<T>() is null when none is set. Thread-safe.
+  template <typename T>
+  void set_attachment(std::shared_ptr<T> value) {
+    MutexLock lock(attachments_mutex_);
+    attachments_[std::type_index(typeid(T))] = std::move(value);
+  }
+  template <typename T>
+  std::shared_ptr<T> attachment() const {
+    MutexLock lock(attachments_mutex_);
+    auto it = attachments_.find(std::type_index(typeid(T)));
+    return it == attachments_.end() ? nullptr : std::static_pointer_cast<T>(it->second);
+  }
 
   // graceful: every worker agrees through the store (each waits for its own pending calls
   // and running handlers first), then the agent closes; TimeoutError naming the workers
-  // that did not arrive within join_timeout (the agent is then closed anyway).
-  // forced (graceful = false): pending calls fail at once and the agent closes.
-  // Idempotent.
+  // that did not arrive within join_timeout (the agent is then closed anyway, and later
+  // calls fail with that error).
+  // forced (graceful = false): pending calls fail at once, queued requests are dropped, and
+  // the agent closes, waiting at most close_timeout for handlers still running.
+  // Idempotent. From a handler or function this agent is running, InvalidArgument: a
+  // graceful shutdown would wait for the caller itself.
   virtual void shutdown(bool graceful = true) = 0;
   virtual bool is_shut_down() const = 0;
 
@@ -212,9 +305,20 @@ class RpcAgent {
 
   // The deadline a call with these options gets.
   std::chrono::milliseconds effective_timeout(const CallOptions& options) const;
+  // How long a caller waits on the future of a call with this deadline: the deadline fails
+  // the call itself, and the margin only guards against a lost completion.
+  static std::chrono::milliseconds wait_bound(std::chrono::milliseconds call_timeout) {
+    constexpr std::chrono::milliseconds kMargin{30'000};
+    return call_timeout >= kNoTimeout - kMargin ? kNoTimeout : call_timeout + kMargin;
+  }
 
  protected:
   RpcAgent() = default;
+
+ private:
+  mutable Mutex attachments_mutex_;
+  std::map<std::type_index, std::shared_ptr<void>> attachments_
+      GRADWIRE_GUARDED_BY(attachments_mutex_);
 };
 
 // ---- templates
@@ -227,6 +331,8 @@ Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallO
   (values.push_back(to_value(std::forward<Args>(args))), ...);
   WorkerInfo target = get_worker_info(to);
   Future<R> result;
+  // get() without an argument waits as long as the call itself may take.
+  result.set_default_timeout(wait_bound(effective_timeout(options)));
   Request request;
   request.handler = kCallHandler;
   std::string where = "result of '" + function + "' on worker " + target.describe();
@@ -255,13 +361,12 @@ template <typename R, typename... Args>
 R RpcAgent::rpc_sync(const Destination& to, std::string function, CallOptions options,
                      Args&&... args) {
   Future<R> pending = rpc_async<R>(to, std::move(function), options, std::forward<Args>(args)...);
-  // The call's own deadline completes the future; the margin only guards against a lost
-  // completion.
-  const auto bound = effective_timeout(options) + std::chrono::seconds(30);
+  // The call's own deadline completes the future; the future's default wait (rpc_async)
+  // adds a margin that only guards against a lost completion.
   if constexpr (std::is_void_v<R>) {
-    pending.get(bound);
+    pending.get();
   } else {
-    return pending.get(bound);
+    return pending.get();
   }
 }
 

@@ -1,7 +1,9 @@
 // The TensorPipe agent: the RpcAgent that moves requests and replies over TensorPipe.
 //
 // Start-up: the agent listens on every registered transport (AgentOptions::transports),
-// publishes its name and address under "rpc/" in the store, claims its name (names are
+// publishes its name, address and CUDA device count under "rpc/<n>/" in the store (n: how
+// many groups this rank has started on the store, so a later group never reads an earlier
+// one's records), claims its name (names are
 // unique) and waits, up to join_timeout, until every one of the world_size workers has
 // done the same. It connects to a peer on first use; TensorPipe then moves the connection
 // to the fastest transport both ends share (shm on one host) and picks a channel per
@@ -31,9 +33,18 @@
 
 namespace gradwire::rpc {
 
-// Throws InvalidArgument for a bad name (1 to 128 characters from [A-Za-z0-9_.:-]), rank,
-// world size or option, or a name another rank has taken; TimeoutError naming the ranks
-// missing after join_timeout; NetworkError when it cannot listen.
+// Builds the agent without joining the group: install handlers, interceptors and
+// attachments, then call start(), which throws what make_tensorpipe_agent throws below.
+// Throws InvalidArgument for a bad name (1 to 128 characters from [A-Za-z0-9_.:-]), rank or
+// world size.
+std::shared_ptr<RpcAgent> create_tensorpipe_agent(std::string name, int rank, int world_size,
+                                                  std::shared_ptr<c10d::Store> store,
+                                                  AgentOptions options = {});
+
+// create_tensorpipe_agent, then start(). Throws InvalidArgument for a bad name, rank, world
+// size or option, a name another rank has taken, or a device map naming a device either
+// end lacks; TimeoutError naming the ranks missing after join_timeout; NetworkError when
+// it cannot listen.
 std::shared_ptr<RpcAgent> make_tensorpipe_agent(std::string name, int rank, int world_size,
                                                 std::shared_ptr<c10d::Store> store,
                                                 AgentOptions options = {});
