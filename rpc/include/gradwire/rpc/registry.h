@@ -55,7 +55,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
