@@ -28,7 +28,21 @@ void throw_arity(const Signature& sig, const std::vector<Value>& args) {
                      std::to_string(args.size()) + " " + argument_list(args));
 }
 
+void render_argument(std::string& out, const void* signature, size_t index) {
+  out += "argument " + std::to_string(index + 1) + " of " +
+         static_cast<const Signature*>(signature)->text();
+}
+
 }  // namespace detail
+
+Future<Value> RegisteredFunction::invoke(const CallContext& ctx, const std::vector<Value>& args,
+                                         const std::shared_ptr<Executor>& executor) const {
+  try {
+    return invoker_(ctx, args, executor);
+  } catch (...) {
+    return make_failed_future<Value>(std::current_exception());
+  }
+}
 
 namespace {
 
@@ -50,21 +64,38 @@ std::string known_names(const Map& map) {
 }  // namespace
 
 void Registry::add_function(Signature signature, Invoker invoker, Execution execution) {
-  std::unique_lock lock(mutex_);
   if (signature.name.empty()) throw InvalidArgument("rpc registry: a function name is empty");
-  if (functions_.count(signature.name) != 0) {
-    throw InvalidArgument("rpc registry: a function named '" + signature.name +
-                          "' is already registered");
-  }
   std::string name = signature.name;
-  functions_.emplace(std::move(name),
-                     Function{std::move(signature), std::move(invoker), execution});
+  // Built before taking the lock: nothing but the map insertion happens under it.
+  auto entry = std::make_shared<const RegisteredFunction>(std::move(signature), std::move(invoker),
+                                                          execution);
+  std::unique_lock lock(mutex_);
+  if (functions_.count(name) != 0) {
+    throw InvalidArgument("rpc registry: a function named '" + name + "' is already registered");
+  }
+  functions_.emplace(std::move(name), std::move(entry));
+}
+
+std::shared_ptr<const RegisteredFunction> Registry::find(std::string_view name) const {
+  std::shared_lock lock(mutex_);
+  auto it = functions_.find(name);
+  return it == functions_.end() ? nullptr : it->second;
+}
+
+CallRejected Registry::unknown_function_locked(std::string_view name) const {
+  return CallRejected("no function '" + std::string(name) +
+                      "' is registered (registered: " + known_names(functions_) + ")");
+}
+
+CallRejected Registry::unknown_function(std::string_view name) const {
+  std::shared_lock lock(mutex_);
+  return unknown_function_locked(name);
 }
 
 Execution Registry::execution(std::string_view name) const {
   std::shared_lock lock(mutex_);
   auto it = functions_.find(name);
-  return it == functions_.end() ? Execution::kPool : it->second.execution;
+  return it == functions_.end() ? Execution::kPool : it->second->execution();
 }
 
 bool Registry::has_function(std::string_view name) const {
@@ -75,11 +106,8 @@ bool Registry::has_function(std::string_view name) const {
 Signature Registry::signature(std::string_view name) const {
   std::shared_lock lock(mutex_);
   auto it = functions_.find(name);
-  if (it == functions_.end()) {
-    throw CallRejected("no function '" + std::string(name) +
-                       "' is registered (registered: " + known_names(functions_) + ")");
-  }
-  return it->second.signature;
+  if (it == functions_.end()) throw unknown_function_locked(name);
+  return it->second->signature();
 }
 
 std::vector<Signature> Registry::functions() const {
@@ -87,28 +115,26 @@ std::vector<Signature> Registry::functions() const {
   std::vector<Signature> out;
   out.reserve(functions_.size());
   for (const auto& [name, fn] : functions_)
-    out.push_back(fn.signature);
+    out.push_back(fn->signature());
   return out;
+}
+
+Future<Value> Registry::invoke(const CallContext& ctx, std::string_view name,
+                               const std::vector<Value>& args,
+                               const std::shared_ptr<Executor>& executor) const {
+  std::shared_ptr<const RegisteredFunction> fn;
+  {
+    std::shared_lock lock(mutex_);
+    auto it = functions_.find(name);
+    if (it == functions_.end()) return make_failed_future<Value>(unknown_function_locked(name));
+    fn = it->second;
+  }
+  return fn->invoke(ctx, args, executor);
 }
 
 Future<Value> Registry::invoke(std::string_view name, const std::vector<Value>& args,
                                const std::shared_ptr<Executor>& executor) const {
-  Invoker invoker;
-  {
-    std::shared_lock lock(mutex_);
-    auto it = functions_.find(name);
-    if (it == functions_.end()) {
-      return make_failed_future<Value>(
-          CallRejected("no function '" + std::string(name) +
-                       "' is registered (registered: " + known_names(functions_) + ")"));
-    }
-    invoker = it->second.invoker;
-  }
-  try {
-    return invoker(args, executor);
-  } catch (...) {
-    return make_failed_future<Value>(std::current_exception());
-  }
+  return invoke(detail::no_call_context(), name, args, executor);
 }
 
 void Registry::add_class(std::string name, std::type_index type) {
@@ -117,7 +143,7 @@ void Registry::add_class(std::string name, std::type_index type) {
   if (classes_.count(name) != 0) {
     throw InvalidArgument("rpc registry: a class named '" + name + "' is already registered");
   }
-  classes_.emplace(std::move(name), Class{type, std::nullopt, {}, {}});
+  classes_.emplace(std::move(name), Class{type, nullptr, {}});
 }
 
 const Registry::Class& Registry::find_class(std::string_view name) const {
@@ -131,6 +157,11 @@ const Registry::Class& Registry::find_class(std::string_view name) const {
 
 const Registry::Method& Registry::find_method(std::string_view class_name,
                                               std::string_view method) const {
+  return *find_method_entry(class_name, method);
+}
+
+std::shared_ptr<const Registry::Method> Registry::find_method_entry(std::string_view class_name,
+                                                                    std::string_view method) const {
   const Class& cls = find_class(class_name);
   auto it = cls.methods.find(method);
   if (it == cls.methods.end()) {
@@ -147,12 +178,11 @@ void Registry::add_constructor(std::string_view class_name, Signature signature,
     throw InvalidArgument("rpc registry: class '" + std::string(class_name) +
                           "' is not registered");
   }
-  if (it->second.ctor_signature) {
+  if (it->second.ctor) {
     throw InvalidArgument("rpc registry: class '" + std::string(class_name) +
-                          "' already has a constructor, " + it->second.ctor_signature->text());
+                          "' already has a constructor, " + it->second.ctor->signature.text());
   }
-  it->second.ctor_signature = std::move(signature);
-  it->second.ctor = std::move(ctor);
+  it->second.ctor = std::make_shared<const Ctor>(Ctor{std::move(signature), std::move(ctor)});
 }
 
 void Registry::add_method(std::string_view class_name, Signature signature, MethodInvoker invoker) {
@@ -166,7 +196,8 @@ void Registry::add_method(std::string_view class_name, Signature signature, Meth
   if (it->second.methods.count(method) != 0) {
     throw InvalidArgument("rpc registry: method '" + signature.name + "' is already registered");
   }
-  it->second.methods.emplace(method, Method{std::move(signature), std::move(invoker)});
+  it->second.methods.emplace(
+      method, std::make_shared<const Method>(Method{std::move(signature), std::move(invoker)}));
 }
 
 bool Registry::has_class(std::string_view name) const {
@@ -174,9 +205,9 @@ bool Registry::has_class(std::string_view name) const {
   return classes_.find(name) != classes_.end();
 }
 
-std::shared_ptr<void> Registry::construct(std::string_view class_name,
+std::shared_ptr<void> Registry::construct(const CallContext& ctx, std::string_view class_name,
                                           const std::vector<Value>& args) const {
-  Constructor ctor;
+  std::shared_ptr<const Ctor> ctor;
   {
     std::shared_lock lock(mutex_);
     const Class& cls = find_class(class_name);
@@ -186,7 +217,12 @@ std::shared_ptr<void> Registry::construct(std::string_view class_name,
     }
     ctor = cls.ctor;
   }
-  return ctor(args);
+  return ctor->construct(ctx, args);
+}
+
+std::shared_ptr<void> Registry::construct(std::string_view class_name,
+                                          const std::vector<Value>& args) const {
+  return construct(detail::no_call_context(), class_name, args);
 }
 
 Signature Registry::method_signature(std::string_view class_name, std::string_view method) const {
@@ -194,14 +230,14 @@ Signature Registry::method_signature(std::string_view class_name, std::string_vi
   return find_method(class_name, method).signature;
 }
 
-Future<Value> Registry::invoke_method(std::string_view class_name, std::string_view method,
-                                      const std::shared_ptr<void>& object,
+Future<Value> Registry::invoke_method(const CallContext& ctx, std::string_view class_name,
+                                      std::string_view method, const std::shared_ptr<void>& object,
                                       const std::vector<Value>& args,
                                       const std::shared_ptr<Executor>& executor) const {
-  MethodInvoker invoker;
+  std::shared_ptr<const Method> entry;
   try {
     std::shared_lock lock(mutex_);
-    invoker = find_method(class_name, method).invoker;
+    entry = find_method_entry(class_name, method);
   } catch (...) {
     return make_failed_future<Value>(std::current_exception());
   }
@@ -210,10 +246,17 @@ Future<Value> Registry::invoke_method(std::string_view class_name, std::string_v
                                                   std::string(method) + "' called on no object"));
   }
   try {
-    return invoker(object, args, executor);
+    return entry->invoker(ctx, object, args, executor);
   } catch (...) {
     return make_failed_future<Value>(std::current_exception());
   }
+}
+
+Future<Value> Registry::invoke_method(std::string_view class_name, std::string_view method,
+                                      const std::shared_ptr<void>& object,
+                                      const std::vector<Value>& args,
+                                      const std::shared_ptr<Executor>& executor) const {
+  return invoke_method(detail::no_call_context(), class_name, method, object, args, executor);
 }
 
 Registry& registry() {

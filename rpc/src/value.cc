@@ -175,16 +175,51 @@ std::ostream& operator<<(std::ostream& os, const Value& v) {
   return os << v.describe();
 }
 
-namespace detail {
-
-void throw_type_mismatch(const std::string& where, const std::string& expected,
-                         const Value& received) {
-  throw InvalidArgument(where + ": expected " + expected + ", got " + received.describe());
+void Where::append_to(std::string& out) const {
+  if (parent_ != nullptr) parent_->append_to(out);
+  switch (kind_) {
+    case Kind::kText:
+      out += text_;
+      break;
+    case Kind::kElement:
+      out += " [" + std::to_string(index_) + "]";
+      break;
+    case Kind::kMapKey:
+      out += " key";
+      break;
+    case Kind::kMapValue:
+      out += " [" + static_cast<const Value*>(subject_)->describe() + "]";
+      break;
+    case Kind::kCustom:
+      render_(out, subject_, index_);
+      break;
+  }
 }
 
-void throw_out_of_range(const std::string& where, const std::string& expected, int64_t received) {
-  throw InvalidArgument(where + ": expected " + expected + ", got int " + std::to_string(received) +
-                        ", which is out of its range");
+std::string Where::str() const {
+  std::string out;
+  append_to(out);
+  return out;
+}
+
+namespace detail {
+
+const CallContext& no_call_context() {
+  static const CallContext* const context = new CallContext();
+  return *context;
+}
+
+void throw_type_mismatch(const Where& where, const std::string& expected, const Value& received) {
+  throw InvalidArgument(where.str() + ": expected " + expected + ", got " + received.describe());
+}
+
+void throw_out_of_range(const Where& where, const std::string& expected, int64_t received) {
+  throw InvalidArgument(where.str() + ": expected " + expected + ", got int " +
+                        std::to_string(received) + ", which is out of its range");
+}
+
+void throw_duplicate_key(const Where& where, const Value& key) {
+  throw InvalidArgument(where.str() + ": duplicate map key " + key.describe());
 }
 
 }  // namespace detail

@@ -1,5 +1,6 @@
 // Value and ValueConverter: every supported C++ type round-trips, and every mismatch is an
-// InvalidArgument naming where, what was expected and what arrived.
+// InvalidArgument naming where, what was expected and what arrived; where is rendered only
+// on a mismatch; the call's context reaches context-aware converters through every container.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -17,6 +18,28 @@
 #include "gradwire/tensor/factory.h"
 
 namespace gradwire::rpc {
+namespace {
+
+// Converts as its int, remembering the request id of the context it was converted with.
+struct Tracked {
+  int64_t value = 0;
+  uint64_t request = 0;
+  bool operator==(const Tracked&) const = default;
+};
+
+}  // namespace
+
+template <>
+struct ValueConverter<Tracked> {
+  static Value to(const Tracked& t, const CallContext& ctx) {
+    return Value::list({Value(t.value), Value(static_cast<int64_t>(ctx.request_id()))});
+  }
+  static Tracked from(const Value& v, const Where& where, const CallContext& ctx) {
+    return Tracked{from_value<int64_t>(v, where, ctx), ctx.request_id()};
+  }
+  static std::string name() { return "Tracked"; }
+};
+
 namespace {
 
 template <typename T>
@@ -114,6 +137,73 @@ TEST(ValueTest, MismatchesNameWhereExpectedAndReceived) {
   EXPECT_EQ(from_value<double>(Value(int64_t{3}), "d"), 3.0);
   EXPECT_THROW(from_value<int64_t>(Value(3.0), "i"), InvalidArgument);
   EXPECT_THROW(to_value(uint64_t{1} << 63), InvalidArgument);
+}
+
+// A Where::Render that counts how often it renders.
+void counting_render(std::string& out, const void* count, size_t index) {
+  ++*static_cast<int*>(const_cast<void*>(count));
+  out += "step " + std::to_string(index);
+}
+
+TEST(ValueTest, WhereIsRenderedOnlyOnAMismatch) {
+  int renders = 0;
+  const Where root = Where::custom(&counting_render, &renders, 4);
+  const Value good = Value::map({{Value("a"), Value::list({Value(int64_t{1})})}});
+  EXPECT_EQ((from_value<std::map<std::string, std::vector<int64_t>>>(good, root).at("a")),
+            (std::vector<int64_t>{1}));
+  EXPECT_EQ(renders, 0);
+  const Value bad = Value::map({{Value("a"), Value::list({Value(int64_t{1}), Value("x")})}});
+  EXPECT_EQ(mismatch([&] { from_value<std::map<std::string, std::vector<int64_t>>>(bad, root); }),
+            "step 4 [string \"a\"] [1]: expected int, got string \"x\"");
+  EXPECT_EQ(renders, 1);
+
+  // Each step renders as the text it replaces.
+  const std::string text = "result";
+  const Where from_text = text;
+  EXPECT_EQ(Where::element(from_text, 3).str(), "result [3]");
+  EXPECT_EQ(Where::map_key(Where::element(from_text, 0)).str(), "result [0] key");
+  const Value key(int64_t{-2});
+  EXPECT_EQ(Where::map_value(Where("m"), key).str(), "m [int -2]");
+  EXPECT_EQ(Where(std::string_view("view")).str(), "view");
+}
+
+TEST(ValueTest, TheContextReachesConvertersInsideEveryContainer) {
+  const CallContext ctx(nullptr, WorkerInfo{"w1", 1}, 42, CallContext::Clock::time_point::max());
+  const Tracked t{5, 42};
+  const Value one = to_value(Tracked{5, 0}, ctx);
+  EXPECT_EQ(one, Value::list({Value(int64_t{5}), Value(int64_t{42})}));
+
+  // Into C++: every container hands the context down.
+  const Value five(int64_t{5});
+  EXPECT_EQ(from_value<Tracked>(five, "x", ctx), t);
+  EXPECT_EQ(from_value<std::vector<std::optional<Tracked>>>(Value::list({five, Value()}), "x", ctx),
+            (std::vector<std::optional<Tracked>>{t, std::nullopt}));
+  EXPECT_EQ((from_value<std::array<Tracked, 2>>(Value::list({five, five}), "x", ctx)),
+            (std::array<Tracked, 2>{t, t}));
+  EXPECT_EQ((from_value<std::tuple<Tracked, std::pair<int, Tracked>>>(
+                Value::list({five, Value::list({Value(int64_t{0}), five})}), "x", ctx)),
+            std::make_tuple(t, std::make_pair(0, t)));
+  EXPECT_EQ(
+      (from_value<std::map<std::string, Tracked>>(Value::map({{Value("k"), five}}), "x", ctx)),
+      (std::map<std::string, Tracked>{{"k", t}}));
+  EXPECT_EQ((from_value<std::unordered_map<int64_t, Tracked>>(
+                Value::map({{Value(int64_t{1}), five}}), "x", ctx)),
+            (std::unordered_map<int64_t, Tracked>{{1, t}}));
+  // Without one, converters see the context of no call.
+  EXPECT_EQ(from_value<std::vector<Tracked>>(Value::list({five}), "x")[0].request, 0u);
+
+  // Out of C++: the same.
+  EXPECT_EQ(to_value(std::vector<std::optional<Tracked>>{t, std::nullopt}, ctx),
+            Value::list({one, Value()}));
+  EXPECT_EQ(to_value(std::array<Tracked, 1>{t}, ctx), Value::list({one}));
+  EXPECT_EQ(to_value(std::make_tuple(t, std::make_pair(int64_t{0}, t)), ctx),
+            Value::list({one, Value::list({Value(int64_t{0}), one})}));
+  EXPECT_EQ(to_value(std::map<std::string, Tracked>{{"k", t}}, ctx),
+            Value::map({{Value("k"), one}}));
+  EXPECT_EQ(to_value(std::unordered_map<int64_t, Tracked>{{1, t}}, ctx),
+            Value::map({{Value(int64_t{1}), one}}));
+  EXPECT_EQ(to_value(std::vector<Tracked>{t}),
+            Value::list({Value::list({five, Value(int64_t{0})})}));
 }
 
 TEST(ValueTest, EqualityIsStructural) {
