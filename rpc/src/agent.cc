@@ -24,6 +24,13 @@ std::shared_ptr<ServeScope> Interceptor::on_incoming_request(const WorkerInfo&, 
 }
 void Interceptor::on_outgoing_response(const WorkerInfo&, const Request&, Response&) {}
 
+namespace detail {
+void render_call_result(std::string& out, const void* call_result, size_t) {
+  const auto& c = *static_cast<const CallResult*>(call_result);
+  out += "result of '" + c.function + "' on worker " + c.target.describe();
+}
+}  // namespace detail
+
 const char* call_outcome_name(CallOutcome outcome) {
   switch (outcome) {
     case CallOutcome::kReplied:

@@ -210,8 +210,8 @@ class TensorPipeAgent final : public RpcAgent,
     // rpc/ owns the call handler: registered functions, by name.
     handlers_[kCallHandler] = std::make_shared<const HandlerEntry>(
         HandlerEntry{"call",
-                     [this](const CallContext&, const Request& request) {
-                       return registry().invoke(request.function, request.args, pool_);
+                     [this](const CallContext& context, const Request& request) {
+                       return registry().invoke(context, request.function, request.args, pool_);
                      },
                      Execution::kPool});
   }
@@ -1284,11 +1284,13 @@ void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Re
     auto it = handlers_.find(request.handler);
     if (it != handlers_.end()) entry = it->second;
   }
-  const bool request_runs_inline =
-      entry != nullptr && (entry->execution == Execution::kInline ||
-                           (request.handler == kCallHandler &&
-                            registry().execution(request.function) == Execution::kInline));
-  auto run = [self = shared_from_this(), conn, entry, tensor_bytes,
+  // A call is looked up once: the entry says where it runs and is what runs.
+  std::shared_ptr<const RegisteredFunction> function;
+  if (request.handler == kCallHandler) function = registry().find(request.function);
+  const bool request_runs_inline = function != nullptr
+                                       ? function->execution() == Execution::kInline
+                                       : entry != nullptr && entry->execution == Execution::kInline;
+  auto run = [self = shared_from_this(), conn, entry, function, tensor_bytes,
               request = std::move(request)]() mutable {
     ServingMark serving(self.get());
     ServeScopes scopes;
@@ -1320,7 +1322,14 @@ void TensorPipeAgent::handle_request(const std::shared_ptr<Connection>& conn, Re
           const CallContext context(self.get(), conn->peer, request.id,
                                     request.timeout.count() > 0 ? deadline_after(request.timeout)
                                                                 : Clock::time_point::max());
-          result = entry->handler(context, request);
+          if (request.handler == kCallHandler) {
+            result = function != nullptr
+                         ? function->invoke(context, request.args, self->pool_)
+                         : make_failed_future<Value>(std::make_exception_ptr(
+                               self->registry().unknown_function(request.function)));
+          } else {
+            result = entry->handler(context, request);
+          }
         } catch (...) {
           result = make_failed_future<Value>(std::current_exception());
         }

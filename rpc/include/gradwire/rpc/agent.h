@@ -323,6 +323,15 @@ class RpcAgent {
 
 // ---- templates
 
+namespace detail {
+// What a call's result is named in a conversion error.
+struct CallResult {
+  const std::string& function;
+  const WorkerInfo& target;
+};
+void render_call_result(std::string& out, const void* call_result, size_t);
+}  // namespace detail
+
 template <typename R, typename... Args>
 Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallOptions options,
                               Args&&... args) {
@@ -335,11 +344,11 @@ Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallO
   result.set_default_timeout(wait_bound(effective_timeout(options)));
   Request request;
   request.handler = kCallHandler;
-  std::string where = "result of '" + function + "' on worker " + target.describe();
-  request.function = std::move(function);
+  request.function = function;
   request.args = std::move(values);
   send_request(target, std::move(request), options,
-               [result, where = std::move(where)](Value value, std::exception_ptr error) mutable {
+               [result, function = std::move(function), target](Value value,
+                                                                std::exception_ptr error) mutable {
                  if (error) {
                    result.try_set_error(std::move(error));
                    return;
@@ -348,7 +357,10 @@ Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallO
                    if constexpr (std::is_void_v<R>) {
                      result.try_set_value();
                    } else {
-                     result.try_set_value(from_value<R>(value, where));
+                     // "result of 'f' on worker 'w1' (rank 1)", rendered only on a mismatch.
+                     const detail::CallResult subject{function, target};
+                     result.try_set_value(from_value<R>(
+                         value, Where::custom(&detail::render_call_result, &subject, 0)));
                    }
                  } catch (...) {
                    result.try_set_error(std::current_exception());
