@@ -223,7 +223,10 @@ class TensorPipeAgent final : public RpcAgent,
 
   const WorkerInfo& worker_info() const override { return self_; }
   WorkerInfo get_worker_info(const Destination& worker) const override;
-  std::vector<WorkerInfo> get_worker_infos() const override { return workers_; }
+  std::vector<WorkerInfo> get_worker_infos() const override {
+    if (!joined_.load(std::memory_order_acquire)) return {};
+    return workers_;
+  }
   const AgentOptions& options() const override { return options_; }
   std::shared_ptr<Executor> executor() const override { return pool_; }
 
@@ -377,6 +380,7 @@ class TensorPipeAgent final : public RpcAgent,
   std::unique_ptr<detail::LoanTable> loans_;
   std::vector<std::optional<detail::LoanTableAddress>> readable_;
   std::vector<bool> lend_to_;
+  std::atomic<bool> joined_{false};  // workers_ and the other tables are set
   std::atomic<uint64_t> tensors_lent_{0};
   std::atomic<uint64_t> bytes_lent_{0};
   std::atomic<uint64_t> tensors_copied_in_{0};
@@ -513,6 +517,12 @@ void TensorPipeAgent::register_transports_and_channels(const std::string& host) 
 }
 
 void TensorPipeAgent::start() {
+  {
+    MutexLock lock(mutex_);
+    if (state_ != State::kStarting || pool_ != nullptr) {
+      throw InvalidArgument("rpc agent " + self_.describe() + ": start() was already called");
+    }
+  }
   try {
     start_serving();
   } catch (...) {
@@ -549,6 +559,7 @@ void TensorPipeAgent::start_serving() {
   timer_ = std::thread([this] { timer_loop(); });
   join_group(my_url);
   check_device_maps();
+  joined_.store(true, std::memory_order_release);
   {
     MutexLock lock(mutex_);
     state_ = State::kRunning;
@@ -683,6 +694,10 @@ void TensorPipeAgent::check_device_maps() const {
 // ---- lookups
 
 WorkerInfo TensorPipeAgent::get_worker_info(const Destination& worker) const {
+  if (!joined_.load(std::memory_order_acquire)) {
+    throw Error("rpc agent " + self_.describe() +
+                " has not been started; it knows no other worker yet");
+  }
   auto known = [&] {
     std::string list;
     for (const WorkerInfo& w : workers_)
