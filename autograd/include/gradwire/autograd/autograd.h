@@ -10,6 +10,8 @@
 
 #include "gradwire/autograd/accumulate_grad.h"
 #include "gradwire/autograd/engine.h"
+#include "gradwire/autograd/gradient_sink.h"
+#include "gradwire/autograd/graph_task.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/autograd/node.h"
 #include "gradwire/autograd/saved_variable.h"
