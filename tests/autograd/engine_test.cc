@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "recording_sink.h"
+
 #include "gradcheck.h"
 #include "gradwire/autograd/autograd.h"
 #include "gradwire/core/error.h"
@@ -248,21 +250,7 @@ TEST(Engine, ExecuteFromNodeGradientPairs) {
   EXPECT_EQ(vec(a.grad()), (std::vector<double>{3, 6}));  // 1.5 * 2a
 }
 
-class RecordingSink : public autograd::GradientSink {
- public:
-  void accumulate(const Tensor& leaf, const Tensor& grad) override {
-    MutexLock lock(mutex_);
-    grads_.emplace_back(leaf, grad);
-  }
-  std::vector<std::pair<Tensor, Tensor>> take() {
-    MutexLock lock(mutex_);
-    return std::move(grads_);
-  }
-
- private:
-  Mutex mutex_;
-  std::vector<std::pair<Tensor, Tensor>> grads_ GRADWIRE_GUARDED_BY(mutex_);
-};
+using test::RecordingSink;
 
 TEST(Engine, GradientSinkReceivesLeafGradientsInsteadOfDotGrad) {
   Tensor w = leaf({1, 2});

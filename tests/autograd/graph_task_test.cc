@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "recording_sink.h"
+
 #include "gradwire/autograd/autograd.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/mutex.h"
@@ -263,21 +265,7 @@ TEST(RootGradients, WrongShapeDtypeOrInputAreRefusedNamingTheNode) {
 
 // ---------------------------------------------------------------- hooks under a sink
 
-class RecordingSink : public autograd::GradientSink {
- public:
-  void accumulate(const Tensor& leaf, const Tensor& grad) override {
-    MutexLock lock(mutex_);
-    grads_.emplace_back(leaf, grad);
-  }
-  std::vector<std::pair<Tensor, Tensor>> take() {
-    MutexLock lock(mutex_);
-    return std::move(grads_);
-  }
-
- private:
-  Mutex mutex_;
-  std::vector<std::pair<Tensor, Tensor>> grads_ GRADWIRE_GUARDED_BY(mutex_);
-};
+using test::RecordingSink;
 
 TEST(SinkHooks, HooksFireAndCanReplaceTheSunkGradient) {
   Tensor w = leaf({1, 2, 3});
