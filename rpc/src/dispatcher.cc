@@ -1,0 +1,259 @@
+#include "dispatcher.h"
+
+#include "gradwire/core/error.h"
+#include "text.h"
+
+namespace gradwire::rpc::detail {
+namespace {
+
+std::exception_ptr error_of_kind(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument:
+      return std::make_exception_ptr(InvalidArgument(message));
+    case ErrorKind::kTimeout:
+      return std::make_exception_ptr(TimeoutError(message));
+    case ErrorKind::kNetwork:
+      return std::make_exception_ptr(NetworkError(message));
+    case ErrorKind::kStore:
+      return std::make_exception_ptr(StoreError(message));
+    default:
+      return std::make_exception_ptr(Error(message));
+  }
+}
+
+// The dispatcher whose request (handler or reply) runs on this thread.
+thread_local const Dispatcher* t_serving = nullptr;
+
+class ServingMark {
+ public:
+  explicit ServingMark(const Dispatcher* dispatcher) : previous_(t_serving) {
+    t_serving = dispatcher;
+  }
+  ~ServingMark() { t_serving = previous_; }
+  ServingMark(const ServingMark&) = delete;
+  ServingMark& operator=(const ServingMark&) = delete;
+
+ private:
+  const Dispatcher* previous_;
+};
+
+// Enters every scope for a stretch of work on this thread, and exits them in reverse.
+class ScopesEntered {
+ public:
+  explicit ScopesEntered(const std::vector<std::shared_ptr<ServeScope>>& scopes) : scopes_(scopes) {
+    for (const auto& s : scopes_)
+      s->enter();
+  }
+  ~ScopesEntered() {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it)
+      (*it)->exit();
+  }
+  ScopesEntered(const ScopesEntered&) = delete;
+  ScopesEntered& operator=(const ScopesEntered&) = delete;
+
+ private:
+  const std::vector<std::shared_ptr<ServeScope>>& scopes_;
+};
+
+}  // namespace
+
+Dispatcher::Dispatcher(WorkerInfo self, ReplyWriter& writer)
+    : self_(std::move(self)),
+      writer_(writer),
+      interceptors_(std::make_shared<const Interceptors>()) {
+  // rpc/ owns the call handler: registered functions, by name. serve() calls the function it
+  // looked up itself; the entry reserves the id and names it.
+  auto handlers = std::make_shared<Handlers>();
+  handlers->emplace(kCallHandler,
+                    HandlerEntry{"call",
+                                 [this](const CallContext& context, const Request& request) {
+                                   return context.agent()->registry().invoke(
+                                       context, request.function, request.args, executor_);
+                                 },
+                                 Execution::kPool});
+  handlers_.store(std::move(handlers), std::memory_order_release);
+}
+
+void Dispatcher::register_handler(uint32_t id, std::string name, MessageHandler handler,
+                                  Execution execution) {
+  if (!handler)
+    throw InvalidArgument("rpc: register_handler(" + std::to_string(id) + ", '" + name +
+                          "') was given an empty handler");
+  MutexLock lock(changes_mutex_);
+  std::shared_ptr<const Handlers> now = handlers_.load(std::memory_order_acquire);
+  auto it = now->find(id);
+  if (it != now->end()) {
+    throw InvalidArgument("rpc: handler id " + std::to_string(id) + " ('" + name +
+                          "') is already taken by '" + it->second.name + "'");
+  }
+  auto next = std::make_shared<Handlers>(*now);
+  next->emplace(id, HandlerEntry{std::move(name), std::move(handler), execution});
+  handlers_.store(std::move(next), std::memory_order_release);
+}
+
+void Dispatcher::add_interceptor(std::shared_ptr<Interceptor> interceptor) {
+  if (interceptor == nullptr) throw InvalidArgument("rpc: add_interceptor(nullptr)");
+  MutexLock lock(changes_mutex_);
+  auto next = std::make_shared<Interceptors>(*interceptors_.load(std::memory_order_acquire));
+  next->push_back(std::move(interceptor));
+  interceptors_.store(std::move(next), std::memory_order_release);
+}
+
+void Dispatcher::start(std::shared_ptr<Executor> executor) {
+  executor_ = std::move(executor);
+}
+
+bool Dispatcher::serving_on_this_thread() const {
+  return t_serving == this;
+}
+
+void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> from, Request request,
+                       size_t tensor_bytes) {
+  std::shared_ptr<const Handlers> handlers = handlers_.load(std::memory_order_acquire);
+  auto it = handlers->find(request.handler);
+  const HandlerEntry* entry = it == handlers->end() ? nullptr : &it->second;
+  // A call is looked up once: the entry says where it runs and is what runs.
+  std::shared_ptr<const RegisteredFunction> function;
+  if (request.handler == kCallHandler) function = agent->registry().find(request.function);
+  const bool runs_inline = function != nullptr
+                               ? function->execution() == Execution::kInline
+                               : entry != nullptr && entry->execution == Execution::kInline;
+  // Functions and handlers that asked for it run right here, on the thread that received
+  // the request (an I/O thread, or the executor when tensors had to be copied first).
+  if (runs_inline) {
+    run(agent, from, request, handlers, entry, function, tensor_bytes);
+    return;
+  }
+  try {
+    executor_->execute([this, agent, from, request = std::move(request), handlers, entry, function,
+                        tensor_bytes]() mutable {
+      run(agent, from, request, handlers, entry, function, tensor_bytes);
+    });
+  } catch (const Error&) {
+    writer_.request_done(*from, tensor_bytes);
+  }
+}
+
+void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_ptr<Link>& from,
+                     Request& request, const std::shared_ptr<const Handlers>& handlers,
+                     const HandlerEntry* entry,
+                     const std::shared_ptr<const RegisteredFunction>& function,
+                     size_t tensor_bytes) {
+  ServingMark serving(this);
+  std::shared_ptr<const Interceptors> interceptors = this->interceptors();
+  ServeScopes scopes;
+  Future<Value> result;
+  bool failed = false;
+  try {
+    for (const auto& interceptor : *interceptors) {
+      if (auto scope = interceptor->on_incoming_request(from->peer, request))
+        scopes.push_back(std::move(scope));
+    }
+  } catch (...) {
+    result = make_failed_future<Value>(std::current_exception());
+    failed = true;
+  }
+  {
+    ScopesEntered entered(scopes);
+    if (!failed) {
+      try {
+        if (entry == nullptr) {
+          std::string known;
+          for (const auto& [id, e] : *handlers)
+            known += (known.empty() ? "" : ", ") + std::to_string(id) + " (" + e.name + ")";
+          throw CallRejected("worker " + self_.describe() + " has no handler with id " +
+                             std::to_string(request.handler) + " (registered: " + known + ")");
+        }
+        const CallContext context(agent.get(), from->peer, request.id,
+                                  request.timeout.count() > 0
+                                      ? deadline_after(request.timeout)
+                                      : std::chrono::steady_clock::time_point::max());
+        if (request.handler == kCallHandler) {
+          result = function != nullptr ? function->invoke(context, request.args, executor_)
+                                       : make_failed_future<Value>(std::make_exception_ptr(
+                                             agent->registry().unknown_function(request.function)));
+        } else {
+          result = entry->handler(context, request);
+        }
+      } catch (...) {
+        result = make_failed_future<Value>(std::current_exception());
+      }
+    }
+    if (result.completed()) {
+      respond(from, request, result, tensor_bytes, *interceptors);
+      return;
+    }
+  }
+  // The reply is written by the executor thread that sees the result, inside the same
+  // scopes.
+  result.add_callback(executor_, [this, agent, from, tensor_bytes, scopes = std::move(scopes),
+                                  interceptors = std::move(interceptors),
+                                  request = std::move(request)](Future<Value> done) {
+    ServingMark serving(this);
+    ScopesEntered entered(scopes);
+    respond(from, request, done, tensor_bytes, *interceptors);
+  });
+}
+
+void Dispatcher::respond(const std::shared_ptr<Link>& from, const Request& request,
+                         const Future<Value>& result, size_t tensor_bytes,
+                         const Interceptors& interceptors) {
+  Response response;
+  response.id = request.id;
+  response.autograd_context_id = request.autograd_context_id;
+  response.autograd_message_id = request.autograd_message_id;
+  if (result.has_error()) {
+    response.result = error_reply(result.error());
+  } else {
+    response.result = result.value();
+  }
+  try {
+    for (const auto& interceptor : interceptors)
+      interceptor->on_outgoing_response(from->peer, request, response);
+    writer_.write_reply(from, response, /*plain=*/false);
+  } catch (...) {
+    ErrorReply reply = error_reply(std::current_exception());
+    reply.message = "the reply to " + describe_call(request.handler, request.function) +
+                    " could not be sent: " + reply.message;
+    response.result = std::move(reply);
+    writer_.write_reply(from, response, /*plain=*/true);
+  }
+  writer_.request_done(*from, tensor_bytes);
+}
+
+ErrorReply Dispatcher::error_reply(std::exception_ptr error) const {
+  try {
+    std::rethrow_exception(std::move(error));
+  } catch (const RemoteError& e) {
+    // Raised further down a chain of calls (A -> B -> C): the reply names where it came
+    // from and what it was there, not this worker.
+    ErrorKind kind = ErrorKind::kError;
+    for (ErrorKind k : {ErrorKind::kInvalidArgument, ErrorKind::kTimeout, ErrorKind::kNetwork,
+                        ErrorKind::kStore}) {
+      if (error_kind_name(k) == e.remote_type()) kind = k;
+    }
+    return ErrorReply{kind, e.remote_message(), e.worker(), false};
+  } catch (const CallRejected& e) {
+    return ErrorReply{ErrorKind::kInvalidArgument, e.what(), self_.name, /*rejected=*/true};
+  } catch (const Error& e) {
+    return ErrorReply{e.kind(), e.what(), self_.name, false};
+  } catch (const std::exception& e) {
+    return ErrorReply{ErrorKind::kError, e.what(), self_.name, false};
+  } catch (...) {
+    return ErrorReply{ErrorKind::kError, "an exception that is not a std::exception", self_.name,
+                      false};
+  }
+}
+
+std::exception_ptr Dispatcher::reply_error(const ErrorReply& reply, const WorkerInfo& to,
+                                           uint32_t handler, const std::string& function) {
+  if (reply.rejected) {
+    return error_of_kind(reply.kind, "rpc: worker " + to.describe() + " refused " +
+                                         describe_call(handler, function) + ": " + reply.message);
+  }
+  return std::make_exception_ptr(RemoteError(reply.worker.empty() ? to.name : reply.worker,
+                                             std::string(error_kind_name(reply.kind)),
+                                             reply.message));
+}
+
+}  // namespace gradwire::rpc::detail

@@ -1,0 +1,119 @@
+// Dispatcher: how an agent serves the requests it receives, whatever carries them.
+//
+// It owns the handler table (rpc/'s own call handler and those the modules above register)
+// and the interceptors. Serving a request: the interceptors see it (and may return the
+// ServeScopes that wrap every piece of work for it), the handler or registered function is
+// looked up once and run — inline or on the executor, as it was registered — with the
+// call's CallContext, and its result, or error, becomes the Response that the transport
+// writes back. A refusal before any user code ran (an unknown handler or function, bad
+// arguments) travels as a rejected ErrorReply, so the caller tells a mistake in the call
+// from a failure of the function.
+//
+// The transport stays outside: it hands each request over with the connection it came on
+// (a Link) and gets the reply back through ReplyWriter. So an agent that wraps another to
+// drop, delay or cut messages can serve with the same dispatcher.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradwire/core/executor.h"
+#include "gradwire/core/mutex.h"
+#include "gradwire/rpc/agent.h"
+
+namespace gradwire::rpc::detail {
+
+// The connection a request arrived on, as the dispatcher sees it: the transport's own
+// connection type derives from it and receives it back to write the reply.
+struct Link {
+  virtual ~Link() = default;
+  WorkerInfo peer;  // id -1: a peer that is not in the group
+};
+
+// What serving a request needs from the transport.
+class ReplyWriter {
+ public:
+  virtual ~ReplyWriter() = default;
+  // Encodes `response` and writes it to the sender over `link`; `plain` (an error reply)
+  // maps no device and lends nothing. Throws what encoding throws, having written nothing.
+  virtual void write_reply(const std::shared_ptr<Link>& link, const Response& response,
+                           bool plain) = 0;
+  // The request handed to Dispatcher::serve with `tensor_bytes` is finished with: its reply
+  // is written, or it was dropped because the executor is shut down.
+  virtual void request_done(const Link& link, size_t tensor_bytes) = 0;
+};
+
+// Thread-safety: every method may be called from any thread. register_handler and
+// add_interceptor copy the table they change, so serving reads a snapshot without a lock
+// and sees each table whole. start() runs once, before the first serve().
+class Dispatcher {
+ public:
+  using Interceptors = std::vector<std::shared_ptr<Interceptor>>;
+
+  // `self` names this worker in error replies; `writer` outlives the dispatcher.
+  Dispatcher(WorkerInfo self, ReplyWriter& writer);
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Throws InvalidArgument for an empty handler or a taken id (kCallHandler always is).
+  void register_handler(uint32_t id, std::string name, MessageHandler handler, Execution execution);
+  // Throws InvalidArgument for null.
+  void add_interceptor(std::shared_ptr<Interceptor> interceptor);
+  // The interceptors now, in the order they were added.
+  std::shared_ptr<const Interceptors> interceptors() const {
+    return interceptors_.load(std::memory_order_acquire);
+  }
+
+  // Where handlers, registered functions and replies to asynchronous results run.
+  void start(std::shared_ptr<Executor> executor);
+
+  // Serves `request`, received from `from`, for `agent` (held until the reply is written;
+  // its registry holds the functions). `tensor_bytes` goes back to
+  // ReplyWriter::request_done.
+  void serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> from, Request request,
+             size_t tensor_bytes);
+  // Whether this thread is running a request this dispatcher serves (a graceful shutdown
+  // from there would wait for itself).
+  bool serving_on_this_thread() const;
+
+  // The ErrorReply for an error raised while serving: rejected for a CallRejected, and
+  // keeping the origin of a RemoteError raised further down a chain of calls.
+  ErrorReply error_reply(std::exception_ptr error) const;
+  // The error a caller's call to `to` fails with when `reply` comes back: the error kind
+  // itself for a rejected call, else a RemoteError.
+  static std::exception_ptr reply_error(const ErrorReply& reply, const WorkerInfo& to,
+                                        uint32_t handler, const std::string& function);
+
+ private:
+  struct HandlerEntry {
+    std::string name;
+    MessageHandler handler;
+    Execution execution{Execution::kPool};
+  };
+  using Handlers = std::map<uint32_t, HandlerEntry>;
+  using ServeScopes = std::vector<std::shared_ptr<ServeScope>>;
+
+  void run(const std::shared_ptr<RpcAgent>& agent, const std::shared_ptr<Link>& from,
+           Request& request, const std::shared_ptr<const Handlers>& handlers,
+           const HandlerEntry* entry, const std::shared_ptr<const RegisteredFunction>& function,
+           size_t tensor_bytes);
+  void respond(const std::shared_ptr<Link>& from, const Request& request,
+               const Future<Value>& result, size_t tensor_bytes, const Interceptors& interceptors);
+
+  const WorkerInfo self_;
+  ReplyWriter& writer_;
+  std::shared_ptr<Executor> executor_;  // set by start(), then constant
+
+  // Writers take changes_mutex_ and publish a new table; readers only load.
+  Mutex changes_mutex_;
+  std::atomic<std::shared_ptr<const Handlers>> handlers_;
+  std::atomic<std::shared_ptr<const Interceptors>> interceptors_;
+};
+
+}  // namespace gradwire::rpc::detail

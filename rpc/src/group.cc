@@ -1,0 +1,348 @@
+#include "group.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "gradwire/c10d/store.h"
+#include "text.h"
+
+namespace gradwire::rpc::detail {
+namespace {
+
+// A worker's published record: its name, its address, its device maps, and where its loan
+// table is (when it lends).
+struct WorkerRecord {
+  std::string name;
+  std::string url;
+  int cuda_devices{0};
+  std::map<std::string, DeviceMap> device_maps;
+  std::string boot_id;
+  std::optional<LoanTableAddress> loans;
+};
+
+std::string format_record(const WorkerRecord& r) {
+  std::string out = "gradwire-rpc 1\nname " + r.name + "\nurl " + r.url + "\ndevices " +
+                    std::to_string(r.cuda_devices) + "\n";
+  for (const auto& [worker, pairs] : r.device_maps) {
+    for (const auto& [from, to] : pairs)
+      out += "map " + worker + " " + from.str() + " " + to.str() + "\n";
+  }
+  if (r.loans && !r.boot_id.empty()) {
+    const LoanTableAddress& a = *r.loans;
+    out += "loans " + r.boot_id + " " + std::to_string(a.pid) + " " +
+           std::to_string(a.probe_address) + " " + std::to_string(a.probe_value) + " " +
+           std::to_string(a.table_address) + " " + std::to_string(a.slots) + "\n";
+  }
+  return out;
+}
+
+WorkerRecord parse_record(const std::string& text, int rank) {
+  auto bad = [&](const std::string& why) -> InvalidArgument {
+    return InvalidArgument("rpc: the store holds a bad record for rank " + std::to_string(rank) +
+                           " (" + why + "); is another program using the same store?");
+  };
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != "gradwire-rpc 1") throw bad("unknown header");
+  WorkerRecord r;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string tag;
+    fields >> tag;
+    if (tag == "name") {
+      fields >> r.name;
+    } else if (tag == "url") {
+      fields >> r.url;
+    } else if (tag == "devices") {
+      if (!(fields >> r.cuda_devices) || r.cuda_devices < 0 || r.cuda_devices > 4096) {
+        throw bad("devices line '" + line + "'");
+      }
+    } else if (tag == "loans") {
+      LoanTableAddress a;
+      if (!(fields >> r.boot_id >> a.pid >> a.probe_address >> a.probe_value >> a.table_address >>
+            a.slots)) {
+        throw bad("loans line '" + line + "'");
+      }
+      r.loans = a;
+    } else if (tag == "map") {
+      std::string worker, from, to;
+      fields >> worker >> from >> to;
+      try {
+        r.device_maps[worker].emplace_back(parse_device(from), parse_device(to));
+      } catch (const InvalidArgument&) {
+        throw bad("device map line '" + line + "'");
+      }
+    } else {
+      throw bad("line '" + line + "'");
+    }
+  }
+  if (!valid_worker_name(r.name) || r.url.empty()) throw bad("no name or address");
+  return r;
+}
+
+const std::optional<LoanTableAddress> kNotReadable;
+
+}  // namespace
+
+bool valid_worker_name(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.' || c == ':';
+  });
+}
+
+// ---- device routes
+
+Device DeviceRoute::operator()(const Device& device) const {
+  if (!device.is_cuda()) return Device::cpu();
+  for (const auto& [here, there] : pairs_) {
+    if (here == device) return there;
+  }
+  if (direction_ == Direction::kRequest) {
+    throw InvalidArgument("a tensor on " + device.str() + " is sent to worker " + peer_.describe() +
+                          ", but AgentOptions::device_maps['" + peer_.name +
+                          "'] has no entry for " + device.str());
+  }
+  throw InvalidArgument("a result tensor on " + device.str() + " cannot go back to worker " +
+                        peer_.describe() + ": its device map does not map any device to " +
+                        device.str());
+}
+
+DeviceMapper device_mapper(const DeviceRoute* route) {
+  if (route == nullptr) return nullptr;
+  return [route](const Device& device) { return (*route)(device); };
+}
+
+// ---- the directory
+
+GroupDirectory::GroupDirectory(WorkerInfo self, int world_size, std::shared_ptr<c10d::Store> store,
+                               std::chrono::milliseconds join_timeout)
+    : self_(std::move(self)),
+      world_size_(world_size),
+      store_(std::move(store)),
+      join_timeout_(join_timeout) {}
+
+void GroupDirectory::validate_device_maps(const std::string& who,
+                                          const std::map<std::string, DeviceMap>& device_maps) {
+  for (const auto& [worker, pairs] : device_maps) {
+    if (!valid_worker_name(worker)) {
+      throw InvalidArgument(who + "device_maps names an invalid worker name '" + worker + "'");
+    }
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      const auto& [from, to] = pairs[i];
+      if (!from.is_cuda() || !to.is_cuda()) {
+        throw InvalidArgument(who + "device_maps['" + worker + "'] maps " + from.str() + " to " +
+                              to.str() +
+                              "; only CUDA devices are mapped (CPU tensors stay on "
+                              "the CPU)");
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (pairs[j].first == from || pairs[j].second == to) {
+          throw InvalidArgument(who + "device_maps['" + worker + "'] maps " + from.str() + " to " +
+                                to.str() + " but also " + pairs[j].first.str() + " to " +
+                                pairs[j].second.str() + "; a map must be one-to-one");
+        }
+      }
+    }
+  }
+}
+
+void GroupDirectory::join(const Announcement& me, bool direct_copies) {
+  const std::string rank_text = std::to_string(self_.id);
+  // Each rank counts its own starts on this store; see the file comment.
+  prefix_ = "rpc/" + std::to_string(store_->add("rpc/starts/" + rank_text, 1)) + "/";
+  // Names are unique: the first rank to claim one keeps it.
+  const c10d::Bytes owner =
+      store_->compare_set(key("name/" + self_.name), {}, c10d::to_bytes(rank_text));
+  if (c10d::to_string(owner) != rank_text) {
+    throw InvalidArgument("rpc agent " + self_.describe() + ": the worker name '" + self_.name +
+                          "' is already taken by rank " + c10d::to_string(owner));
+  }
+  store_->set(key("worker/" + rank_text),
+              format_record(WorkerRecord{self_.name, me.url, me.cuda_devices, me.device_maps,
+                                         me.boot_id, me.loans}));
+  const std::vector<std::string> values = gather("worker/", "to start");
+  std::vector<WorkerRecord> records;
+  for (int r = 0; r < world_size_; ++r)
+    records.push_back(parse_record(values[static_cast<size_t>(r)], r));
+  for (int r = 0; r < world_size_; ++r) {
+    const WorkerRecord& rec = records[static_cast<size_t>(r)];
+    cuda_devices_.push_back(rec.cuda_devices);
+    workers_.push_back(WorkerInfo{rec.name, r});
+    urls_.push_back(rec.url);
+    ids_by_name_[rec.name] = r;
+  }
+  cuda_devices_here_ = me.cuda_devices;
+  device_maps_ = me.device_maps;
+  // Without a CUDA device here every tensor is on the CPU and stays there: no routes, so
+  // messages are encoded without a mapper.
+  if (cuda_devices_here_ > 0) {
+    for (int r = 0; r < world_size_; ++r) {
+      auto mine = device_maps_.find(workers_[static_cast<size_t>(r)].name);
+      routes_to_.emplace_back(workers_[static_cast<size_t>(r)],
+                              mine == device_maps_.end() ? DeviceMap{} : mine->second,
+                              DeviceRoute::Direction::kRequest);
+      // What a caller maps to devices here comes back through the inverse pairs.
+      DeviceMap back;
+      auto theirs = records[static_cast<size_t>(r)].device_maps.find(self_.name);
+      if (theirs != records[static_cast<size_t>(r)].device_maps.end()) {
+        for (const auto& [there, here] : theirs->second)
+          back.emplace_back(here, there);
+      }
+      routes_back_.emplace_back(workers_[static_cast<size_t>(r)], std::move(back),
+                                DeviceRoute::Direction::kReply);
+    }
+  }
+  // Direct copies: each worker finds whose memory it can read and says so, so that every
+  // worker knows to whom it may lend.
+  readable_.resize(static_cast<size_t>(world_size_));
+  lend_to_.assign(static_cast<size_t>(world_size_), false);
+  std::string can_read = "readable";
+  for (int r = 0; direct_copies && r < world_size_; ++r) {
+    const WorkerRecord& rec = records[static_cast<size_t>(r)];
+    if (rec.loans && !me.boot_id.empty() && rec.boot_id == me.boot_id &&
+        detail::can_read(*rec.loans)) {
+      readable_[static_cast<size_t>(r)] = rec.loans;
+      can_read += " " + std::to_string(r);
+    }
+  }
+  store_->set(key("direct/" + rank_text), can_read);
+  const std::vector<std::string> readers = gather("direct/", "to check its peers");
+  for (int r = 0; direct_copies && r < world_size_; ++r) {
+    std::istringstream in(readers[static_cast<size_t>(r)]);
+    std::string word;
+    in >> word;
+    if (word != "readable") {
+      throw InvalidArgument("rpc: the store holds a bad direct-copy record for rank " +
+                            std::to_string(r) + "; is another program using the same store?");
+    }
+    for (int id = 0; in >> id;) {
+      if (id == self_.id) lend_to_[static_cast<size_t>(r)] = true;
+    }
+  }
+}
+
+std::vector<std::string> GroupDirectory::gather(const std::string& prefix,
+                                                const std::string& step) const {
+  wait_for_all(prefix, join_timeout_, "for every worker " + step);
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size_; ++r)
+    keys.push_back(key(prefix + std::to_string(r)));
+  std::vector<std::string> values;
+  for (const c10d::Bytes& value : store_->multi_get(keys, join_timeout_))
+    values.push_back(c10d::to_string(value));
+  return values;
+}
+
+void GroupDirectory::wait_for_all(const std::string& prefix, std::chrono::milliseconds timeout,
+                                  const std::string& what) const {
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size_; ++r)
+    keys.push_back(key(prefix + std::to_string(r)));
+  try {
+    store_->wait(keys, std::max(timeout, std::chrono::milliseconds(1)));
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < world_size_; ++r) {
+      if (store_->check({keys[static_cast<size_t>(r)]})) continue;
+      const bool known = static_cast<size_t>(r) < workers_.size();
+      missing +=
+          (missing.empty() ? "" : ", ") +
+          (known ? workers_[static_cast<size_t>(r)].describe() : "rank " + std::to_string(r));
+    }
+    throw TimeoutError("rpc agent " + self_.describe() + " waited " + ms_text(join_timeout_) + " " +
+                       what + "; workers that did not: [" + missing + "]");
+  }
+}
+
+void GroupDirectory::check_device_maps() const {
+  // A map naming a device that one end lacks would otherwise surface as a failure to
+  // receive the first tensor sent through it.
+  const std::string me = "rpc agent " + self_.describe();
+  const int here = cuda_devices_here_;
+  for (const auto& [worker, pairs] : device_maps_) {
+    auto it = ids_by_name_.find(worker);
+    if (it == ids_by_name_.end()) {
+      throw InvalidArgument(me + ": device_maps names worker '" + worker +
+                            "', which is not in the group");
+    }
+    const int there = cuda_devices_[static_cast<size_t>(it->second)];
+    for (const auto& [from, to] : pairs) {
+      if (from.index >= here) {
+        throw InvalidArgument(me + ": device_maps['" + worker + "'] maps " + from.str() +
+                              ", but this worker has " + std::to_string(here) + " CUDA devices");
+      }
+      if (to.index >= there) {
+        throw InvalidArgument(me + ": device_maps['" + worker + "'] maps " + from.str() + " to " +
+                              to.str() + ", but worker " +
+                              workers_[static_cast<size_t>(it->second)].describe() + " has " +
+                              std::to_string(there) + " CUDA devices");
+      }
+    }
+  }
+}
+
+void GroupDirectory::barrier(const std::string& phase, Clock::time_point deadline) const {
+  const std::string prefix = "shutdown/" + phase + "/";
+  store_->set(key(prefix + std::to_string(self_.id)), "1");
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  wait_for_all(prefix, left, "in graceful shutdown for every worker to agree");
+}
+
+// ---- lookups
+
+WorkerInfo GroupDirectory::find(const Destination& destination) const {
+  auto known = [&] {
+    std::string list;
+    for (const WorkerInfo& w : workers_)
+      list += (list.empty() ? "" : ", ") + w.name;
+    return "known workers: [" + list + "]";
+  };
+  const auto& target = destination.target();
+  if (const auto* name = std::get_if<std::string>(&target)) {
+    auto it = ids_by_name_.find(*name);
+    if (it == ids_by_name_.end()) {
+      throw InvalidArgument("rpc: unknown worker '" + *name + "'; " + known());
+    }
+    return workers_[static_cast<size_t>(it->second)];
+  }
+  if (const auto* id = std::get_if<int>(&target)) {
+    if (*id < 0 || *id >= world_size_) {
+      throw InvalidArgument("rpc: unknown worker id " + std::to_string(*id) + "; ids are 0.." +
+                            std::to_string(world_size_ - 1) + ", " + known());
+    }
+    return workers_[static_cast<size_t>(*id)];
+  }
+  const WorkerInfo& info = std::get<WorkerInfo>(target);
+  if (info.id < 0 || info.id >= world_size_ || workers_[static_cast<size_t>(info.id)] != info) {
+    throw InvalidArgument("rpc: unknown worker " + info.describe() + "; " + known());
+  }
+  return info;
+}
+
+int GroupDirectory::id_of(const std::string& name) const {
+  auto it = ids_by_name_.find(name);
+  return it == ids_by_name_.end() ? -1 : it->second;
+}
+
+const DeviceRoute* GroupDirectory::route_to(int id) const {
+  if (id < 0 || static_cast<size_t>(id) >= routes_to_.size()) return nullptr;
+  return &routes_to_[static_cast<size_t>(id)];
+}
+
+const DeviceRoute* GroupDirectory::route_back(int id) const {
+  if (id < 0 || static_cast<size_t>(id) >= routes_back_.size()) return nullptr;
+  return &routes_back_[static_cast<size_t>(id)];
+}
+
+const std::optional<LoanTableAddress>& GroupDirectory::readable(int id) const {
+  if (id < 0 || static_cast<size_t>(id) >= readable_.size()) return kNotReadable;
+  return readable_[static_cast<size_t>(id)];
+}
+
+bool GroupDirectory::lends_to(int id) const {
+  return id >= 0 && static_cast<size_t>(id) < lend_to_.size() && lend_to_[static_cast<size_t>(id)];
+}
+
+}  // namespace gradwire::rpc::detail

@@ -1,0 +1,147 @@
+// GroupDirectory: who is in an rpc group and how to reach each worker, as the workers agree
+// through a c10d::Store; and DeviceRoute, where the CUDA tensors sent to one worker land.
+//
+// Each worker publishes a record (name, address, CUDA device count, device maps, where its
+// loan table is) under "rpc/<n>/" in the store, n being how many groups this rank has
+// started on that store: the n-th start of every rank forms the n-th group, so a later group
+// never reads an earlier one's records or barriers. Names are claimed first-come; then
+// every worker reads every record, and the workers that lend tensors to each other agree on
+// who can read whose memory. The same store carries the graceful-shutdown barriers.
+//
+// Nothing here knows the transport: an address is an opaque string, a loan table a
+// LoanTableAddress.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradwire/rpc/agent.h"
+#include "tensorpipe/loans.h"
+
+namespace gradwire::c10d {
+class Store;
+}  // namespace gradwire::c10d
+
+namespace gradwire::rpc::detail {
+
+// 1 to 128 characters from [A-Za-z0-9_.:-].
+bool valid_worker_name(const std::string& name);
+
+// Where the CUDA tensors of messages to one worker land: (device here, device there)
+// pairs. CPU tensors stay on the CPU; a CUDA device without a pair is an InvalidArgument
+// that names the map to fix: the sender's AgentOptions::device_maps for a request, the
+// caller's map (read backwards) for a reply.
+//
+// Thread-safety: immutable.
+class DeviceRoute {
+ public:
+  enum class Direction { kRequest, kReply };
+  DeviceRoute(WorkerInfo peer, DeviceMap pairs, Direction direction)
+      : peer_(std::move(peer)), pairs_(std::move(pairs)), direction_(direction) {}
+
+  Device operator()(const Device& device) const;
+
+ private:
+  WorkerInfo peer_;
+  DeviceMap pairs_;
+  Direction direction_;
+};
+
+// The encoder's mapper for `route`; null (every tensor to the CPU) when `route` is. It holds
+// only the pointer, which std::function keeps without allocating: the route must outlive
+// the encoding.
+DeviceMapper device_mapper(const DeviceRoute* route);
+
+// Thread-safety: join() and check_device_maps() run once, on the starting thread, before any
+// other method; from then on the directory is immutable and every const method may be called
+// from any thread (the owner publishes the joined directory to other threads itself).
+// barrier() only talks to the store and may run on any thread.
+class GroupDirectory {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // What this worker tells the others.
+  struct Announcement {
+    std::string url;
+    int cuda_devices{0};
+    std::map<std::string, DeviceMap> device_maps;
+    // Direct copies: this worker's loan table (none when it lends nothing) and the boot id
+    // of its host (processes of one boot can read each other's memory).
+    std::optional<LoanTableAddress> loans;
+    std::string boot_id;
+  };
+
+  // `join_timeout` bounds every wait for the other workers (join_timeout of AgentOptions).
+  GroupDirectory(WorkerInfo self, int world_size, std::shared_ptr<c10d::Store> store,
+                 std::chrono::milliseconds join_timeout);
+
+  // Throws InvalidArgument ("<who>device_maps[...] ...") for a map that names an invalid
+  // worker, maps a CPU device, or is not one-to-one, so replies can always find their way.
+  static void validate_device_maps(const std::string& who,
+                                   const std::map<std::string, DeviceMap>& device_maps);
+
+  // Claims this worker's name, publishes `me`, waits for every worker and reads their
+  // records; with `direct_copies`, also finds whose memory this worker can read and who can
+  // read its own. Throws InvalidArgument for a name already taken or a bad record,
+  // TimeoutError naming the workers that did not arrive within join_timeout.
+  void join(const Announcement& me, bool direct_copies);
+  // Checks this worker's device maps against the devices of both ends (after join):
+  // InvalidArgument for a worker not in the group or a device one end lacks.
+  void check_device_maps() const;
+  // Waits until every worker has reached `phase` of a graceful shutdown, until `deadline`;
+  // TimeoutError naming those that did not.
+  void barrier(const std::string& phase, Clock::time_point deadline) const;
+
+  // After join.
+  int world_size() const { return world_size_; }
+  const std::vector<WorkerInfo>& workers() const { return workers_; }
+  // The worker `destination` names; InvalidArgument listing the known workers if none.
+  WorkerInfo find(const Destination& destination) const;
+  // The worker named `name`, or -1.
+  int id_of(const std::string& name) const;
+  const WorkerInfo& worker(int id) const { return workers_[static_cast<size_t>(id)]; }
+  const std::string& url(int id) const { return urls_[static_cast<size_t>(id)]; }
+  // Routes of requests to, and replies back to, worker `id`: null when this worker has no
+  // CUDA device (so no tensor needs mapping) or for an id outside the group.
+  const DeviceRoute* route_to(int id) const;
+  const DeviceRoute* route_back(int id) const;
+  bool maps_devices() const { return cuda_devices_here_ > 0; }
+  // Direct copies: the loan table of a peer whose memory this worker can read, and whether
+  // peer `id` can read this worker's (so it may be lent to).
+  const std::optional<LoanTableAddress>& readable(int id) const;
+  bool lends_to(int id) const;
+
+ private:
+  // The store key of `name` in this group's generation.
+  std::string key(const std::string& name) const { return prefix_ + name; }
+  // Waits, at most `timeout`, for every rank's key `<prefix><rank>`; TimeoutError naming
+  // the workers whose key is missing. `what`: what they did not do.
+  void wait_for_all(const std::string& prefix, std::chrono::milliseconds timeout,
+                    const std::string& what) const;
+  // wait_for_all with join_timeout, then every rank's value, by rank.
+  std::vector<std::string> gather(const std::string& prefix, const std::string& step) const;
+
+  const WorkerInfo self_;
+  const int world_size_;
+  const std::shared_ptr<c10d::Store> store_;
+  const std::chrono::milliseconds join_timeout_;
+
+  // Set by join, then constant.
+  std::string prefix_;  // "rpc/<generation>/"
+  std::vector<WorkerInfo> workers_;
+  std::map<std::string, int, std::less<>> ids_by_name_;
+  std::vector<std::string> urls_;
+  std::vector<int> cuda_devices_;  // per worker id
+  int cuda_devices_here_{0};
+  std::map<std::string, DeviceMap> device_maps_;  // this worker's own
+  std::vector<DeviceRoute> routes_to_;            // per worker id; empty without CUDA here
+  std::vector<DeviceRoute> routes_back_;
+  std::vector<std::optional<LoanTableAddress>> readable_;
+  std::vector<bool> lend_to_;
+};
+
+}  // namespace gradwire::rpc::detail
