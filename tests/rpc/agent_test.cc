@@ -462,12 +462,27 @@ TEST(RpcAgent, GracefulShutdownLetsOutstandingCallsFinish) {
   Future<int64_t> held = agents[0]->rpc_async<int64_t>("w1", "hold");
   ASSERT_TRUE(hold.entered.wait(10s));
   std::vector<std::string> errors;
-  std::thread closer([&] { errors = shutdown_all(agents); });
+  std::atomic<bool> closed{false};
+  std::thread closer([&] {
+    errors = shutdown_all(agents);
+    closed = true;
+  });
+  // Both agents are seen shutting down while the call is held: the shutdown waits for it.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!(agents[0]->metrics().shutting_down && agents[1]->metrics().shutting_down) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_TRUE(agents[0]->metrics().shutting_down && agents[1]->metrics().shutting_down);
+  EXPECT_FALSE(held.completed());
+  EXPECT_FALSE(closed.load());
+  EXPECT_EQ(agents[0]->metrics().pending_calls, 1);
   hold.release.count_down();
   closer.join();
   EXPECT_EQ(held.get(1s), 5);  // completed before the agents closed
   for (const std::string& e : errors)
     EXPECT_EQ(e, "");
+  EXPECT_FALSE(agents[0]->metrics().shutting_down);  // closed now
 }
 
 TEST(RpcAgent, ForcedShutdownOfAPeerFailsItsPendingCallsWithNetworkError) {

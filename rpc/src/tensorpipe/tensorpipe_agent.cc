@@ -776,6 +776,7 @@ AgentMetrics TensorPipeAgent::metrics() const {
   {
     MutexLock lock(mutex_);
     m.running_handlers = active_handlers_;
+    m.shutting_down = shutdown_started_ && state_ == State::kRunning;
   }
   m.pending_calls = static_cast<int64_t>(calls_.size());
   m.loans_outstanding = static_cast<int64_t>(outstanding_loans());

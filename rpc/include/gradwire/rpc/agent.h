@@ -220,6 +220,8 @@ struct AgentMetrics {
   uint64_t bytes_lent{0};
   uint64_t tensors_copied_in{0};  // lent tensors received by copying them from a peer, ever
   uint64_t bytes_copied_in{0};
+  bool shutting_down{false};  // a shutdown has begun (a graceful one may be waiting) and the
+                              // agent has not closed yet
 };
 
 class RpcAgent {
