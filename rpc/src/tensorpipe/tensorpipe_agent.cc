@@ -34,6 +34,7 @@
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/tensor/factory.h"
 #include "loans.h"
+#include "wire.h"
 
 namespace gradwire::rpc {
 namespace {
