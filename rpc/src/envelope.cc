@@ -1,10 +1,13 @@
-#include "gradwire/rpc/envelope.h"
+// The envelope's codec (wire.h). Decoding checks every count and size of a message
+// against EnvelopeLimits before it builds anything from them.
+#include "wire.h"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
 
+#include "gradwire/tensor/autograd_hooks.h"
 #include "gradwire/tensor/dtype.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/storage.h"
@@ -20,7 +23,14 @@ namespace {
 
 // ---- encoding
 
-void encode_value(const Value& v, wire::Value* out, EncodedMessage& msg) {
+// The message being built, and each of its tensors' requires_grad, in message order.
+struct Encoding {
+  EncodedMessage& msg;
+  std::vector<bool> requires_grad;
+};
+
+void encode_value(const Value& v, wire::Value* out, Encoding& enc) {
+  EncodedMessage& msg = enc.msg;
   switch (v.type()) {
     case ValueType::kNone:
       out->mutable_none();
@@ -46,25 +56,31 @@ void encode_value(const Value& v, wire::Value* out, EncodedMessage& msg) {
       const Tensor& t = v.as_tensor();
       if (!t.defined()) throw InvalidArgument("an undefined Tensor cannot be sent");
       out->set_tensor_index(static_cast<uint32_t>(msg.tensors.size()));
+      // A tensor that requires grad travels as data and a flag: detached, neither the
+      // staging nor the packing below records anything in the sender's graph (the receiver
+      // starts a graph of its own).
+      const bool requires_grad = t.requires_grad();
+      Tensor travel = requires_grad ? t.detach() : t;
       // CUDA tensors are staged through host memory (no CUDA channel); a strided view is
       // packed first, so what travels is always a contiguous CPU block.
-      Tensor travel = t.is_cuda() ? t.to(Device::cpu()) : t;
+      if (travel.is_cuda()) travel = travel.to(Device::cpu());
       msg.tensors.push_back(travel.contiguous());
       msg.targets.push_back(msg.target_device ? msg.target_device(t.device()) : Device::cpu());
+      enc.requires_grad.push_back(requires_grad);
       return;
     }
     case ValueType::kList: {
       wire::ListValue* list = out->mutable_list();
       for (const Value& item : v.as_list())
-        encode_value(item, list->add_items(), msg);
+        encode_value(item, list->add_items(), enc);
       return;
     }
     case ValueType::kMap: {
       wire::MapValue* map = out->mutable_map();
       for (const auto& [key, value] : v.as_map()) {
         wire::MapEntry* entry = map->add_entries();
-        encode_value(key, entry->mutable_key(), msg);
-        encode_value(value, entry->mutable_value(), msg);
+        encode_value(key, entry->mutable_key(), enc);
+        encode_value(value, entry->mutable_value(), enc);
       }
       return;
     }
@@ -80,7 +96,47 @@ void encode_value(const Value& v, wire::Value* out, EncodedMessage& msg) {
   }
 }
 
+template <typename Repeated>
+void encode_extensions(const Extensions& extensions, Repeated* out) {
+  for (const auto& [key, value] : extensions) {
+    wire::Extension* e = out->Add();
+    e->set_key(key);
+    e->set_value(std::string(value.begin(), value.end()));
+  }
+}
+
 // ---- decoding
+
+// Every count and size is checked before the map is built: a hostile message holds at most
+// max_extensions small entries.
+template <typename Repeated>
+Extensions decode_extensions(const Repeated& in, const EnvelopeLimits& limits) {
+  if (static_cast<size_t>(in.size()) > limits.max_extensions) {
+    malformed(std::to_string(in.size()) + " extensions exceed the limit of " +
+              std::to_string(limits.max_extensions));
+  }
+  size_t value_bytes = 0;
+  for (const wire::Extension& e : in) {
+    if (e.key().size() > limits.max_extension_key_bytes) {
+      malformed("an extension key of " + std::to_string(e.key().size()) +
+                " bytes exceeds the limit of " + std::to_string(limits.max_extension_key_bytes));
+    }
+    value_bytes += e.value().size();
+    if (value_bytes > limits.max_extension_bytes) {
+      malformed("extension values of more than " + std::to_string(limits.max_extension_bytes) +
+                " bytes");
+    }
+  }
+  Extensions out;
+  for (int i = 0; i < in.size(); ++i) {
+    const wire::Extension& e = in.Get(i);
+    // The key is not quoted: the receiver logs this message, and a hostile key is any bytes.
+    if (!out.emplace(e.key(), Bytes(e.value().begin(), e.value().end())).second) {
+      malformed("extension " + std::to_string(i) + " repeats the key of an earlier one");
+    }
+  }
+  return out;
+}
 
 struct Decoder {
   const std::vector<Tensor>& tensors;
@@ -186,6 +242,7 @@ size_t IncomingTensor::nbytes() const {
 EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device,
                       size_t inline_tensor_bytes, const Lender& lender) {
   EncodedMessage msg;
+  Encoding enc{msg, {}};
   msg.target_device = target_device;
   wire::Envelope env;
   env.set_version(kEnvelopeVersion);
@@ -206,11 +263,12 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
     out->set_handler(req->handler);
     out->set_function(req->function);
     for (const Value& arg : req->args)
-      encode_value(arg, out->add_args(), msg);
+      encode_value(arg, out->add_args(), enc);
     out->set_autograd_context_id(req->autograd_context_id);
     out->set_autograd_message_id(req->autograd_message_id);
     out->set_timeout_ms(static_cast<uint64_t>(std::max<int64_t>(0, req->timeout.count())));
     out->set_payload(std::string(req->payload.begin(), req->payload.end()));
+    encode_extensions(req->extensions, out->mutable_extensions());
   } else {
     const Response& resp = std::get<Response>(envelope.body);
     wire::Response* out = env.mutable_response();
@@ -218,7 +276,7 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
     out->set_autograd_context_id(resp.autograd_context_id);
     out->set_autograd_message_id(resp.autograd_message_id);
     if (const Value* value = std::get_if<Value>(&resp.result)) {
-      encode_value(*value, out->mutable_value(), msg);
+      encode_value(*value, out->mutable_value(), enc);
     } else {
       const ErrorReply& err = std::get<ErrorReply>(resp.result);
       wire::ErrorReply* out_err = out->mutable_error();
@@ -227,7 +285,7 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
       out_err->set_worker(err.worker);
       out_err->set_rejected(err.rejected);
     }
-    out->set_payload(std::string(resp.payload.begin(), resp.payload.end()));
+    encode_extensions(resp.extensions, out->mutable_extensions());
   }
   // Small tensors travel inside the envelope: one TensorPipe message part instead of a
   // channel transfer each, which is most of the cost of a small call.
@@ -242,6 +300,7 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
       desc->add_sizes(s);
     desc->set_device_type(msg.targets[i].is_cuda() ? 1 : 0);
     desc->set_device_index(msg.targets[i].index);
+    desc->set_requires_grad(enc.requires_grad[i]);
     const size_t bytes = t.nbytes();
     if (bytes <= inline_tensor_bytes && inlined + bytes <= kMaxInlineBytesPerMessage) {
       desc->set_inline_data(static_cast<const char*>(t.data_ptr()), bytes);
@@ -296,6 +355,13 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
       }
       t.device = Device::cuda(d.device_index());
     }
+    if (d.requires_grad()) {
+      // Only floating-point tensors can require grad; no sender could have set it.
+      if (!is_floating_point(t.dtype)) {
+        malformed(which + " of dtype " + std::string(dtype_name(t.dtype)) + " requires grad");
+      }
+      t.requires_grad = true;
+    }
     if (d.is_inline()) {
       if (static_cast<int64_t>(d.inline_data().size()) != bytes) {
         malformed(which + " carries " + std::to_string(d.inline_data().size()) +
@@ -348,6 +414,47 @@ Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
       release.loans.push_back(Loan{l.slot(), l.token()});
     return Envelope{std::move(release)};
   }
+  // The request's or response's own fields are checked (and its few extensions built)
+  // before any tensor or value is.
+  Envelope out;
+  if (env.has_request()) {
+    const wire::Request& in = env.request();
+    if (in.function().size() > limits.max_function_name_bytes) {
+      malformed("a function name of " + std::to_string(in.function().size()) + " bytes");
+    }
+    if (in.timeout_ms() > uint64_t{1} << 40) malformed("a timeout beyond any deadline");
+    Request req;
+    req.id = in.id();
+    req.handler = in.handler();
+    req.function = in.function();
+    req.autograd_context_id = in.autograd_context_id();
+    req.autograd_message_id = in.autograd_message_id();
+    req.timeout = std::chrono::milliseconds(static_cast<int64_t>(in.timeout_ms()));
+    req.payload.assign(in.payload().begin(), in.payload().end());
+    req.extensions = decode_extensions(in.extensions(), limits);
+    out.body = std::move(req);
+  } else if (env.has_response()) {
+    const wire::Response& in = env.response();
+    Response resp;
+    resp.id = in.id();
+    resp.autograd_context_id = in.autograd_context_id();
+    resp.autograd_message_id = in.autograd_message_id();
+    if (in.has_error()) {
+      const wire::ErrorReply& e = in.error();
+      if (e.worker().size() > limits.max_worker_name_bytes) {
+        malformed("an error's worker name of " + std::to_string(e.worker().size()) +
+                  " bytes exceeds the limit of " + std::to_string(limits.max_worker_name_bytes));
+      }
+      resp.result = ErrorReply{error_kind_from(e.kind()), e.message(), e.worker(), e.rejected()};
+    } else if (!in.has_value()) {
+      malformed("a response with neither a value nor an error");
+    }
+    resp.extensions = decode_extensions(in.extensions(), limits);
+    out.body = std::move(resp);
+  } else {
+    malformed("neither a request, a response nor a release");
+  }
+
   const std::vector<IncomingTensor> announced = describe_tensors(env, limits);
   // Every tensor of the message by index: inline ones built from their bytes, the others
   // the received ones in order; each then moved to the device it was sent to.
@@ -357,6 +464,9 @@ Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
     malformed(std::to_string(out_of_line) + " tensors announced, " +
               std::to_string(tensors.size()) + " received");
   }
+  // Without gradwire::autograd in the process, set_requires_grad(true) would throw and
+  // nothing could record anyway: the flag is dropped.
+  const bool can_require_grad = autograd_hooks() != nullptr;
   std::vector<Tensor> all;
   all.reserve(announced.size());
   size_t next = 0;
@@ -374,46 +484,23 @@ Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
       }
     }
     if (a.device.is_cuda() && t.device() != a.device) t = t.to(a.device);
+    if (a.requires_grad && can_require_grad) {
+      // A fresh leaf, as PyTorch's rpc delivers it: whatever history the buffer handed in
+      // had stays behind, and gradients accumulate on this tensor.
+      t = t.detach();
+      t.set_requires_grad(true);
+    }
     all.push_back(std::move(t));
   }
+
   Decoder decoder{all, limits};
-  Envelope out;
-  if (env.has_request()) {
+  if (Request* req = std::get_if<Request>(&out.body)) {
     const wire::Request& in = env.request();
-    if (in.function().size() > limits.max_function_name_bytes) {
-      malformed("a function name of " + std::to_string(in.function().size()) + " bytes");
-    }
-    Request req;
-    req.id = in.id();
-    req.handler = in.handler();
-    req.function = in.function();
-    req.args.reserve(static_cast<size_t>(in.args_size()));
+    req->args.reserve(static_cast<size_t>(in.args_size()));
     for (const wire::Value& arg : in.args())
-      req.args.push_back(decoder.decode(arg, 1));
-    req.autograd_context_id = in.autograd_context_id();
-    req.autograd_message_id = in.autograd_message_id();
-    if (in.timeout_ms() > uint64_t{1} << 40) malformed("a timeout beyond any deadline");
-    req.timeout = std::chrono::milliseconds(static_cast<int64_t>(in.timeout_ms()));
-    req.payload.assign(in.payload().begin(), in.payload().end());
-    out.body = std::move(req);
-  } else if (env.has_response()) {
-    const wire::Response& in = env.response();
-    Response resp;
-    resp.id = in.id();
-    resp.autograd_context_id = in.autograd_context_id();
-    resp.autograd_message_id = in.autograd_message_id();
-    if (in.has_value()) {
-      resp.result = decoder.decode(in.value(), 1);
-    } else if (in.has_error()) {
-      resp.result = ErrorReply{error_kind_from(in.error().kind()), in.error().message(),
-                               in.error().worker(), in.error().rejected()};
-    } else {
-      malformed("a response with neither a value nor an error");
-    }
-    resp.payload.assign(in.payload().begin(), in.payload().end());
-    out.body = std::move(resp);
-  } else {
-    malformed("neither a request, a response nor a release");
+      req->args.push_back(decoder.decode(arg, 1));
+  } else if (env.response().has_value()) {
+    std::get<Response>(out.body).result = decoder.decode(env.response().value(), 1);
   }
   return out;
 }

@@ -32,6 +32,7 @@
 #include "gradwire/tensor/ops.h"
 #include "support/harness.h"
 #include "support/sync.h"
+#include "wire.h"
 
 namespace gradwire::rpc {
 namespace {
@@ -439,6 +440,73 @@ TEST(RpcAgent, OwnHandlerAndInterceptorSeeEveryMessage) {
       error_text<InvalidArgument>([&] { agents[0]->send("w1", stray).get(10s); });
   EXPECT_NE(unknown.find("no handler with id 77"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("100 (probe)"), std::string::npos) << unknown;
+  expect_clean_shutdown(agents);
+}
+
+// What a module above rpc/ does: its interceptors attach ids to every call and reply as
+// extensions, and read the peer's on the other side.
+class ExtensionInterceptor : public Interceptor {
+ public:
+  std::shared_ptr<void> on_outgoing_request(const WorkerInfo&, Request& request) override {
+    request.extensions["test.ctx"] = Bytes{4, 2};
+    return nullptr;
+  }
+  std::shared_ptr<ServeScope> on_incoming_request(const WorkerInfo&, Request& request) override {
+    MutexLock lock(mutex);
+    request_extensions = request.extensions;
+    return nullptr;
+  }
+  void on_outgoing_response(const WorkerInfo&, const Request&, Response& response) override {
+    response.extensions["test.ack"] = Bytes{7};
+  }
+  void on_incoming_response(const WorkerInfo&, Response& response,
+                            const std::shared_ptr<void>&) override {
+    MutexLock lock(mutex);
+    response_extensions = response.extensions;
+  }
+  Mutex mutex;
+  Extensions request_extensions GRADWIRE_GUARDED_BY(mutex);
+  Extensions response_extensions GRADWIRE_GUARDED_BY(mutex);
+};
+
+TEST(RpcAgent, InterceptorsExtensionsAndRequiresGradCrossTheWire) {
+  Registry reg;
+  register_basics(reg);
+  // What the callee received: whether each tensor requires grad and is a leaf.
+  reg.def("grad_flags", [](const Tensor& small, const Tensor& large) {
+    return std::vector<bool>{small.requires_grad(), small.is_leaf(), large.requires_grad(),
+                             large.is_leaf()};
+  });
+  Agents agents = start_agents(2, test_options(reg));
+  auto caller = std::make_shared<ExtensionInterceptor>();
+  auto callee = std::make_shared<ExtensionInterceptor>();
+  agents[0]->add_interceptor(caller);
+  agents[1]->add_interceptor(callee);
+  EXPECT_EQ(agents[0]->rpc_sync<std::string>("w1", "concat", std::string("a"), std::string("b")),
+            "ab");
+  {
+    MutexLock lock(callee->mutex);
+    EXPECT_EQ(callee->request_extensions, (Extensions{{"test.ctx", {4, 2}}}));
+  }
+  {
+    MutexLock lock(caller->mutex);
+    EXPECT_EQ(caller->response_extensions, (Extensions{{"test.ack", {7}}}));
+  }
+  // Tensors that require grad arrive as leaves that require grad (this process has
+  // autograd), inline or not, and so come back the same way.
+  Tensor small = full({4}, Scalar(1.0));
+  Tensor large = arange(0, 1 << 18, 1, kFloat32);  // 1 MiB: beside the envelope or lent
+  small.set_requires_grad(true);
+  large.set_requires_grad(true);
+  EXPECT_EQ(agents[0]->rpc_sync<std::vector<bool>>("w1", "grad_flags", small, large),
+            (std::vector<bool>{true, true, true, true}));
+  EXPECT_EQ(agents[0]->rpc_sync<std::vector<bool>>("w1", "grad_flags", small.detach(), large),
+            (std::vector<bool>{false, true, true, true}));
+  Tensor echoed = agents[0]->rpc_sync<Tensor>("w1", "echo", large);
+  EXPECT_TRUE(echoed.requires_grad());
+  EXPECT_TRUE(echoed.is_leaf());
+  EXPECT_FALSE(echoed.is_same(large));
+  EXPECT_TRUE(equal(echoed.detach(), large.detach()));
   expect_clean_shutdown(agents);
 }
 

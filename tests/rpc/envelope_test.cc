@@ -1,16 +1,19 @@
-// The envelope: requests and responses round-trip with their tensors; hostile payloads
-// (random bytes, truncations, bad indices, limits exceeded, unknown versions) are
-// InvalidArguments, never crashes.
+// The envelope: requests and responses round-trip with their tensors, requires_grad flags
+// and extensions; hostile payloads (random bytes, truncations, bad indices, limits
+// exceeded, unknown versions) are InvalidArguments, never crashes.
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gradwire/autograd/variable.h"
 #include "gradwire/core/error.h"
 #include "gradwire/rpc/envelope.h"
+#include "gradwire/tensor/autograd_hooks.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "wire.h"
 
 namespace gradwire::rpc {
 namespace {
@@ -52,6 +55,7 @@ TEST(EnvelopeTest, RequestsRoundTripWithTheirTensors) {
   req.autograd_message_id = 6;
   req.timeout = 1500ms;
   req.payload = {9, 8};
+  req.extensions = {{"rref.fork", {1, 2, 3}}, {"", {}}, {"dist_autograd.ctx", {0, 255}}};
   EncodedMessage m = encode(Envelope{req}, nullptr, /*inline_tensor_bytes=*/0);
   ASSERT_EQ(m.tensors.size(), 2u);
   EXPECT_TRUE(m.tensors[1].is_contiguous());
@@ -70,6 +74,8 @@ TEST(EnvelopeTest, RequestsRoundTripWithTheirTensors) {
   EXPECT_EQ(back.autograd_message_id, 6u);
   EXPECT_EQ(back.timeout, 1500ms);
   EXPECT_EQ(back.payload, (Bytes{9, 8}));
+  EXPECT_EQ(back.extensions,
+            (Extensions{{"", {}}, {"dist_autograd.ctx", {0, 255}}, {"rref.fork", {1, 2, 3}}}));
   ASSERT_EQ(back.args.size(), 5u);
   EXPECT_TRUE(equal(back.args[0].as_tensor(), a));
   EXPECT_FALSE(back.args[0].as_tensor().is_same(a));  // it travelled
@@ -82,18 +88,242 @@ TEST(EnvelopeTest, RequestsRoundTripWithTheirTensors) {
 }
 
 TEST(EnvelopeTest, ResponsesCarryAValueOrATypedError) {
-  Response ok{7, Value(full({3}, Scalar(1.5), kFloat64)), {}};
+  Response ok;
+  ok.id = 7;
+  ok.result = Value(full({3}, Scalar(1.5), kFloat64));
+  ok.autograd_context_id = 11;
+  ok.autograd_message_id = 12;
+  ok.extensions = {{"rref.confirm", {4}}};
   const Response ok_back = std::get<Response>(transport(encode(Envelope{ok})).body);
   EXPECT_EQ(ok_back.id, 7u);
   EXPECT_TRUE(equal(std::get<Value>(ok_back.result).as_tensor(), full({3}, Scalar(1.5), kFloat64)));
+  EXPECT_EQ(ok_back.autograd_context_id, 11u);
+  EXPECT_EQ(ok_back.autograd_message_id, 12u);
+  EXPECT_EQ(ok_back.extensions, (Extensions{{"rref.confirm", {4}}}));
 
-  Response bad{
-      8, ErrorReply{ErrorKind::kInvalidArgument, "argument 2 of add: expected Tensor", "ps0"}, {}};
+  Response bad;
+  bad.id = 8;
+  bad.result = ErrorReply{ErrorKind::kInvalidArgument, "argument 2 of add: expected Tensor", "ps0",
+                          /*rejected=*/true};
   const Response bad_back = std::get<Response>(transport(encode(Envelope{bad})).body);
   const ErrorReply& err = std::get<ErrorReply>(bad_back.result);
   EXPECT_EQ(err.kind, ErrorKind::kInvalidArgument);
   EXPECT_EQ(err.message, "argument 2 of add: expected Tensor");
   EXPECT_EQ(err.worker, "ps0");
+  EXPECT_TRUE(err.rejected);
+  EXPECT_TRUE(bad_back.extensions.empty());
+}
+
+// The worker an error came from is a worker name: at most max_worker_name_bytes.
+TEST(EnvelopeTest, AnErrorsWorkerRoundTripsWithinItsBound) {
+  Response remote;
+  remote.id = 3;
+  remote.result = ErrorReply{ErrorKind::kRemote, "boom", std::string(128, 'w'), false};
+  const Response back = std::get<Response>(transport(encode(Envelope{remote})).body);
+  EXPECT_EQ(std::get<ErrorReply>(back.result).worker, std::string(128, 'w'));
+  EXPECT_EQ(std::get<ErrorReply>(back.result).kind, ErrorKind::kRemote);
+  EXPECT_FALSE(std::get<ErrorReply>(back.result).rejected);
+
+  remote.result = ErrorReply{ErrorKind::kRemote, "boom", std::string(129, 'w'), false};
+  EXPECT_NE(malformed([&] {
+              transport(encode(Envelope{remote}));
+            }).find("an error's worker name of 129 bytes exceeds the limit of 128"),
+            std::string::npos);
+  EnvelopeLimits tight;
+  tight.max_worker_name_bytes = 3;
+  remote.result = ErrorReply{ErrorKind::kRemote, "boom", "ps0", false};
+  EXPECT_NO_THROW(transport(encode(Envelope{remote}), tight));
+  remote.result = ErrorReply{ErrorKind::kRemote, "boom", "ps10", false};
+  EXPECT_NE(malformed([&] {
+              transport(encode(Envelope{remote}), tight);
+            }).find("worker name of 4 bytes exceeds the limit of 3"),
+            std::string::npos);
+}
+
+// Takes the hooks gradwire::autograd installed away for the guard's scope: the process then
+// behaves as one without autograd linked.
+class WithoutAutograd {
+ public:
+  WithoutAutograd() : hooks_(set_autograd_hooks(nullptr)) {}
+  ~WithoutAutograd() { set_autograd_hooks(hooks_); }
+  WithoutAutograd(const WithoutAutograd&) = delete;
+  WithoutAutograd& operator=(const WithoutAutograd&) = delete;
+
+ private:
+  AutogradHooks* hooks_;
+};
+
+// requires_grad travels as a flag: the data is sent detached (encoding records nothing),
+// and the receiver's tensor is a fresh leaf of its own graph.
+TEST(EnvelopeTest, RequiresGradTravelsAndTheReceivedTensorIsAFreshLeaf) {
+  ASSERT_TRUE(autograd::ensure_registered());
+  Tensor x = arange(Scalar(6), kFloat32).view({2, 3});
+  x.set_requires_grad(true);
+  const Tensor y = x.t();  // a non-leaf view that is not contiguous: packing it copies
+  ASSERT_FALSE(y.is_leaf());
+  const Tensor n = arange(Scalar(3), kInt64);
+  const Tensor plain = full({2}, Scalar(0.5), kFloat64);
+  Request req;
+  req.function = "f";
+  req.args = {Value(x), Value(y), Value(n), Value(plain)};
+  for (size_t inline_bytes : {size_t{0}, kDefaultInlineTensorBytes}) {
+    SCOPED_TRACE("inline_tensor_bytes " + std::to_string(inline_bytes));
+    const EncodedMessage m = encode(Envelope{req}, nullptr, inline_bytes);
+    for (const Tensor& t : m.tensors) {
+      EXPECT_FALSE(t.requires_grad());
+      EXPECT_EQ(t.grad_fn(), nullptr);  // the packing of y was not recorded
+    }
+    if (inline_bytes == 0) {
+      const std::vector<IncomingTensor> announced = peek_tensors(m.payload);
+      ASSERT_EQ(announced.size(), 4u);
+      EXPECT_TRUE(announced[0].requires_grad);
+      EXPECT_TRUE(announced[1].requires_grad);
+      EXPECT_FALSE(announced[2].requires_grad);
+      EXPECT_FALSE(announced[3].requires_grad);
+    }
+    const Request back = std::get<Request>(transport(m).body);
+    const Tensor bx = back.args[0].as_tensor();
+    const Tensor by = back.args[1].as_tensor();
+    EXPECT_TRUE(bx.requires_grad());
+    EXPECT_TRUE(bx.is_leaf());
+    EXPECT_TRUE(by.requires_grad());
+    EXPECT_TRUE(by.is_leaf());  // a leaf, although the sender's was a view of x
+    EXPECT_EQ(by.to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+    EXPECT_FALSE(back.args[2].as_tensor().requires_grad());
+    EXPECT_FALSE(back.args[3].as_tensor().requires_grad());
+    // Gradients accumulate on the received leaf; the sender's tensor is untouched.
+    sum(mul(by, Scalar(3.0))).backward();
+    EXPECT_EQ(by.grad().to_vector<float>(), (std::vector<float>(6, 3.0f)));
+    EXPECT_FALSE(x.grad().defined());
+  }
+  // The reply direction carries it the same way.
+  Response resp;
+  resp.result = Value(x);
+  const Response resp_back = std::get<Response>(transport(encode(Envelope{resp})).body);
+  EXPECT_TRUE(std::get<Value>(resp_back.result).as_tensor().requires_grad());
+}
+
+// Without gradwire::autograd in the receiving process the flag still arrives (peek_tensors
+// reports it) but decode drops it: nothing there could record.
+TEST(EnvelopeTest, WithoutAutogradTheRequiresGradFlagIsDropped) {
+  ASSERT_TRUE(autograd::ensure_registered());
+  Tensor small = arange(Scalar(4), kFloat32);  // 16 bytes: inline
+  Tensor large = arange(Scalar(8), kFloat32);  // 32 bytes: beside the payload
+  small.set_requires_grad(true);
+  large.set_requires_grad(true);
+  Request req;
+  req.function = "f";
+  req.args = {Value(small), Value(large)};
+  const EncodedMessage m = encode(Envelope{req}, nullptr, /*inline_tensor_bytes=*/16);
+  ASSERT_EQ(m.tensors.size(), 1u);
+  Request back;
+  {
+    WithoutAutograd no_autograd;
+    ASSERT_EQ(autograd_hooks(), nullptr);
+    const std::vector<IncomingTensor> announced = peek_tensors(m.payload);
+    ASSERT_EQ(announced.size(), 1u);
+    EXPECT_TRUE(announced[0].requires_grad);
+    back = std::get<Request>(transport(m).body);
+  }
+  // Asked with autograd back in place, so that the answer is the tensors' own state.
+  ASSERT_NE(autograd_hooks(), nullptr);
+  ASSERT_EQ(back.args.size(), 2u);
+  EXPECT_FALSE(back.args[0].as_tensor().requires_grad());
+  EXPECT_FALSE(back.args[1].as_tensor().requires_grad());
+  EXPECT_TRUE(equal(back.args[0].as_tensor(), arange(Scalar(4), kFloat32)));
+  EXPECT_TRUE(equal(back.args[1].as_tensor(), arange(Scalar(8), kFloat32)));
+}
+
+// Only floating-point tensors can require grad: the flag on another dtype is malformed,
+// refused before anything is allocated (peek_tensors already).
+TEST(EnvelopeTest, RequiresGradOnANonFloatingDtypeIsMalformed) {
+  Request req;
+  req.function = "f";
+  req.args = {Value(zeros({3}, kInt64))};
+  std::string forged = encode(Envelope{req}, nullptr, 0).payload;
+  // The description comes last: field 4, length 5, dtype 5 (int64), packed sizes [3]. Add
+  // field 8 (requires_grad) = 1.
+  ASSERT_EQ(forged.substr(forged.size() - 7), std::string("\x22\x05\x08\x05\x12\x01\x03", 7));
+  forged[forged.size() - 6] = '\x07';
+  forged += std::string("\x40\x01", 2);
+  EXPECT_NE(malformed([&] { peek_tensors(forged); }).find("tensor 0 of dtype int64 requires grad"),
+            std::string::npos);
+  EXPECT_NE(malformed([&] { decode(forged, {zeros({3}, kInt64)}); }).find("requires grad"),
+            std::string::npos);
+}
+
+// Extensions: at most max_extensions entries, keys of at most max_extension_key_bytes, and
+// max_extension_bytes of values in all; each bound holds exactly at its limit.
+TEST(EnvelopeTest, ExtensionsAreBoundedInNumberKeyLengthAndValueBytes) {
+  const EnvelopeLimits defaults;
+  EXPECT_EQ(defaults.max_extensions, 16u);
+  EXPECT_EQ(defaults.max_extension_key_bytes, 64u);
+  EXPECT_EQ(defaults.max_extension_bytes, 64u * 1024);
+  Request req;
+  req.function = "f";
+  for (int i = 0; i < 16; ++i)
+    req.extensions["module." + std::to_string(i)] = Bytes{static_cast<uint8_t>(i)};
+  EXPECT_EQ(std::get<Request>(transport(encode(Envelope{req})).body).extensions, req.extensions);
+  req.extensions["module.16"] = Bytes{16};
+  EXPECT_NE(malformed([&] {
+              transport(encode(Envelope{req}));
+            }).find("17 extensions exceed the limit of 16"),
+            std::string::npos);
+
+  req.extensions = {{std::string(64, 'k'), {1}}};
+  EXPECT_EQ(std::get<Request>(transport(encode(Envelope{req})).body).extensions, req.extensions);
+  req.extensions = {{std::string(65, 'k'), {1}}};
+  EXPECT_NE(malformed([&] {
+              transport(encode(Envelope{req}));
+            }).find("an extension key of 65 bytes exceeds the limit of 64"),
+            std::string::npos);
+
+  req.extensions = {{"a", Bytes(40 * 1024, 7)}, {"b", Bytes(24 * 1024, 9)}};  // 64 KiB exactly
+  EXPECT_EQ(std::get<Request>(transport(encode(Envelope{req})).body).extensions, req.extensions);
+  req.extensions["c"] = Bytes{1};
+  EXPECT_NE(malformed([&] {
+              transport(encode(Envelope{req}));
+            }).find("extension values of more than 65536 bytes"),
+            std::string::npos);
+
+  // A response is held to the same limits, which the receiver chooses.
+  Response resp;
+  resp.result = Value();
+  resp.extensions = {{"x", {1, 2}}, {"y", {3}}};
+  EnvelopeLimits tight;
+  tight.max_extensions = 1;
+  EXPECT_NE(malformed([&] {
+              transport(encode(Envelope{resp}), tight);
+            }).find("2 extensions exceed the limit of 1"),
+            std::string::npos);
+  tight = {};
+  tight.max_extension_bytes = 2;
+  EXPECT_NE(malformed([&] {
+              transport(encode(Envelope{resp}), tight);
+            }).find("extension values of more than 2 bytes"),
+            std::string::npos);
+  tight.max_extension_bytes = 3;
+  EXPECT_EQ(std::get<Response>(transport(encode(Envelope{resp}), tight).body).extensions,
+            resp.extensions);
+}
+
+// Keys are unique within a message: a forged repeat is malformed, not silently merged.
+TEST(EnvelopeTest, ARepeatedExtensionKeyIsMalformed) {
+  Request req;
+  req.function = "f";
+  req.extensions = {{"k", {1}}};
+  std::string forged = encode(Envelope{req}).payload;
+  // version (08 02), then the request (12, one length byte) whose last field is the
+  // extension: field 9, length 6, key "k", value {1}. Repeat it.
+  const std::string extension("\x4a\x06\x0a\x01k\x12\x01\x01", 8);
+  ASSERT_EQ(forged.substr(0, 3), std::string("\x08\x02\x12", 3));
+  ASSERT_EQ(forged.substr(forged.size() - 8), extension);
+  ASSERT_LT(static_cast<uint8_t>(forged[3]), 100);
+  forged[3] = static_cast<char>(forged[3] + 8);
+  forged += extension;
+  EXPECT_NE(
+      malformed([&] { decode(forged, {}); }).find("extension 1 repeats the key of an earlier one"),
+      std::string::npos);
 }
 
 // A lender takes the tensors it wants (never inline ones); they are announced with their
@@ -213,8 +443,11 @@ TEST(EnvelopeTest, MismatchedTensorsAndIndicesAreRejected) {
 TEST(EnvelopeTest, GarbageNeverCrashes) {
   Request req;
   req.function = "f";
+  Tensor grad = arange(Scalar(3), kFloat64);
+  grad.set_requires_grad(true);
   req.args = {Value(arange(Scalar(4), kFloat32)), Value::list({Value("x"), Value(int64_t{3})}),
-              Value::map({{Value("a"), Value(1.0)}})};
+              Value::map({{Value("a"), Value(1.0)}}), Value(grad)};
+  req.extensions = {{"rref.fork", {1, 2}}, {"dist_autograd.ctx", {3}}};
   const EncodedMessage m = encode(Envelope{req});
   std::mt19937 rng(1234);
   int rejected = 0;
@@ -250,8 +483,13 @@ TEST(EnvelopeTest, GarbageNeverCrashes) {
   std::string versioned = m.payload;
   ASSERT_EQ(versioned[0], '\x08');  // field 1, varint: the version comes first
   versioned[1] = '\x09';
-  EXPECT_NE(malformed([&] { decode(versioned, {zeros({4})}); }).find("version 9"),
-            std::string::npos);
+  EXPECT_NE(malformed([&] { decode(versioned, {}); }).find("version 9"), std::string::npos);
+  // So is version 1's format, which this worker no longer speaks.
+  versioned[1] = '\x01';
+  EXPECT_NE(
+      malformed([&] { decode(versioned, {}); }).find("version 1, this worker speaks version 2"),
+      std::string::npos);
+  EXPECT_EQ(kEnvelopeVersion, 2u);
 }
 
 }  // namespace

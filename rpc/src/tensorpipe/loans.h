@@ -28,8 +28,8 @@
 #include "gradwire/core/executor.h"
 #include "gradwire/core/mutex.h"
 #include "gradwire/core/thread_annotations.h"
-#include "gradwire/rpc/envelope.h"
 #include "gradwire/tensor/tensor.h"
+#include "wire.h"
 
 namespace gradwire::rpc::detail {
 

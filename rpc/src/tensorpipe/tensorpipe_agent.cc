@@ -42,6 +42,7 @@
 #include "group.h"
 #include "tensorpipe/loans.h"
 #include "text.h"
+#include "wire.h"
 
 namespace gradwire::rpc {
 namespace {
