@@ -52,8 +52,10 @@ struct EnvelopeLimits {
   size_t max_tensors{1u << 16};
   size_t max_tensor_dims{64};
   size_t max_function_name_bytes{1024};
-  size_t max_tensor_bytes{size_t{16} << 30};  // all tensors of one message together
-  size_t max_worker_name_bytes{128};          // ErrorReply::worker
+  // All tensors of one message together: what one message from an unauthenticated peer can
+  // make this worker allocate (several messages are bounded by the agent's in-flight budget).
+  size_t max_tensor_bytes{size_t{2} << 30};
+  size_t max_worker_name_bytes{128};  // ErrorReply::worker
   // Request::extensions and Response::extensions: small ids for the modules above, not a
   // second payload.
   size_t max_extensions{16};
