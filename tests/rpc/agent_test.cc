@@ -1387,5 +1387,36 @@ TEST(RpcAgentPaths, AMessageOverTheReceiversTensorLimitIsRefused) {
   expect_clean_shutdown(agents);
 }
 
+TEST(RpcAgentFaults, LosingAPeerWakesAGracefulShutdownWaitingOnItsCalls) {
+  Registry reg;
+  HeldFunction hold;
+  hold.define(reg, "hold", 1);
+  AgentOptions options = test_options(reg);
+  options.close_timeout = 100ms;
+  auto store = std::make_shared<c10d::HashStore>(20s);
+  Agents agents = start_agents(2, options, store);
+  Future<int64_t> held = agents[0]->rpc_async<int64_t>("w1", "hold");
+  ASSERT_TRUE(hold.entered.wait(10s));
+  // w1 will not take part in the barriers (it is closed below): they are passed for it here,
+  // so that all w0's shutdown waits for is its own call.
+  store->set("rpc/1/shutdown/1/1", "1");
+  store->set("rpc/1/shutdown/2/1", "1");
+  std::string error = "(still running)";
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread closer([&] { error = error_text<Error>([&] { agents[0]->shutdown(); }); });
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!agents[0]->metrics().shutting_down && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  ASSERT_TRUE(agents[0]->metrics().shutting_down);
+  agents[1]->shutdown(false);  // the connection goes; w0's call fails with it
+  closer.join();
+  // Woken by the loss, not by join_timeout (20 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_EQ(error, "(no exception)");
+  ASSERT_TRUE(held.wait(1s));
+  EXPECT_THROW(held.value(), NetworkError);
+  hold.release.count_down();
+}
+
 }  // namespace
 }  // namespace gradwire::rpc
