@@ -381,8 +381,19 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
 
 }  // namespace
 
+ParsedEnvelope::ParsedEnvelope(const std::string& payload, const EnvelopeLimits& limits)
+    : message_(std::make_unique<wire::Envelope>(parse(payload, limits))) {}
+ParsedEnvelope::~ParsedEnvelope() = default;
+ParsedEnvelope::ParsedEnvelope(ParsedEnvelope&&) noexcept = default;
+ParsedEnvelope& ParsedEnvelope::operator=(ParsedEnvelope&&) noexcept = default;
+
 std::vector<IncomingTensor> peek_tensors(const std::string& payload, const EnvelopeLimits& limits) {
-  std::vector<IncomingTensor> all = describe_tensors(parse(payload, limits), limits);
+  return peek_tensors(ParsedEnvelope(payload, limits), limits);
+}
+
+std::vector<IncomingTensor> peek_tensors(const ParsedEnvelope& parsed,
+                                         const EnvelopeLimits& limits) {
+  std::vector<IncomingTensor> all = describe_tensors(parsed.message(), limits);
   std::vector<IncomingTensor> out;
   for (IncomingTensor& t : all) {
     if (!t.is_inline) out.push_back(std::move(t));
@@ -402,7 +413,12 @@ std::optional<EnvelopeHeader> peek_header(const std::string& payload,
 
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
                 const EnvelopeLimits& limits) {
-  const wire::Envelope env = parse(payload, limits);
+  return decode(ParsedEnvelope(payload, limits), tensors, limits);
+}
+
+Envelope decode(const ParsedEnvelope& parsed, const std::vector<Tensor>& tensors,
+                const EnvelopeLimits& limits) {
+  const wire::Envelope& env = parsed.message();
   if (env.has_release()) {
     if (env.tensors_size() != 0 || !tensors.empty()) malformed("a release with tensors");
     if (static_cast<size_t>(env.release().loans_size()) > limits.max_tensors) {

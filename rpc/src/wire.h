@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -39,6 +40,10 @@
 #include "gradwire/tensor/tensor.h"
 
 namespace gradwire::rpc {
+
+namespace wire {
+class Envelope;  // the generated Protobuf message (rpc/proto/envelope.proto)
+}  // namespace wire
 
 // A tensor lent instead of sent (between processes of one host): entry `slot` of the
 // sender's loan table, valid while it holds `token`. The receiver copies the bytes out of
@@ -105,6 +110,24 @@ struct IncomingTensor {
 std::vector<IncomingTensor> peek_tensors(const std::string& payload,
                                          const EnvelopeLimits& limits = {});
 
+// A payload parsed once. A receiver parses the payload when its descriptor arrives (to
+// allocate the tensors), keeps the result while the tensor data is read, and decodes from
+// it: one Protobuf parse per message. Checked like peek_tensors (size, version, tensor
+// count); InvalidArgument("malformed rpc envelope: ...") otherwise.
+class ParsedEnvelope {
+ public:
+  ParsedEnvelope(const std::string& payload, const EnvelopeLimits& limits);
+  ~ParsedEnvelope();
+  ParsedEnvelope(ParsedEnvelope&&) noexcept;
+  ParsedEnvelope& operator=(ParsedEnvelope&&) noexcept;
+  const wire::Envelope& message() const { return *message_; }
+
+ private:
+  std::unique_ptr<wire::Envelope> message_;
+};
+std::vector<IncomingTensor> peek_tensors(const ParsedEnvelope& parsed,
+                                         const EnvelopeLimits& limits = {});
+
 // Whether a payload is a request or a response, and its id, when the envelope parses at
 // all: what a receiver needs to answer a message that fails decode's checks.
 struct EnvelopeHeader {
@@ -120,6 +143,8 @@ std::optional<EnvelopeHeader> peek_header(const std::string& payload,
 // gradwire::autograd is linked into the process (autograd_hooks() is set); without it the
 // flag is dropped, since rpc/ does not depend on autograd and nothing here could record.
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
+                const EnvelopeLimits& limits = {});
+Envelope decode(const ParsedEnvelope& parsed, const std::vector<Tensor>& tensors,
                 const EnvelopeLimits& limits = {});
 
 }  // namespace gradwire::rpc

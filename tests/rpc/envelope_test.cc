@@ -87,6 +87,34 @@ TEST(EnvelopeTest, RequestsRoundTripWithTheirTensors) {
   EXPECT_TRUE(back.args[4].as_bool());
 }
 
+TEST(EnvelopeTest, AMessageParsedOnceDecodesAsFromItsPayload) {
+  Tensor big = arange(Scalar(8192), kFloat32);  // 32 KiB: travels beside the payload
+  Request req;
+  req.id = 3;
+  req.function = "sum";
+  req.args = {Value(big), Value(int64_t{8})};
+  req.extensions = {{"k", {7}}};
+  const EncodedMessage m = encode(Envelope{req});
+  const ParsedEnvelope parsed(m.payload, EnvelopeLimits{});
+  const std::vector<IncomingTensor> announced = peek_tensors(parsed);
+  ASSERT_EQ(announced.size(), 1u);
+  EXPECT_EQ(announced[0].sizes, (Shape{8192}));
+  std::vector<Tensor> received{empty(announced[0].sizes, announced[0].dtype)};
+  received[0].copy_(m.tensors[0]);
+  const Request once = std::get<Request>(decode(parsed, received).body);
+  const Request twice = std::get<Request>(decode(m.payload, received).body);
+  EXPECT_EQ(once.id, twice.id);
+  EXPECT_EQ(once.function, twice.function);
+  EXPECT_TRUE(equal(once.args[0].as_tensor(), big));
+  EXPECT_EQ(once.args[1].as_int(), 8);
+  EXPECT_EQ(once.extensions, twice.extensions);
+  // Parsing checks what peek_tensors checked: garbage and foreign versions are refused.
+  EXPECT_NE(malformed([] {
+              ParsedEnvelope junk(std::string("\xff\xff\xff"), EnvelopeLimits{});
+            }).find("malformed rpc envelope"),
+            std::string::npos);
+}
+
 TEST(EnvelopeTest, ResponsesCarryAValueOrATypedError) {
   Response ok;
   ok.id = 7;

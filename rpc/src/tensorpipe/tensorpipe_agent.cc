@@ -157,7 +157,8 @@ class TensorPipeAgent final : public RpcAgent,
   void accept_next();
   void read_next(const std::shared_ptr<Connection>& conn);
   void on_descriptor(const std::shared_ptr<Connection>& conn, tp::Descriptor descriptor);
-  void on_message(const std::shared_ptr<Connection>& conn, std::string metadata,
+  void on_message(const std::shared_ptr<Connection>& conn,
+                  std::shared_ptr<const ParsedEnvelope> parsed, std::string metadata,
                   std::vector<Tensor> tensors, const std::vector<Device>& targets,
                   std::vector<detail::LoanCopy> lent, size_t tensor_bytes);
   void on_malformed(const std::shared_ptr<Connection>& conn, const std::string& metadata,
@@ -553,12 +554,15 @@ void TensorPipeAgent::read_next(const std::shared_ptr<Connection>& conn) {
 void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
                                     tp::Descriptor descriptor) {
   std::vector<IncomingTensor> announced;
+  // Parsed once, here; decoded from the same parse when the tensor data has arrived.
+  std::shared_ptr<const ParsedEnvelope> parsed;
   try {
     if (!descriptor.payloads.empty()) {
       throw InvalidArgument("malformed rpc envelope: a message with " +
                             std::to_string(descriptor.payloads.size()) + " payloads");
     }
-    announced = peek_tensors(descriptor.metadata, options_.limits);
+    parsed = std::make_shared<const ParsedEnvelope>(descriptor.metadata, options_.limits);
+    announced = peek_tensors(*parsed, options_.limits);
     const size_t sent = static_cast<size_t>(
         std::count_if(announced.begin(), announced.end(),
                       [](const IncomingTensor& t) { return !t.loan.has_value(); }));
@@ -631,8 +635,9 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
   conn->pipe->read(
       std::move(allocation),
-      [weak, conn, total, metadata = std::move(descriptor.metadata), tensors = std::move(tensors),
-       targets = std::move(targets), lent = std::move(lent)](const tp::Error& error) mutable {
+      [weak, conn, total, parsed = std::move(parsed), metadata = std::move(descriptor.metadata),
+       tensors = std::move(tensors), targets = std::move(targets),
+       lent = std::move(lent)](const tp::Error& error) mutable {
         auto self = weak.lock();
         if (self == nullptr) return;
         if (error) {
@@ -641,8 +646,8 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
           return;
         }
         self->read_next(conn);
-        self->on_message(conn, std::move(metadata), std::move(tensors), targets, std::move(lent),
-                         total);
+        self->on_message(conn, std::move(parsed), std::move(metadata), std::move(tensors), targets,
+                         std::move(lent), total);
       });
 }
 
@@ -669,14 +674,16 @@ void TensorPipeAgent::release_inflight_locked(int peer, size_t bytes) {
   if (it->second == 0) inflight_.erase(it);
 }
 
-void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn, std::string metadata,
+void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
+                                 std::shared_ptr<const ParsedEnvelope> parsed, std::string metadata,
                                  std::vector<Tensor> tensors, const std::vector<Device>& targets,
                                  std::vector<detail::LoanCopy> lent, size_t tensor_bytes) {
   const bool to_device =
       std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
   const bool has_loans = !lent.empty();
-  auto process = [self = shared_from_this(), conn, metadata = std::move(metadata),
-                  tensors = std::move(tensors), lent = std::move(lent), tensor_bytes]() mutable {
+  auto process = [self = shared_from_this(), conn, parsed = std::move(parsed),
+                  metadata = std::move(metadata), tensors = std::move(tensors),
+                  lent = std::move(lent), tensor_bytes]() mutable {
     const int peer = conn->peer.id;
     if (!lent.empty()) {
       const std::string failure = self->copy_lent(conn, lent);
@@ -688,7 +695,7 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn, std::s
     }
     Envelope envelope;
     try {
-      envelope = decode(metadata, tensors, self->options_.limits);
+      envelope = decode(*parsed, tensors, self->options_.limits);
     } catch (const std::exception& e) {
       self->release_inflight(peer, tensor_bytes);
       self->on_malformed(conn, metadata, e.what(), /*close_after=*/false);
