@@ -114,8 +114,4 @@ void FunctionalAdagrad::load_state_dict(const StateDict& state, const std::vecto
   detail::load_optimizer(kAdagrad, state, params, kHypers, read_state, options_, state_);
 }
 
-Adagrad::Adagrad(std::vector<Tensor> params, const AdagradOptions& options)
-    : Optimizer(std::move(params), std::make_unique<FunctionalAdagrad>(options)),
-      adagrad_(static_cast<FunctionalAdagrad*>(&functional())) {}
-
 }  // namespace gradwire::optim

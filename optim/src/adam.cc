@@ -213,14 +213,4 @@ void FunctionalAdamW::load_state_dict(const StateDict& state, const std::vector<
   detail::load_optimizer(kAdamW, state, params, kHypers, read_state, options_, state_);
 }
 
-// ---- objects
-
-Adam::Adam(std::vector<Tensor> params, const AdamOptions& options)
-    : Optimizer(std::move(params), std::make_unique<FunctionalAdam>(options)),
-      adam_(static_cast<FunctionalAdam*>(&functional())) {}
-
-AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
-    : Optimizer(std::move(params), std::make_unique<FunctionalAdamW>(options)),
-      adamw_(static_cast<FunctionalAdamW*>(&functional())) {}
-
 }  // namespace gradwire::optim

@@ -125,8 +125,4 @@ void FunctionalSGD::load_state_dict(const StateDict& state, const std::vector<Te
   detail::load_optimizer(kSGD, state, params, kHypers, read_state, options_, state_);
 }
 
-SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
-    : Optimizer(std::move(params), std::make_unique<FunctionalSGD>(options)),
-      sgd_(static_cast<FunctionalSGD*>(&functional())) {}
-
 }  // namespace gradwire::optim

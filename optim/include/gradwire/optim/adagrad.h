@@ -75,15 +75,9 @@ class FunctionalAdagrad final : public FunctionalOptimizer {
   AdagradState state_;
 };
 
-class Adagrad : public Optimizer {
+class Adagrad : public TypedOptimizer<FunctionalAdagrad> {
  public:
-  Adagrad(std::vector<Tensor> params, const AdagradOptions& options);
-  const AdagradOptions& options() const { return adagrad_->options(); }
-  void set_options(const AdagradOptions& options) { adagrad_->set_options(options); }
-  const AdagradState& state() const { return adagrad_->state(); }
-
- private:
-  FunctionalAdagrad* adagrad_;  // functional(), typed
+  using TypedOptimizer::TypedOptimizer;
 };
 
 }  // namespace gradwire::optim

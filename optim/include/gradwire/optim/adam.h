@@ -116,26 +116,14 @@ class FunctionalAdamW final : public FunctionalOptimizer {
   AdamState state_;
 };
 
-class Adam : public Optimizer {
+class Adam : public TypedOptimizer<FunctionalAdam> {
  public:
-  Adam(std::vector<Tensor> params, const AdamOptions& options);
-  const AdamOptions& options() const { return adam_->options(); }
-  void set_options(const AdamOptions& options) { adam_->set_options(options); }
-  const AdamState& state() const { return adam_->state(); }
-
- private:
-  FunctionalAdam* adam_;  // functional(), typed
+  using TypedOptimizer::TypedOptimizer;
 };
 
-class AdamW : public Optimizer {
+class AdamW : public TypedOptimizer<FunctionalAdamW> {
  public:
-  AdamW(std::vector<Tensor> params, const AdamWOptions& options);
-  const AdamWOptions& options() const { return adamw_->options(); }
-  void set_options(const AdamWOptions& options) { adamw_->set_options(options); }
-  const AdamState& state() const { return adamw_->state(); }
-
- private:
-  FunctionalAdamW* adamw_;  // functional(), typed
+  using TypedOptimizer::TypedOptimizer;
 };
 
 }  // namespace gradwire::optim

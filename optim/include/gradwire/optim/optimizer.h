@@ -44,6 +44,8 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gradwire/optim/functional_optimizer.h"
@@ -81,6 +83,27 @@ class Optimizer {
  private:
   std::vector<Tensor> params_;
   std::unique_ptr<FunctionalOptimizer> functional_;
+};
+
+// The optimizer object of one functional kind F (SGD, Adam, AdamW, Adagrad derive from it):
+// typed access to F's options and state on top of Optimizer.
+template <typename F>
+class TypedOptimizer : public Optimizer {
+ public:
+  using Options = std::decay_t<decltype(std::declval<const F&>().options())>;
+  using State = std::decay_t<decltype(std::declval<const F&>().state())>;
+
+  TypedOptimizer(std::vector<Tensor> params, const Options& options)
+      : Optimizer(std::move(params), std::make_unique<F>(options)),
+        typed_(static_cast<F*>(&functional())) {}
+
+  const Options& options() const { return typed_->options(); }
+  // Changes the options (a learning-rate schedule); validated.
+  void set_options(const Options& options) { typed_->set_options(options); }
+  const State& state() const { return typed_->state(); }
+
+ private:
+  F* typed_;  // functional(), typed
 };
 
 }  // namespace gradwire::optim

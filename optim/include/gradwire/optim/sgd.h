@@ -78,17 +78,9 @@ class FunctionalSGD final : public FunctionalOptimizer {
   SGDState state_;
 };
 
-class SGD : public Optimizer {
+class SGD : public TypedOptimizer<FunctionalSGD> {
  public:
-  SGD(std::vector<Tensor> params, const SGDOptions& options);
-
-  const SGDOptions& options() const { return sgd_->options(); }
-  // Changes the options (a learning-rate schedule); validated.
-  void set_options(const SGDOptions& options) { sgd_->set_options(options); }
-  const SGDState& state() const { return sgd_->state(); }
-
- private:
-  FunctionalSGD* sgd_;  // functional(), typed
+  using TypedOptimizer::TypedOptimizer;
 };
 
 }  // namespace gradwire::optim
