@@ -23,6 +23,7 @@
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/core/error.h"
+#include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/rpc/agent.h"
@@ -31,6 +32,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/harness.h"
+#include "support/log_capture.h"
 #include "support/sync.h"
 #include "wire.h"
 
@@ -285,8 +287,31 @@ TEST(RpcAgent, TimeoutFailsTheCallAndTheLateReplyIsDropped) {
             std::string::npos)
       << text;
   ASSERT_TRUE(slow_fn.entered.wait(10s));
-  slow_fn.release.count_down();  // the late reply arrives and must be dropped quietly
-  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "fast"), 8);
+  {
+    // The late reply arrives and is dropped quietly: a debug line, nothing else.
+    const LogLevel level = log_level();
+    set_log_level(LogLevel::kDebug);
+    test::LogCapture log;
+    slow_fn.release.count_down();
+    auto dropped = [&] {
+      int n = 0;
+      for (const std::string& line : log.lines()) {
+        if (line.find("'w0' (rank 0): dropped the reply") != std::string::npos) ++n;
+      }
+      return n;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (dropped() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "fast"), 8);
+    set_log_level(level);
+    EXPECT_EQ(dropped(), 1);
+    for (const std::string& line : log.lines()) {
+      EXPECT_EQ(line.find("WARNING"), std::string::npos) << line;
+      EXPECT_EQ(line.find("ERROR"), std::string::npos) << line;
+    }
+    EXPECT_EQ(agents[0]->metrics().pending_calls, 0);
+  }
   const std::string negative = error_text<InvalidArgument>(
       [&] { agents[0]->rpc_sync<int64_t>("w1", "fast", CallOptions{.timeout = -5ms}); });
   EXPECT_NE(negative.find("negative timeout"), std::string::npos) << negative;
