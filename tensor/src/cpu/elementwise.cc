@@ -5,7 +5,8 @@
 // compiler vectorises without alias checks), the output written in place over an input,
 // a broadcast scalar operand (stride 0) read once per row, or a general strided loop.
 // The frontends guarantee that an output either is exactly an input (in-place ops) or
-// shares no memory with any input; the loops rely on that.
+// shares no memory with any input; the loops rely on that, and so does splitting a large
+// plan into chunks for the intra-op threads (loop.h: run_plan_parallel).
 //
 // Arithmetic happens in compute_t<T> (float for the 16-bit floats). Integer arithmetic
 // wraps modulo 2^bits as in PyTorch; signed values go through their unsigned type because
@@ -164,37 +165,41 @@ void sv(O* __restrict o, C_t<T> x, const T* __restrict y, int64_t n, F& f) {
 template <typename T, typename O, typename F>
 void binary_loop(const LoopPlan<3>& plan, std::array<char*, 3> base, F f) {
   using C = C_t<T>;
-  run_plan<3>(plan, base, [&f](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
-    constexpr int64_t so = sizeof(O), st = sizeof(T);
-    O* o = reinterpret_cast<O*>(p[0]);
-    const T* x = reinterpret_cast<const T*>(p[1]);
-    const T* y = reinterpret_cast<const T*>(p[2]);
-    if (s[0] == so) {
-      const bool ox = disjoint(o, n * so, x, s[1] == 0 ? st : n * st);
-      const bool oy = disjoint(o, n * so, y, s[2] == 0 ? st : n * st);
-      if (s[1] == st && s[2] == st) {
-        if (ox && oy) return vv<T, O>(o, x, y, n, f);
-        if constexpr (std::is_same_v<T, O>) {
-          if (static_cast<const void*>(o) == x && oy) return vv_inplace<T>(o, y, n, f);
-        }
-      } else if (s[1] == st && s[2] == 0) {
-        const C yv = C(*y);
-        if (ox) return vs<T, O>(o, x, yv, n, f);
-        if constexpr (std::is_same_v<T, O>) {
-          if (static_cast<const void*>(o) == x) return vs_inplace<T>(o, yv, n, f);
-        }
-      } else if (s[1] == 0 && s[2] == st) {
-        if (oy) return sv<T, O>(o, C(*x), y, n, f);
-      }
-    }
-    // General strided rows, and outputs that are exactly an input: element i is read
-    // before it is written, so going in order is safe without restrict.
-    for (int64_t i = 0; i < n; ++i) {
-      const C a = C(*reinterpret_cast<const T*>(p[1] + i * s[1]));
-      const C b = C(*reinterpret_cast<const T*>(p[2] + i * s[2]));
-      *reinterpret_cast<O*>(p[0] + i * s[0]) = O(f(a, b));
-    }
-  });
+  run_plan_parallel<3>(plan, base,
+                       [&f](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
+                         constexpr int64_t so = sizeof(O), st = sizeof(T);
+                         O* o = reinterpret_cast<O*>(p[0]);
+                         const T* x = reinterpret_cast<const T*>(p[1]);
+                         const T* y = reinterpret_cast<const T*>(p[2]);
+                         if (s[0] == so) {
+                           const bool ox = disjoint(o, n * so, x, s[1] == 0 ? st : n * st);
+                           const bool oy = disjoint(o, n * so, y, s[2] == 0 ? st : n * st);
+                           if (s[1] == st && s[2] == st) {
+                             if (ox && oy) return vv<T, O>(o, x, y, n, f);
+                             if constexpr (std::is_same_v<T, O>) {
+                               if (static_cast<const void*>(o) == x && oy)
+                                 return vv_inplace<T>(o, y, n, f);
+                             }
+                           } else if (s[1] == st && s[2] == 0) {
+                             const C yv = C(*y);
+                             if (ox) return vs<T, O>(o, x, yv, n, f);
+                             if constexpr (std::is_same_v<T, O>) {
+                               if (static_cast<const void*>(o) == x)
+                                 return vs_inplace<T>(o, yv, n, f);
+                             }
+                           } else if (s[1] == 0 && s[2] == st) {
+                             if (oy) return sv<T, O>(o, C(*x), y, n, f);
+                           }
+                         }
+                         // General strided rows, and outputs that are exactly an input: element i
+                         // is read before it is written, so going in order is safe without
+                         // restrict.
+                         for (int64_t i = 0; i < n; ++i) {
+                           const C a = C(*reinterpret_cast<const T*>(p[1] + i * s[1]));
+                           const C b = C(*reinterpret_cast<const T*>(p[2] + i * s[2]));
+                           *reinterpret_cast<O*>(p[0] + i * s[0]) = O(f(a, b));
+                         }
+                       });
 }
 
 template <typename T, typename O, typename F>
@@ -213,21 +218,23 @@ void v_unary_inplace(T* __restrict o, int64_t n, F& f) {
 template <typename T, typename O, typename F>
 void unary_loop(const LoopPlan<2>& plan, std::array<char*, 2> base, F f) {
   using C = C_t<T>;
-  run_plan<2>(plan, base, [&f](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
-    constexpr int64_t so = sizeof(O), st = sizeof(T);
-    O* o = reinterpret_cast<O*>(p[0]);
-    const T* x = reinterpret_cast<const T*>(p[1]);
-    if (s[0] == so && s[1] == st) {
-      if (disjoint(o, n * so, x, n * st)) return v_unary<T, O>(o, x, n, f);
-      if constexpr (std::is_same_v<T, O>) {
-        if (static_cast<const void*>(o) == x) return v_unary_inplace<T>(o, n, f);
-      }
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const C a = C(*reinterpret_cast<const T*>(p[1] + i * s[1]));
-      *reinterpret_cast<O*>(p[0] + i * s[0]) = O(f(a));
-    }
-  });
+  run_plan_parallel<2>(plan, base,
+                       [&f](std::array<char*, 2> p, std::array<int64_t, 2> s, int64_t n) {
+                         constexpr int64_t so = sizeof(O), st = sizeof(T);
+                         O* o = reinterpret_cast<O*>(p[0]);
+                         const T* x = reinterpret_cast<const T*>(p[1]);
+                         if (s[0] == so && s[1] == st) {
+                           if (disjoint(o, n * so, x, n * st)) return v_unary<T, O>(o, x, n, f);
+                           if constexpr (std::is_same_v<T, O>) {
+                             if (static_cast<const void*>(o) == x)
+                               return v_unary_inplace<T>(o, n, f);
+                           }
+                         }
+                         for (int64_t i = 0; i < n; ++i) {
+                           const C a = C(*reinterpret_cast<const T*>(p[1] + i * s[1]));
+                           *reinterpret_cast<O*>(p[0] + i * s[0]) = O(f(a));
+                         }
+                       });
 }
 
 template <typename T>
@@ -413,7 +420,7 @@ struct BitsOf<8> {
 
 template <typename E>
 void where_typed(const LoopPlan<4>& plan, std::array<char*, 4> base) {
-  run_plan<4>(plan, base, [](std::array<char*, 4> p, std::array<int64_t, 4> s, int64_t n) {
+  run_plan_parallel<4>(plan, base, [](std::array<char*, 4> p, std::array<int64_t, 4> s, int64_t n) {
     constexpr int64_t se = sizeof(E);
     if (s[0] == se && s[1] == 1 && s[2] == se && s[3] == se) {
       E* __restrict o = reinterpret_cast<E*>(p[0]);

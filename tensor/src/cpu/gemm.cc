@@ -5,6 +5,12 @@
 // row-major matrix (CblasTrans), with the other stride as the leading dimension. So
 // transposed views cost no copy. Degenerate sizes are settled here rather than passed
 // to BLAS, which rejects a leading dimension below max(1, cols) even when nothing is read.
+//
+// OpenBLAS runs single-threaded (set when the library loads): its own thread team is
+// process-wide, so K threads each calling a GEMM would otherwise wake K teams of `cores`
+// threads. A large product is instead split by rows of C through parallel_for, each
+// block one single-threaded BLAS call, which follows the intra-op policy (parallel.h):
+// concurrent callers get serial GEMMs rather than oversubscribed ones.
 #include <cblas.h>
 
 #include <algorithm>
@@ -13,11 +19,28 @@
 #include <type_traits>
 
 #include "gradwire/core/check.h"
+#include "gradwire/tensor/parallel.h"
 #include "kernels.h"
+
+// Debian 12's OpenBLAS (0.3.21) has only this process-wide setter, no per-thread one.
+extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace gradwire::detail::cpu {
 
 namespace {
+
+// Setting the count starts no thread; OpenBLAS's team started when it loaded is left
+// idle (and stopped by OpenBLAS itself around fork()).
+const bool g_blas_single_threaded = [] {
+  openblas_set_num_threads(1);
+  return true;
+}();
+
+// Below this many multiply-adds a product is one BLAS call: splitting it costs more in
+// wake-ups than it saves. Each block gets at least this much work too.
+constexpr int64_t kParallelGemmWork = int64_t{1} << 21;
+// Rows per block are a multiple of this, to keep BLAS's register blocking whole.
+constexpr int64_t kRowAlign = 16;
 
 struct BlasMatrix {
   CBLAS_TRANSPOSE trans;
@@ -70,15 +93,35 @@ void gemm_typed(const Tensor& out, const Tensor& a, const Tensor& b, double alph
   const T* pa = static_cast<const T*>(a.data_ptr());
   const T* pb = static_cast<const T*>(b.data_ptr());
   const int64_t sa = a.stride(0), sb = b.stride(0);
-  for (int64_t i = 0; i < batch; ++i) {
+  (void)g_blas_single_threaded;
+  // C[r0:r1] = op(A)[r0:r1] * op(B): the rows of op(A) start at row r0 of a row-major A,
+  // or at column r0 of a transposed one.
+  const int64_t a_row_step = la.trans == CblasNoTrans ? la.ld : 1;
+  auto block = [&](int64_t i, int64_t r0, int64_t r1) {
+    const T* ai = pa + i * sa + r0 * a_row_step;
+    T* ci = c + i * n * m + r0 * m;
+    const int rows = static_cast<int>(r1 - r0);
     if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, la.trans, lb.trans, n, m, k, static_cast<float>(alpha),
-                  pa + i * sa, la.ld, pb + i * sb, lb.ld, static_cast<float>(beta), c + i * n * m,
-                  m);
+      cblas_sgemm(CblasRowMajor, la.trans, lb.trans, rows, m, k, static_cast<float>(alpha), ai,
+                  la.ld, pb + i * sb, lb.ld, static_cast<float>(beta), ci, m);
     } else {
-      cblas_dgemm(CblasRowMajor, la.trans, lb.trans, n, m, k, alpha, pa + i * sa, la.ld,
-                  pb + i * sb, lb.ld, beta, c + i * n * m, m);
+      cblas_dgemm(CblasRowMajor, la.trans, lb.trans, rows, m, k, alpha, ai, la.ld, pb + i * sb,
+                  lb.ld, beta, ci, m);
     }
+  };
+  const int64_t row_work = m * k;
+  if (n * row_work < kParallelGemmWork || n < 2 * kRowAlign) {
+    for (int64_t i = 0; i < batch; ++i)
+      block(i, 0, n);
+    return;
+  }
+  // Blocks of rows, in units of kRowAlign rows, each with at least kParallelGemmWork.
+  const int64_t units = (n + kRowAlign - 1) / kRowAlign;
+  const int64_t grain = std::max<int64_t>(1, kParallelGemmWork / (row_work * kRowAlign));
+  for (int64_t i = 0; i < batch; ++i) {
+    parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+      block(i, u0 * kRowAlign, std::min(n, u1 * kRowAlign));
+    });
   }
 }
 

@@ -5,6 +5,14 @@
 // (which also lets the compiler vectorise), combined in a binary tree, so the rounding
 // error grows with log(cols) instead of cols. Integer sums and products accumulate in
 // uint64_t so that overflow wraps like two's complement instead of being undefined.
+//
+// Large reductions use the intra-op threads (parallel.h) without letting the thread
+// count change a single bit of the result: rows are independent, and a row longer than
+// kSumChunk is summed in fixed chunks of kSumChunk elements (pairwise within each) whose
+// partial sums are then added pairwise in chunk order. The chunking depends on the row
+// length only, so every thread count, 1 included, computes the same additions; rows of
+// up to kSumChunk elements keep the single pairwise sum.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15,7 +23,9 @@
 #include "cpu/reduce_leading.h"
 #include "dispatch.h"
 #include "gradwire/core/check.h"
+#include "gradwire/tensor/parallel.h"
 #include "kernels.h"
+#include "loop.h"
 
 namespace gradwire::detail::cpu {
 
@@ -123,22 +133,68 @@ std::pair<compute_t<T>, int64_t> row_arg_extreme(const T* x, int64_t n) {
   return {best, best_i};
 }
 
+// Elements per chunk of a long row's sum. Fixed, never derived from the thread count,
+// so that results are the same for every count; a multiple of 8 for pairwise_sum.
+constexpr int64_t kSumChunk = int64_t{1} << 15;
+
 // Stores row_value(r) for every row into `out`, converting from A when out's dtype is a
-// different one (e.g. a half sum accumulated in float, or sum(..., dtype=int32)).
+// different one (e.g. a half sum accumulated in float, or sum(..., dtype=int32)). Each
+// row_value(r) reads `cols` elements; rows are split over the intra-op threads when there
+// are enough of them, each row still computed whole by one thread.
 template <typename A, typename F>
-void write_rows(const Tensor& out, int64_t rows, F&& row_value) {
+void write_rows(const Tensor& out, int64_t rows, int64_t cols, F&& row_value) {
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, cols));
   if (out.dtype() == dtype_of<A>) {
     A* o = static_cast<A*>(out.data_ptr());
-    for (int64_t r = 0; r < rows; ++r)
-      o[r] = row_value(r);
+    parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        o[r] = row_value(r);
+    });
     return;
   }
   dispatch_all(out.dtype(), "reduce_rows", [&](auto tag) {
     using O = typename decltype(tag)::type;
     O* o = static_cast<O*>(out.data_ptr());
-    for (int64_t r = 0; r < rows; ++r)
-      o[r] = convert<O>(row_value(r));
+    parallel_for(0, rows, grain, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        o[r] = convert<O>(row_value(r));
+    });
   });
+}
+
+template <typename A>
+A add_acc(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) {
+    return a + b;
+  } else {
+    return static_cast<A>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  }
+}
+
+// Pairwise sum of n >= 1 chunk partials, in chunk order.
+template <typename A>
+A combine_partials(const A* p, int64_t n) {
+  if (n == 1) return p[0];
+  const int64_t half = n / 2;
+  return add_acc(combine_partials(p, half), combine_partials(p + half, n - half));
+}
+
+// Row sums of a contiguous [rows, cols > kSumChunk] matrix: every (row, chunk) pair is
+// one task for the intra-op threads, then each row combines its partials in order.
+template <typename T>
+void chunked_row_sums(const Tensor& out, const T* x, int64_t rows, int64_t cols) {
+  using A = reduce_acc_t<T>;
+  const int64_t chunks = (cols + kSumChunk - 1) / kSumChunk;
+  std::vector<A> partials(static_cast<size_t>(rows * chunks));
+  parallel_for(0, rows * chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t r = t / chunks, c = t % chunks;
+      const int64_t begin = c * kSumChunk;
+      partials[t] = pairwise_sum(x + r * cols + begin, std::min(kSumChunk, cols - begin));
+    }
+  });
+  write_rows<A>(out, rows, chunks,
+                [&](int64_t r) { return combine_partials(partials.data() + r * chunks, chunks); });
 }
 
 // Column sums of a contiguous [rows, cols] block into acc[cols], pairwise over rows: the
@@ -229,24 +285,29 @@ void reduce_rows(ReduceOp op, const Tensor& out, const Tensor& index, const Tens
     auto row = [&](int64_t r) { return x + r * cols; };
     switch (op) {
       case ReduceOp::kSum:
-        write_rows<reduce_acc_t<T>>(out, rows,
-                                    [&](int64_t r) { return pairwise_sum(row(r), cols); });
+        if (cols > kSumChunk) {
+          chunked_row_sums(out, x, rows, cols);
+        } else {
+          write_rows<reduce_acc_t<T>>(out, rows, cols,
+                                      [&](int64_t r) { return pairwise_sum(row(r), cols); });
+        }
         break;
       case ReduceOp::kProd:
-        write_rows<reduce_acc_t<T>>(out, rows, [&](int64_t r) { return row_prod(row(r), cols); });
+        write_rows<reduce_acc_t<T>>(out, rows, cols,
+                                    [&](int64_t r) { return row_prod(row(r), cols); });
         break;
       case ReduceOp::kMax:
       case ReduceOp::kMin: {
         const bool is_max = op == ReduceOp::kMax;
         if (idx != nullptr) {
-          write_rows<C>(out, rows, [&](int64_t r) {
+          write_rows<C>(out, rows, cols, [&](int64_t r) {
             auto [v, i] =
                 is_max ? row_arg_extreme<true>(row(r), cols) : row_arg_extreme<false>(row(r), cols);
             idx[r] = i;
             return v;
           });
         } else {
-          write_rows<C>(out, rows, [&](int64_t r) {
+          write_rows<C>(out, rows, cols, [&](int64_t r) {
             return is_max ? row_extreme<true>(row(r), cols) : row_extreme<false>(row(r), cols);
           });
         }
@@ -255,7 +316,7 @@ void reduce_rows(ReduceOp op, const Tensor& out, const Tensor& index, const Tens
       case ReduceOp::kArgMax:
       case ReduceOp::kArgMin: {
         const bool is_max = op == ReduceOp::kArgMax;
-        write_rows<C>(out, rows, [&](int64_t r) {
+        write_rows<C>(out, rows, cols, [&](int64_t r) {
           auto [v, i] =
               is_max ? row_arg_extreme<true>(row(r), cols) : row_arg_extreme<false>(row(r), cols);
           idx[r] = i;
@@ -283,7 +344,7 @@ void reduce_leading(ReduceOp op, const Tensor& out, const Tensor& in) {
         } else {
           column_prod(x, rows, cols, acc.data());
         }
-        write_rows<reduce_acc_t<T>>(out, cols, [&](int64_t j) { return acc[j]; });
+        write_rows<reduce_acc_t<T>>(out, cols, 1, [&](int64_t j) { return acc[j]; });
         break;
       }
       case ReduceOp::kMax:
@@ -295,7 +356,7 @@ void reduce_leading(ReduceOp op, const Tensor& out, const Tensor& in) {
         } else {
           column_extreme<false>(x, rows, cols, m.get());
         }
-        write_rows<C>(out, cols, [&](int64_t j) { return m[j]; });
+        write_rows<C>(out, cols, 1, [&](int64_t j) { return m[j]; });
         break;
       }
       case ReduceOp::kArgMax:
