@@ -4,14 +4,13 @@
 // $GRADWIRE_BENCH_PYTHON), measured in the same run.
 //
 // Threads: both sides use the same count n: $GRADWIRE_BENCH_THREADS, else the number of
-// online CPUs. gradwire's GEMMs run in OpenBLAS, so this process calls
-// openblas_set_num_threads(n); the PyTorch child gets torch.set_num_threads(n) plus
-// OMP_NUM_THREADS=n and OPENBLAS_NUM_THREADS=n in its environment.
+// online CPUs. This process calls gradwire::set_num_threads(n), the intra-op policy its
+// GEMMs and large ops follow (OpenBLAS itself stays single-threaded); the PyTorch child gets
+// torch.set_num_threads(n) plus OMP_NUM_THREADS=n and OPENBLAS_NUM_THREADS=n in its environment.
 //
 // Timing: gradwire's steps run before and after the PyTorch child (never at the same
 // time, so the two never share the cores); each side reports the median per-step time
 // after its warm-up.
-#include <cblas.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -26,6 +25,7 @@
 #include "gradwire/nn/nn.h"
 #include "gradwire/optim/optim.h"
 #include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/parallel.h"
 
 namespace gradwire::bench {
 namespace {
@@ -49,7 +49,7 @@ const Register mlp_bench({"nn.mlp_step_ms"}, [](const auto& emit) {
   const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
   const int threads =
       static_cast<int>(env_int("GRADWIRE_BENCH_THREADS", online > 0 ? online : 1, 1, 1024));
-  openblas_set_num_threads(threads);
+  set_num_threads(threads);
 
   Generator gen(0);
   nn::MLP model(nn::MLPOptions{.sizes = {784, 1024, 1024, 1024, 10}, .generator = &gen});
@@ -83,9 +83,9 @@ const Register mlp_bench({"nn.mlp_step_ms"}, [](const auto& emit) {
             {"steps", double(ours.size())},
             {"threads", double(threads)},
             {"threads_how",
-             "GRADWIRE_BENCH_THREADS or online CPUs; openblas_set_num_threads(n) here, "
+             "GRADWIRE_BENCH_THREADS or online CPUs; gradwire::set_num_threads(n) here, "
              "torch.set_num_threads(n) + OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=n in the peer"},
-            {"openblas_threads", double(openblas_get_num_threads())}}};
+            {"intra_op_threads", double(get_num_threads())}}};
   if (theirs) {
     const double theirs_ms = median(*theirs) * 1e3;
     f.params.push_back({"pytorch", "torch " + version});

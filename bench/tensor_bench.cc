@@ -1,12 +1,18 @@
-// tensor/ figures: GEMM through matmul against a direct cblas_sgemm, and a large add
-// against memcpy, each baseline measured in the same run.
+// tensor/ figures: GEMM through matmul against a direct cblas_sgemm, GEMMs from four
+// threads at once against one thread alone, and a large add and sum against memcpy, each
+// baseline measured in the same run.
 #include <cblas.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "bench.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "gradwire/tensor/parallel.h"
 
 namespace gradwire::bench {
 namespace {
@@ -57,6 +63,83 @@ const Register add_bench({"tensor.add_gbps"}, [](const auto& emit) {
                {"dtype", "float32"},
                {"memcpy_gbps", memcpy_gbps},
                {"ratio", add_gbps / memcpy_gbps},
+               {"target_ratio_min", 0.5}}});
+});
+
+int online_cores() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// The oversubscription the intra-op policy prevents: callers on several threads each
+// computing GEMMs must share the cores, not each wake a BLAS team of `cores` threads.
+const Register concurrent_gemm_bench({"tensor.concurrent_gemm_gflops"}, [](const auto& emit) {
+  constexpr int64_t n = 256;
+  constexpr int kCallers = 4;
+  constexpr int kReps = 64;
+  Generator gen(3);
+  std::vector<Tensor> as, bs;
+  for (int t = 0; t < kCallers; ++t) {
+    as.push_back(randn({n, n}, &gen));
+    bs.push_back(randn({n, n}, &gen));
+  }
+  auto [t_many, t_one] = time_interleaved(
+      [&] {
+        std::vector<std::thread> callers;
+        for (int t = 0; t < kCallers; ++t) {
+          callers.emplace_back([&, t] {
+            for (int r = 0; r < kReps; ++r)
+              (void)mm(as[t], bs[t]);
+          });
+        }
+        for (auto& caller : callers)
+          caller.join();
+      },
+      [&] {
+        for (int r = 0; r < kReps; ++r)
+          (void)mm(as[0], bs[0]);
+      },
+      7);
+  const double flops = 2.0 * n * n * n * kReps;
+  const double total = kCallers * flops / t_many / 1e9, single = flops / t_one / 1e9;
+  const int cores = online_cores();
+  const double target = 0.9 * single * std::min(kCallers, cores);
+  emit(Figure{"tensor.concurrent_gemm_gflops",
+              total,
+              "GFLOP/s",
+              {{"m", double(n)},
+               {"n", double(n)},
+               {"k", double(n)},
+               {"callers", double(kCallers)},
+               {"cores", double(cores)},
+               {"intra_op_threads", double(get_num_threads())},
+               {"baseline", "the same GEMMs from one thread alone"},
+               {"baseline_gflops", single},
+               {"ratio", total / single},
+               {"target_ratio_min", target / single}}});
+});
+
+const Register sum_bench({"tensor.sum_gbps"}, [](const auto& emit) {
+  constexpr int64_t bytes = 64 << 20;
+  constexpr int64_t n = bytes / 4;
+  Generator gen(5);
+  Tensor a = rand({n}, &gen);
+  Tensor src = ones({n}), dst = empty({n});
+  Tensor s;
+  auto [t_sum, t_copy] = time_interleaved(
+      [&] { s = sum(a); }, [&] { std::memcpy(dst.data_ptr(), src.data_ptr(), bytes); }, 11);
+  // Bytes that cross the memory bus: sum reads one array; memcpy reads one and writes one.
+  const double sum_gbps = 1.0 * bytes / t_sum / 1e9;
+  const double memcpy_gbps = 2.0 * bytes / t_copy / 1e9;
+  emit(Figure{"tensor.sum_gbps",
+              sum_gbps,
+              "GB/s",
+              {{"bytes", double(bytes)},
+               {"dtype", "float32"},
+               {"intra_op_threads", double(get_num_threads())},
+               {"memcpy_gbps", memcpy_gbps},
+               {"ratio", sum_gbps / memcpy_gbps},
                {"target_ratio_min", 0.5}}});
 });
 

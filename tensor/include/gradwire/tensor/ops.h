@@ -14,7 +14,9 @@
 // shapes/dtypes involved, e.g. "add: shapes [2, 3] and [4] do not broadcast".
 //
 // Thread-safety: ops read their inputs and write only their outputs; concurrent ops on
-// shared inputs are safe.
+// shared inputs are safe. Large ops split their work over the intra-op threads
+// (parallel.h), shared by all callers without oversubscription; results do not depend on
+// the thread count.
 //
 // Example:
 //   Tensor logits = mm(x, w.t()) + b;                 // [N, C]
