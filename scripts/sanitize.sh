@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The checking builds CI runs after the main suite:
 #   1. AddressSanitizer + UndefinedBehaviorSanitizer over every test (CUDA off),
-#   2. ThreadSanitizer over the threaded modules' tests (core, the harness, autograd's graph tasks),
+#   2. ThreadSanitizer over the threaded modules' tests (core, the harness, autograd's graph
+#      tasks) and tensor's intra-op pool tests (tensor.ParallelTest.*: parallel_for, concurrent
+#      GEMMs, large elementwise ops and reductions),
 #   3. clang's -Wthread-safety analysis over the libraries (warnings are errors).
 # Each has its own build folder next to build/. Pass a step name (asan, tsan,
 # thread-safety) to run only that one.
@@ -26,9 +28,12 @@ if [[ $step == all || $step == tsan ]]; then
   echo "== ThreadSanitizer (threaded modules)"
   cmake -S "$root" -B "$root/build-tsan" "${common[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADWIRE_SANITIZE=thread >/dev/null
-  cmake --build "$root/build-tsan" -j "$jobs" --target core_test harness_test autograd_test
+  cmake --build "$root/build-tsan" -j "$jobs" --target core_test harness_test autograd_test \
+    tensor_test
   (cd "$root/build-tsan" && TSAN_OPTIONS=halt_on_error=1 \
-     ctest --output-on-failure -j "$jobs" -L 'core|harness|autograd')
+     ctest --output-on-failure -j "$jobs" -L 'core|harness|autograd' &&
+   TSAN_OPTIONS=halt_on_error=1 \
+     ctest --output-on-failure -j "$jobs" -L tensor -R '^tensor\.ParallelTest\.')
 fi
 
 if [[ $step == all || $step == thread-safety ]]; then
