@@ -1,5 +1,7 @@
 #include "bench.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -77,6 +79,16 @@ std::pair<double, double> time_interleaved(const std::function<void()>& measured
   return {median(a), median(b)};
 }
 
+std::optional<int> run_command(const std::string& command, std::string& output) {
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return std::nullopt;
+  std::array<char, 4096> buf{};
+  while (size_t got = std::fread(buf.data(), 1, buf.size(), pipe))
+    output.append(buf.data(), got);
+  const int status = ::pclose(pipe);
+  return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 #ifndef GRADWIRE_BENCH_PYTORCH_DIR
 #define GRADWIRE_BENCH_PYTORCH_DIR "bench/pytorch"
 #endif
@@ -88,16 +100,11 @@ std::optional<PeerTimings> run_pytorch_peer(const std::string& script, const std
                               std::string(python && *python ? python : "/usr/bin/python3") +
                               " " GRADWIRE_BENCH_PYTORCH_DIR "/" + script + " " + args +
                               " 2>/dev/null";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
+  std::string out;
+  if (!run_command(command, out)) {
     why = "cannot run python";
     return std::nullopt;
   }
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t got = std::fread(buf.data(), 1, buf.size(), pipe))
-    out.append(buf.data(), got);
-  ::pclose(pipe);
   std::smatch m;
   if (std::regex_search(out, m, std::regex(R"re("error": "([^"]*)")re"))) {
     why = m[1];

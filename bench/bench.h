@@ -59,6 +59,11 @@ std::pair<double, double> time_interleaved(const std::function<void()>& measured
 
 double median(std::vector<double> values);
 
+// Runs `command` through /bin/sh and appends what it writes to stdout to `output`.
+// Returns its exit status (-1 when it did not exit normally), or nullopt when it could not
+// be started.
+std::optional<int> run_command(const std::string& command, std::string& output);
+
 // What a PyTorch peer script (bench/pytorch/*.py) measured: the per-round or per-step
 // seconds it printed as JSON ({"seconds": [...], "torch": "<version>"}).
 struct PeerTimings {

@@ -108,7 +108,7 @@ double accuracy(nn::Module& net, const Tensor& x, const Tensor& y) {
 int finish(nn::MLP& net, const Tensor& test_x, const Tensor& test_y, const Options& opt,
            double seconds, const std::string& how) {
   const double test_accuracy = accuracy(net, test_x, test_y);
-  std::printf("trained %d steps on %s in %.2f s; held-out accuracy %.3f\n", opt.steps, how.c_str(),
+  std::printf("trained %d steps on %s in %.3f s; held-out accuracy %.3f\n", opt.steps, how.c_str(),
               seconds, test_accuracy);
   const bool temporary = opt.save_path.empty();
   const std::string dir = temporary ? make_temp_dir("model") : std::string();
