@@ -3,6 +3,8 @@
 #include <ostream>
 #include <utility>
 
+#include "gradwire/core/logging.h"
+
 namespace gradwire::rpc {
 
 std::string WorkerInfo::describe() const {
@@ -23,6 +25,80 @@ std::shared_ptr<ServeScope> Interceptor::on_incoming_request(const WorkerInfo&, 
   return nullptr;
 }
 void Interceptor::on_outgoing_response(const WorkerInfo&, const Request&, Response&) {}
+
+void AgentListener::on_worker_lost(const WorkerInfo&, const std::string&) {}
+void AgentListener::on_graceful_shutdown(Clock::time_point) {}
+void AgentListener::on_closed() {}
+
+void RpcAgent::add_listener(std::shared_ptr<AgentListener> listener) {
+  if (listener == nullptr) throw InvalidArgument("rpc: add_listener(nullptr)");
+  MutexLock lock(listeners_mutex_);
+  listeners_.push_back(std::move(listener));
+}
+
+std::vector<std::shared_ptr<AgentListener>> RpcAgent::listeners() const {
+  MutexLock lock(listeners_mutex_);
+  return listeners_;
+}
+
+void RpcAgent::notify_worker_lost(const WorkerInfo& worker, const std::string& why) const {
+  for (const auto& listener : listeners()) {
+    try {
+      listener->on_worker_lost(worker, why);
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "rpc worker " << worker_info().describe()
+                           << ": a listener's on_worker_lost threw: " << e.what();
+    }
+  }
+}
+
+void RpcAgent::notify_graceful_shutdown(AgentListener::Clock::time_point deadline) const {
+  for (const auto& listener : listeners())
+    listener->on_graceful_shutdown(deadline);
+}
+
+void RpcAgent::notify_closed() const {
+  for (const auto& listener : listeners()) {
+    try {
+      listener->on_closed();
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "rpc worker " << worker_info().describe()
+                           << ": a listener's on_closed threw: " << e.what();
+    }
+  }
+}
+
+namespace {
+struct ExtensionTable {
+  Mutex mutex;
+  std::vector<std::pair<std::string, AgentExtension>> installers GRADWIRE_GUARDED_BY(mutex);
+};
+ExtensionTable& extension_table() {
+  static ExtensionTable* all = new ExtensionTable();  // never destroyed: agents may outlive main()
+  return *all;
+}
+}  // namespace
+
+void register_agent_extension(std::string name, AgentExtension install) {
+  if (!install) throw InvalidArgument("rpc: register_agent_extension('" + name + "') without an installer");
+  ExtensionTable& all = extension_table();
+  MutexLock lock(all.mutex);
+  for (const auto& [known, fn] : all.installers) {
+    if (known == name) return;
+  }
+  all.installers.emplace_back(std::move(name), std::move(install));
+}
+
+void install_agent_extensions(const std::shared_ptr<RpcAgent>& agent) {
+  std::vector<std::pair<std::string, AgentExtension>> installers;
+  {
+    ExtensionTable& all = extension_table();
+    MutexLock lock(all.mutex);
+    installers = all.installers;
+  }
+  for (const auto& [name, install] : installers)
+    install(agent);
+}
 
 namespace detail {
 void render_call_result(std::string& out, const void* call_result, size_t) {

@@ -143,7 +143,7 @@ void Registry::add_class(std::string name, std::type_index type) {
   if (classes_.count(name) != 0) {
     throw InvalidArgument("rpc registry: a class named '" + name + "' is already registered");
   }
-  classes_.emplace(std::move(name), Class{type, nullptr, {}});
+  classes_.emplace(std::move(name), Class{type, nullptr, nullptr, false, {}});
 }
 
 const Registry::Class& Registry::find_class(std::string_view name) const {
@@ -198,6 +198,46 @@ void Registry::add_method(std::string_view class_name, Signature signature, Meth
   }
   it->second.methods.emplace(
       method, std::make_shared<const Method>(Method{std::move(signature), std::move(invoker)}));
+}
+
+Registry::ClassInfo Registry::class_info(std::string_view class_name) const {
+  std::shared_lock lock(mutex_);
+  const Class& cls = find_class(class_name);
+  return ClassInfo{std::string(class_name), cls.type, cls.copier != nullptr, cls.serialised};
+}
+
+Value Registry::copy_object(const CallContext& ctx, std::string_view class_name,
+                            const std::shared_ptr<void>& object) const {
+  std::shared_ptr<const Copier> copier;
+  {
+    std::shared_lock lock(mutex_);
+    copier = find_class(class_name).copier;
+  }
+  if (copier == nullptr) {
+    throw CallRejected("objects of class '" + std::string(class_name) +
+                       "' are not copyable: register the class with .copyable() (it needs a "
+                       "ValueConverter) to copy them to a caller");
+  }
+  if (object == nullptr) throw CallRejected("no object of class '" + std::string(class_name) + "' to copy");
+  return (*copier)(ctx, object);
+}
+
+void Registry::set_copyable(std::string_view class_name, Copier copier) {
+  std::unique_lock lock(mutex_);
+  auto it = classes_.find(class_name);
+  if (it == classes_.end()) {
+    throw InvalidArgument("rpc registry: class '" + std::string(class_name) + "' is not registered");
+  }
+  it->second.copier = std::make_shared<const Copier>(std::move(copier));
+}
+
+void Registry::set_serialised(std::string_view class_name) {
+  std::unique_lock lock(mutex_);
+  auto it = classes_.find(class_name);
+  if (it == classes_.end()) {
+    throw InvalidArgument("rpc registry: class '" + std::string(class_name) + "' is not registered");
+  }
+  it->second.serialised = true;
 }
 
 bool Registry::has_class(std::string_view name) const {

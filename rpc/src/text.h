@@ -17,9 +17,12 @@ inline std::string ms_text(std::chrono::milliseconds t) {
   return std::to_string(t.count()) + " ms";
 }
 
-// "call 'add'" or "request to handler 3"; built only for messages.
+// "call 'add'"; for another handler its request's own description when it gives one in
+// Request::function ("to_here of RRef 1:7"), else "request to handler 3". Built only for
+// messages.
 inline std::string describe_call(uint32_t handler, const std::string& function) {
   if (handler == kCallHandler) return "call '" + function + "'";
+  if (!function.empty()) return function;
   return "request to handler " + std::to_string(handler);
 }
 

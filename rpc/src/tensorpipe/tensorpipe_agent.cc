@@ -878,6 +878,10 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
     GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": connection to "
                         << conn->peer.describe() << " lost: " << what;
   }
+  // A peer of the group that went away while this agent runs: the modules above release
+  // what it held (a connection from outside the group has id -1).
+  if (!closing && conn->peer.id >= 0 && conn->peer.id < world_size_ && conn->peer.id != self_.id)
+    notify_worker_lost(conn->peer, what);
   for (PendingCall& call : lost) {
     calls_.finish(call, Value(),
                   std::make_exception_ptr(
@@ -999,6 +1003,9 @@ void TensorPipeAgent::shutdown(bool graceful) {
   if (graceful) {
     const Clock::time_point deadline = Clock::now() + options_.join_timeout;
     try {
+      // The modules above send their last messages (rref/: deletes) while every worker
+      // still serves.
+      notify_graceful_shutdown(deadline);
       // Each worker first finishes its own calls; once all agree, no new call can depend
       // on a worker that has gone, and a second round lets replies still in flight land.
       wait_until_idle(deadline);
@@ -1050,6 +1057,7 @@ void TensorPipeAgent::close() {
       clients.push_back(clients_[static_cast<size_t>(r)].exchange(nullptr));
     servers.swap(servers_);
   }
+  notify_closed();
 }
 
 }  // namespace
@@ -1072,10 +1080,12 @@ std::shared_ptr<RpcAgent> create_tensorpipe_agent(std::string name, int rank, in
                                                  std::move(store), std::move(options));
   // The handle's deleter closes the agent on the thread that drops the last handle.
   RpcAgent* raw = agent.get();
-  return std::shared_ptr<RpcAgent>(raw, [agent](RpcAgent*) mutable {
+  std::shared_ptr<RpcAgent> handle(raw, [agent](RpcAgent*) mutable {
     agent->close();
     agent.reset();
   });
+  install_agent_extensions(handle);
+  return handle;
 }
 
 std::shared_ptr<RpcAgent> make_tensorpipe_agent(std::string name, int rank, int world_size,

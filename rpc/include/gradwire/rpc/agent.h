@@ -28,6 +28,12 @@
 //   how every call it saw ends, and may wrap the execution of every request served.
 // - attachments: typed per-agent state the modules above hang on the agent (the RRef
 //   context, the dist-autograd container), found from a CallContext.
+// - add_listener(listener): told when a worker is lost, before a graceful shutdown waits
+//   for outstanding work, and when the agent has closed (rref/ releases a dead worker's
+//   references and sends its last protocol messages there).
+// - register_agent_extension(name, install): process-wide; every agent a factory builds
+//   runs each installer before start(), so a module linked into the program (rref/) is in
+//   place on every agent, the default one of init_rpc included.
 // send(to, request) sends a raw Request to any handler and returns its Value.
 //
 // Thread-safety: every method may be called from any thread, concurrently, including from
@@ -211,6 +217,26 @@ class Interceptor {
                                     Response& response);
 };
 
+// Told of an agent's life beyond single messages. The default methods do nothing.
+//
+// on_worker_lost: a connection to or from `worker` was lost while the agent ran (the
+//   worker died, or closed without a graceful shutdown). Runs on an I/O thread: must not
+//   block. `why` is the transport's reason.
+// on_graceful_shutdown: a graceful shutdown has begun and the agent still serves and
+//   sends; the listener may finish its module's work (send its last messages, wait for
+//   their replies) until `deadline`. Runs on the thread calling shutdown(); a throw fails
+//   the shutdown with that error.
+// on_closed: the agent has closed (every call failed, no handler runs any more); drop
+//   per-agent state. Must not throw.
+class AgentListener {
+ public:
+  using Clock = std::chrono::steady_clock;
+  virtual ~AgentListener() = default;
+  virtual void on_worker_lost(const WorkerInfo& worker, const std::string& why);
+  virtual void on_graceful_shutdown(Clock::time_point deadline);
+  virtual void on_closed();
+};
+
 // A snapshot of what an agent holds and has done, for monitoring and tests.
 struct AgentMetrics {
   int64_t pending_calls{0};      // sent and not yet answered
@@ -292,6 +318,10 @@ class RpcAgent {
     return it == attachments_.end() ? nullptr : std::static_pointer_cast<T>(it->second);
   }
 
+  // Listeners are told in the order they were added; add them before start(). Throws
+  // InvalidArgument for null. Thread-safe.
+  void add_listener(std::shared_ptr<AgentListener> listener);
+
   // graceful: every worker agrees through the store (each waits for its own pending calls
   // and running handlers first), then the agent closes; TimeoutError naming the workers
   // that did not arrive within join_timeout (the agent is then closed anyway, and later
@@ -317,11 +347,31 @@ class RpcAgent {
  protected:
   RpcAgent() = default;
 
+  // For implementations: tell every listener (see AgentListener). notify_worker_lost and
+  // notify_closed log what a listener throws; notify_graceful_shutdown lets it through.
+  void notify_worker_lost(const WorkerInfo& worker, const std::string& why) const;
+  void notify_graceful_shutdown(AgentListener::Clock::time_point deadline) const;
+  void notify_closed() const;
+
  private:
+  std::vector<std::shared_ptr<AgentListener>> listeners() const;
+
+  mutable Mutex listeners_mutex_;
+  std::vector<std::shared_ptr<AgentListener>> listeners_ GRADWIRE_GUARDED_BY(listeners_mutex_);
   mutable Mutex attachments_mutex_;
   std::map<std::type_index, std::shared_ptr<void>> attachments_
       GRADWIRE_GUARDED_BY(attachments_mutex_);
 };
+
+// Modules above rpc/ that must be present on every agent (rref/ registers its handler,
+// interceptor and listener this way) register an installer once per process, by name (a
+// second registration under the same name is ignored). Agent factories
+// (create_tensorpipe_agent) call install_agent_extensions on each agent they build, before
+// start(), in the order the extensions were registered. An installer's throw fails the
+// factory. Thread-safe.
+using AgentExtension = std::function<void(const std::shared_ptr<RpcAgent>& agent)>;
+void register_agent_extension(std::string name, AgentExtension install);
+void install_agent_extensions(const std::shared_ptr<RpcAgent>& agent);
 
 // ---- templates
 
@@ -337,10 +387,13 @@ void render_call_result(std::string& out, const void* call_result, size_t);
 template <typename R, typename... Args>
 Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallOptions options,
                               Args&&... args) {
+  WorkerInfo target = get_worker_info(to);
+  // Arguments convert in the context of this agent (an RRef argument mints its fork here);
+  // results in the context of this agent receiving from `target`.
+  const CallContext context(this, worker_info(), 0, CallContext::Clock::time_point::max());
   std::vector<Value> values;
   values.reserve(sizeof...(Args));
-  (values.push_back(to_value(std::forward<Args>(args))), ...);
-  WorkerInfo target = get_worker_info(to);
+  (values.push_back(to_value(std::forward<Args>(args), context)), ...);
   Future<R> result;
   // get() without an argument waits as long as the call itself may take.
   result.set_default_timeout(wait_bound(effective_timeout(options)));
@@ -349,8 +402,8 @@ Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallO
   request.function = function;
   request.args = std::move(values);
   send_request(target, std::move(request), options,
-               [result, function = std::move(function), target](Value value,
-                                                                std::exception_ptr error) mutable {
+               [this, result, function = std::move(function), target](
+                   Value value, std::exception_ptr error) mutable {
                  if (error) {
                    result.try_set_error(std::move(error));
                    return;
@@ -361,8 +414,11 @@ Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallO
                    } else {
                      // "result of 'f' on worker 'w1' (rank 1)", rendered only on a mismatch.
                      const detail::CallResult subject{function, target};
+                     const CallContext received(this, target, 0,
+                                                CallContext::Clock::time_point::max());
                      result.try_set_value(from_value<R>(
-                         value, Where::custom(&detail::render_call_result, &subject, 0)));
+                         value, Where::custom(&detail::render_call_result, &subject, 0),
+                         received));
                    }
                  } catch (...) {
                    result.try_set_error(std::current_exception());

@@ -20,6 +20,10 @@
 //                                 checks and converts args, calls, converts the result;
 //                                 continuations of asynchronous results run on executor
 //   construct / invoke_method     the same for classes (rref/ keeps the objects)
+//   .copyable()                   a class whose objects may be copied to a caller (rref's
+//                                 to_here), through its ValueConverter
+//   .serialised()                 a class whose methods run one at a time per object;
+//                                 otherwise they run concurrently and must be thread-safe
 //
 // The call's context. A function or method may take `const CallContext&` as its first
 // parameter (after `T&` for a method): the agent serving the call, the caller, the request
@@ -278,6 +282,13 @@ class ClassBuilder {
   // const T&); either may take `const CallContext&` next, before the wire parameters.
   template <typename M>
   ClassBuilder& method(std::string name, M method);
+  // Objects of T may be copied to a caller (RRef<T>::to_here): they travel as
+  // ValueConverter<T> makes them, which T must have.
+  ClassBuilder& copyable();
+  // Methods of one object run one at a time (rref/ holds a lock per object around each
+  // call), for classes that are not thread-safe. Without it, methods run concurrently on
+  // the agent's pool threads and T must synchronise itself.
+  ClassBuilder& serialised();
 
  private:
   friend class Registry;
@@ -336,7 +347,25 @@ class Registry {
   Future<Value> invoke(std::string_view name, const std::vector<Value>& args,
                        const std::shared_ptr<Executor>& executor) const;
 
+  // What rref/ needs to know of a class: its C++ type and how its objects may be used.
+  struct ClassInfo {
+    std::string name;
+    std::type_index type;
+    bool copyable{false};
+    bool serialised{false};
+  };
+  // Function signatures turn into copies for copyable classes (copy_object).
+  using Copier = std::function<Value(const CallContext& ctx, const std::shared_ptr<void>& object)>;
+
   bool has_class(std::string_view name) const;
+  // CallRejected naming the registered classes when there is no such class.
+  ClassInfo class_info(std::string_view class_name) const;
+  // The object as a Value (ValueConverter of its type); CallRejected when the class is not
+  // copyable.
+  Value copy_object(const CallContext& ctx, std::string_view class_name,
+                    const std::shared_ptr<void>& object) const;
+  void set_copyable(std::string_view class_name, Copier copier);
+  void set_serialised(std::string_view class_name);
   // The registered class of C++ type T, or "" (rref/ uses it to name types).
   template <typename T>
   std::string class_name_of() const;
@@ -376,6 +405,8 @@ class Registry {
   struct Class {
     std::type_index type;
     std::shared_ptr<const Ctor> ctor;
+    std::shared_ptr<const Copier> copier;  // null: not copyable
+    bool serialised{false};
     std::map<std::string, std::shared_ptr<const Method>, std::less<>> methods;
   };
   // Require mutex_ held (shared).
@@ -486,6 +517,20 @@ ClassBuilder<T>& ClassBuilder<T>::add_method(std::string name, Call call) {
               executor, ctx);
         });
   }(static_cast<Params*>(nullptr));
+  return *this;
+}
+
+template <typename T>
+ClassBuilder<T>& ClassBuilder<T>::copyable() {
+  registry_.set_copyable(name_, [](const CallContext& ctx, const std::shared_ptr<void>& object) {
+    return to_value(*static_cast<const T*>(object.get()), ctx);
+  });
+  return *this;
+}
+
+template <typename T>
+ClassBuilder<T>& ClassBuilder<T>::serialised() {
+  registry_.set_serialised(name_);
   return *this;
 }
 

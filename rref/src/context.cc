@@ -1,0 +1,928 @@
+#include "context.h"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "gradwire/core/logging.h"
+#include "proto/rref.pb.h"
+
+namespace gradwire::rref {
+
+using rpc::CallContext;
+using rpc::CallRejected;
+using rpc::RRefDescriptor;
+using rpc::Value;
+using rpc::WorkerInfo;
+
+namespace {
+
+constexpr size_t kMaxTypeNameBytes = 1024;
+// Owned references made by a fork that arrived before the value's creation: bounded, so
+// forks naming made-up ids cannot grow the table without end.
+constexpr int64_t kMaxPlaceholders = 1 << 16;
+
+// Visits every RRef descriptor inside a Value tree.
+template <typename F>
+void for_each_descriptor(const Value& value, F&& fn) {
+  switch (value.type()) {
+    case rpc::ValueType::kRRef:
+      fn(value.as_rref());
+      break;
+    case rpc::ValueType::kList:
+      for (const Value& item : value.as_list())
+        for_each_descriptor(item, fn);
+      break;
+    case rpc::ValueType::kMap:
+      for (const auto& [key, item] : value.as_map())
+        for_each_descriptor(item, fn);
+      break;
+    default:
+      break;
+  }
+}
+
+bool has_descriptor(const Value& value) {
+  bool found = false;
+  for_each_descriptor(value, [&](const RRefDescriptor&) { found = true; });
+  return found;
+}
+
+// The references a message carried, alive until it has been served or converted.
+struct Held : rpc::ServeScope {
+  std::vector<std::shared_ptr<detail::RRefCore>> cores;
+};
+
+struct CallState {
+  std::vector<uint64_t> bound;  // forks minted here that this request carries
+  std::vector<std::shared_ptr<detail::RRefCore>> received;  // in its reply
+};
+
+std::string parse_error(const char* what) {
+  return std::string("malformed rref message: ") + what;
+}
+
+}  // namespace
+
+std::string id_text(uint64_t id) {
+  return std::to_string(minter_of(id)) + ":" + std::to_string(id & ((uint64_t{1} << 48) - 1));
+}
+
+namespace detail {
+
+std::string demangle(const char* name) {
+  int status = 0;
+  char* text = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  if (status != 0 || text == nullptr) return name;
+  std::string out(text);
+  std::free(text);
+  return out;
+}
+
+void throw_empty() {
+  throw Error("rref: this RRef is empty (default-constructed or moved from)");
+}
+
+void throw_unnamed_type(const std::string& cpp_name) {
+  throw InvalidArgument("rref: RRef<" + cpp_name +
+                        ">: the type is neither a class registered with def_class on this "
+                        "worker's registry nor a value type with a ValueConverter");
+}
+
+CallContext sending_context(rpc::RpcAgent& agent) {
+  return CallContext(&agent, agent.worker_info(), 0, CallContext::Clock::time_point::max());
+}
+
+std::chrono::milliseconds wait_bound(rpc::RpcAgent& agent, const rpc::CallOptions& options) {
+  return agent.effective_timeout(options);
+}
+
+void throw_timeout(const std::string& what, std::chrono::milliseconds waited) {
+  throw TimeoutError("rref: " + what + " timed out after " + std::to_string(waited.count()) +
+                     " ms");
+}
+
+std::shared_ptr<RRefCore> create(rpc::RpcAgent& agent, const rpc::Destination& to,
+                                 std::string name, std::string type_name,
+                                 std::vector<Value> args, rpc::CallOptions options) {
+  std::shared_ptr<RRefContext> context = RRefContext::of(agent);
+  const WorkerInfo owner = agent.get_worker_info(to);
+  if (owner.id == context->self().id) {
+    return context->create_local(std::move(name), std::move(type_name), std::move(args));
+  }
+  return context->create_remote(owner, std::move(name), std::move(type_name), std::move(args),
+                                options);
+}
+
+std::shared_ptr<RRefCore> receive(const Value& value, const rpc::Where& where,
+                                  const CallContext& ctx, const std::string& expected_type) {
+  if (value.type() != rpc::ValueType::kRRef) {
+    throw InvalidArgument(where.str() + ": expected RRef<" + expected_type + ">, received " +
+                          value.describe());
+  }
+  const RRefDescriptor& d = value.as_rref();
+  if (ctx.agent() == nullptr) {
+    throw InvalidArgument(where.str() +
+                          ": an RRef converts only inside a call made or served by an agent "
+                          "(it must find that agent's references)");
+  }
+  std::shared_ptr<RRefContext> context = RRefContext::of(*ctx.agent());
+  if (d.type_name != expected_type) {
+    throw InvalidArgument(where.str() + ": expected RRef<" + expected_type + ">, received RRef<" +
+                          d.type_name + "> (RRef " + id_text(d.rref_id) + " owned by worker " +
+                          std::to_string(d.owner) + ")");
+  }
+  std::shared_ptr<RRefCore> core = context->find_received(d);
+  if (core == nullptr) {
+    throw InvalidArgument(where.str() + ": RRef " + id_text(d.rref_id) + " (fork " +
+                          id_text(d.fork_id) + ") was not received by worker " +
+                          context->self().describe() +
+                          " (a Value holding an RRef converts only where it arrived)");
+  }
+  return core;
+}
+
+}  // namespace detail
+
+// ---- the context
+
+RRefContext::RRefContext(const std::shared_ptr<rpc::RpcAgent>& agent)
+    : agent_(agent), self_(agent->worker_info()) {}
+
+int RRefContext::world_size() const {
+  int n = world_size_.load(std::memory_order_acquire);
+  if (n > 0) return n;
+  std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
+  n = agent == nullptr ? 0 : static_cast<int>(agent->get_worker_infos().size());
+  world_size_.store(n, std::memory_order_release);
+  return n;
+}
+
+RRefContext::~RRefContext() = default;
+
+void RRefContext::install(const std::shared_ptr<rpc::RpcAgent>& agent) {
+  auto context = std::make_shared<RRefContext>(agent);
+  std::weak_ptr<RRefContext> weak = context;
+  agent->register_handler(kRRefHandler, "rref",
+                          [weak](const CallContext& ctx, const rpc::Request& request) {
+                            std::shared_ptr<RRefContext> self = weak.lock();
+                            if (self == nullptr)
+                              return make_failed_future<Value>(Error("rref: the context is gone"));
+                            return self->handle(ctx, request);
+                          });
+  agent->add_interceptor(context);
+  agent->add_listener(context);
+  agent->set_attachment(context);
+}
+
+std::shared_ptr<RRefContext> RRefContext::of(const rpc::RpcAgent& agent) {
+  std::shared_ptr<RRefContext> context = agent.attachment<RRefContext>();
+  if (context == nullptr) {
+    throw Error("rref: worker " + agent.worker_info().describe() +
+                " has no RRef context (agents made by create_tensorpipe_agent or init_rpc "
+                "have one when the program links gradwire::rref)");
+  }
+  return context;
+}
+
+std::shared_ptr<rpc::RpcAgent> RRefContext::agent() const {
+  std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
+  if (agent == nullptr || agent->is_shut_down()) {
+    throw Error("rref: the agent of worker " + self_.describe() +
+                " has shut down; its RRefs can no longer be used");
+  }
+  return agent;
+}
+
+std::shared_ptr<rpc::RpcAgent> RRefContext::agent_or_null() const {
+  return agent_.lock();
+}
+
+std::exception_ptr RRefContext::lost_error(int worker) const {
+  MutexLock lock(mutex_);
+  auto it = lost_.find(worker);
+  if (it == lost_.end()) return nullptr;
+  return std::make_exception_ptr(NetworkError("rref: the owner, worker " + std::to_string(worker) +
+                                              ", is gone (" + it->second + ")"));
+}
+
+Future<Value> RRefContext::send(const WorkerInfo& to, const std::string& payload, std::string what,
+                                std::vector<Value> args, rpc::CallOptions options) {
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  rpc::Request request;
+  request.handler = kRRefHandler;
+  request.function = std::move(what);
+  request.payload.assign(payload.begin(), payload.end());
+  request.args = std::move(args);
+  {
+    MutexLock lock(mutex_);
+    ++in_flight_;
+  }
+  Future<Value> result;
+  result.set_default_timeout(rpc::RpcAgent::wait_bound(agent->effective_timeout(options)));
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  auto done = [weak](RRefContext& self) {
+    MutexLock lock(self.mutex_);
+    --self.in_flight_;
+    self.cv_.notify_all();
+  };
+  try {
+    agent->send_request(to, std::move(request), options,
+                        [weak, done, result](Value value, std::exception_ptr error) mutable {
+                          if (error) {
+                            result.try_set_error(std::move(error));
+                          } else {
+                            result.try_set_value(std::move(value));
+                          }
+                          if (auto self = weak.lock()) done(*self);
+                        });
+  } catch (...) {
+    done(*this);
+    throw;
+  }
+  return result;
+}
+
+std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, std::string name,
+                                                     std::string type_name,
+                                                     std::vector<Value> args,
+                                                     rpc::CallOptions options) {
+  if (std::exception_ptr lost = lost_error(owner.id)) std::rethrow_exception(lost);
+  const uint64_t rref_id = mint();
+  const uint64_t fork = mint();
+  wire::RRefMessage message;
+  wire::Create* create = message.mutable_create();
+  create->set_rref_id(rref_id);
+  create->set_fork_id(fork);
+  create->set_type_name(type_name);
+  create->set_name(name);
+  Future<void> confirmed;
+  auto user = std::make_shared<UserRRef>(shared_from_this(), owner, rref_id, fork, type_name,
+                                         confirmed);
+  {
+    MutexLock lock(mutex_);
+    users_[fork] = user;
+  }
+  Future<Value> reply;
+  try {
+    reply = send(owner, message.SerializeAsString(),
+                 "remote " + name + " -> RRef " + id_text(rref_id) + " (" + type_name + ")", args,
+                 options);
+  } catch (...) {
+    discard(args);
+    throw;
+  }
+  // The reference stays alive until the owner has replied: a delete is sent only for a fork
+  // the owner has counted.
+  gradwire::detail::on_complete_inline(reply, [user, confirmed](const Future<Value>& done) mutable {
+    if (done.has_error()) {
+      confirmed.try_set_error(done.error());
+    } else {
+      confirmed.try_set_value();
+    }
+  });
+  return user;
+}
+
+std::shared_ptr<OwnerRRef> RRefContext::create_local(std::string name, std::string type_name,
+                                                     std::vector<Value> args) {
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  auto owner = std::make_shared<OwnerRRef>(shared_from_this(), mint(), type_name);
+  register_owner(owner);
+  owner->begin_creation(type_name);
+  // References among the arguments were made for sending: this worker receives them.
+  std::vector<const Value*> values;
+  for (const Value& v : args)
+    values.push_back(&v);
+  std::shared_ptr<void> keep = loop_back(values);
+  const CallContext ctx = detail::sending_context(*agent);
+  try {
+    agent->executor()->execute(
+        [owner, keep, ctx, name = std::move(name), args = std::move(args)] {
+          owner->create(ctx, name, args);
+        });
+  } catch (...) {
+    owner->fail(std::current_exception());
+  }
+  return owner;
+}
+
+void RRefContext::adopt_user(const std::shared_ptr<UserRRef>& user) {
+  MutexLock lock(mutex_);
+  users_[user->fork_id()] = user;
+}
+
+void RRefContext::register_owner(const std::shared_ptr<OwnerRRef>& owner) {
+  MutexLock lock(mutex_);
+  owners_[owner->rref_id()] = owner;
+}
+
+void RRefContext::add_owner_fork(const std::shared_ptr<OwnerRRef>& owner, uint64_t fork) {
+  MutexLock lock(mutex_);
+  if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
+  Shared& entry = shared_[owner->rref_id()];
+  if (entry.owner == nullptr) entry.owner = owner;
+  entry.forks[fork] = -1;
+}
+
+void RRefContext::add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork) {
+  MutexLock lock(mutex_);
+  if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
+  children_[fork] = Child{parent, -1};
+}
+
+void RRefContext::release_user(const WorkerInfo& owner, uint64_t rref_id, uint64_t fork,
+                               bool counted) {
+  {
+    MutexLock lock(mutex_);
+    auto it = users_.find(fork);
+    if (it != users_.end() && it->second.expired()) users_.erase(it);
+    cv_.notify_all();
+    if (!counted || closed_ || lost_.count(owner.id) != 0) return;
+  }
+  wire::RRefMessage message;
+  message.mutable_delete_fork()->set_rref_id(rref_id);
+  message.mutable_delete_fork()->set_fork_id(fork);
+  try {
+    send(owner, message.SerializeAsString(),
+         "delete of fork " + id_text(fork) + " of RRef " + id_text(rref_id));
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kDebug) << "rref worker " << self_.describe() << ": the delete of fork "
+                         << id_text(fork) << " was not sent: " << e.what();
+  }
+}
+
+void RRefContext::owner_destroyed(uint64_t rref_id, bool placeholder) {
+  MutexLock lock(mutex_);
+  if (placeholder) --placeholders_;
+  auto it = owners_.find(rref_id);
+  if (it != owners_.end() && it->second.expired()) owners_.erase(it);
+  cv_.notify_all();
+}
+
+std::shared_ptr<OwnerRRef> RRefContext::find_owner(uint64_t rref_id) const {
+  MutexLock lock(mutex_);
+  auto it = owners_.find(rref_id);
+  return it == owners_.end() ? nullptr : it->second.lock();
+}
+
+std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
+                                                        const std::string& type_name,
+                                                        uint64_t fork, int holder) {
+  std::shared_ptr<OwnerRRef> made;  // let go after the lock when unused
+  MutexLock lock(mutex_);
+  if (closed_) throw Error("rref: worker " + self_.describe() + " has shut down");
+  std::shared_ptr<OwnerRRef> owner;
+  auto it = owners_.find(rref_id);
+  if (it != owners_.end()) owner = it->second.lock();
+  if (owner == nullptr) {
+    if (placeholders_ >= kMaxPlaceholders) {
+      throw CallRejected("rref: worker " + self_.describe() + " holds " +
+                         std::to_string(placeholders_) +
+                         " references whose creation has not arrived; refusing RRef " +
+                         id_text(rref_id));
+    }
+    made = std::make_shared<OwnerRRef>(shared_from_this(), rref_id, type_name);
+    owner = made;
+    owners_[rref_id] = owner;
+    ++placeholders_;
+  }
+  Shared& entry = shared_[rref_id];
+  if (entry.owner == nullptr) entry.owner = owner;
+  if (!entry.forks.emplace(fork, holder).second) {
+    throw CallRejected("rref: fork " + id_text(fork) + " of RRef " + id_text(rref_id) +
+                       " is already counted on worker " + self_.describe());
+  }
+  return owner;
+}
+
+void RRefContext::remove_fork(uint64_t rref_id, uint64_t fork) {
+  std::shared_ptr<OwnerRRef> dropped;
+  {
+    MutexLock lock(mutex_);
+    auto it = shared_.find(rref_id);
+    if (it == shared_.end()) return;
+    it->second.forks.erase(fork);
+    if (it->second.forks.empty()) {
+      dropped = std::move(it->second.owner);
+      shared_.erase(it);
+    }
+    cv_.notify_all();
+  }
+}
+
+void RRefContext::accept_children(const std::vector<uint64_t>& forks) {
+  std::vector<std::shared_ptr<UserRRef>> dropped;
+  {
+    MutexLock lock(mutex_);
+    for (uint64_t fork : forks) {
+      auto it = children_.find(fork);
+      if (it == children_.end()) continue;
+      dropped.push_back(std::move(it->second.parent));
+      children_.erase(it);
+    }
+    cv_.notify_all();
+  }
+}
+
+std::shared_ptr<detail::RRefCore> RRefContext::find_received(const RRefDescriptor& d) const {
+  MutexLock lock(mutex_);
+  if (d.owner == self_.id) {
+    auto it = owners_.find(d.rref_id);
+    return it == owners_.end() ? nullptr : it->second.lock();
+  }
+  auto it = users_.find(d.fork_id);
+  return it == users_.end() ? nullptr : it->second.lock();
+}
+
+void RRefContext::validate(const RRefDescriptor& d) const {
+  const int world = world_size();
+  auto in_group = [&](int id) { return id >= 0 && id < world; };
+  if (!in_group(d.owner) || d.rref_id == 0 || d.fork_id == 0 || !in_group(minter_of(d.rref_id)) ||
+      !in_group(minter_of(d.fork_id)) || d.type_name.empty() ||
+      d.type_name.size() > kMaxTypeNameBytes) {
+    throw CallRejected("rref: worker " + self_.describe() +
+                       " received a malformed RRef (owner " + std::to_string(d.owner) + ", RRef " +
+                       id_text(d.rref_id) + ", fork " + id_text(d.fork_id) + ")");
+  }
+}
+
+std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
+                                                      const WorkerInfo& from) {
+  validate(d);
+  const int minter = minter_of(d.fork_id);
+  if (d.owner == self_.id) {
+    std::shared_ptr<OwnerRRef> owner = find_owner(d.rref_id);
+    if (owner == nullptr) {
+      throw CallRejected("rref: worker " + self_.describe() + " received RRef " +
+                         id_text(d.rref_id) + " from " + from.describe() +
+                         ", which it does not own (it was released or never existed)");
+    }
+    if (minter == self_.id) {
+      // A fork this owner made came back: the local handle takes over.
+      remove_fork(d.rref_id, d.fork_id);
+    } else {
+      // Another user's fork arrived at the owner: that user may let go of its reference.
+      wire::RRefMessage message;
+      message.mutable_child_accepted()->add_fork_ids(d.fork_id);
+      const std::string payload = message.SerializeAsString();
+      send(agent()->get_worker_info(minter), payload,
+           "accept of fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
+    }
+    return owner;
+  }
+  {
+    MutexLock lock(mutex_);
+    auto it = users_.find(d.fork_id);
+    if (it != users_.end()) {
+      if (auto existing = it->second.lock()) return existing;
+    }
+  }
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  const WorkerInfo owner = agent->get_worker_info(d.owner);
+  Future<void> confirmed;
+  auto user = std::make_shared<UserRRef>(shared_from_this(), owner, d.rref_id, d.fork_id,
+                                         d.type_name, confirmed);
+  {
+    MutexLock lock(mutex_);
+    users_[d.fork_id] = user;
+  }
+  if (std::exception_ptr lost = lost_error(owner.id)) {
+    user->mark_released();
+    confirmed.try_set_error(lost);
+    return user;
+  }
+  if (minter == d.owner) {
+    // The owner made this fork and counted it when it sent it.
+    confirmed.try_set_value();
+    return user;
+  }
+  wire::RRefMessage message;
+  wire::AddFork* add = message.mutable_add_fork();
+  add->set_rref_id(d.rref_id);
+  add->set_fork_id(d.fork_id);
+  add->set_type_name(d.type_name);
+  Future<Value> reply = send(owner, message.SerializeAsString(),
+                             "fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
+  gradwire::detail::on_complete_inline(reply, [user, confirmed](const Future<Value>& done) mutable {
+    if (done.has_error()) {
+      // Not counted: nothing to delete.
+      user->mark_released();
+      confirmed.try_set_error(done.error());
+    } else {
+      confirmed.try_set_value();
+    }
+  });
+  return user;
+}
+
+void RRefContext::accept_all(const Value& value, const WorkerInfo& from,
+                             std::vector<std::shared_ptr<detail::RRefCore>>& out) {
+  for_each_descriptor(value, [&](const RRefDescriptor& d) { out.push_back(accept(d, from)); });
+}
+
+void RRefContext::bind_all(const Value& value, int to, std::vector<uint64_t>& bound) {
+  for_each_descriptor(value, [&](const RRefDescriptor& d) {
+    if (minter_of(d.fork_id) != self_.id) return;
+    MutexLock lock(mutex_);
+    if (d.owner == self_.id) {
+      auto it = shared_.find(d.rref_id);
+      if (it == shared_.end()) return;
+      auto fork = it->second.forks.find(d.fork_id);
+      if (fork == it->second.forks.end() || fork->second != -1) return;
+      fork->second = to;
+    } else {
+      auto it = children_.find(d.fork_id);
+      if (it == children_.end() || it->second.to != -1) return;
+      it->second.to = to;
+    }
+    bound.push_back(d.fork_id);
+  });
+}
+
+void RRefContext::unbind(const std::vector<uint64_t>& forks) {
+  std::vector<std::shared_ptr<detail::RRefCore>> dropped;
+  {
+    MutexLock lock(mutex_);
+    for (uint64_t fork : forks) {
+      auto child = children_.find(fork);
+      if (child != children_.end()) {
+        dropped.push_back(std::move(child->second.parent));
+        children_.erase(child);
+        continue;
+      }
+      for (auto it = shared_.begin(); it != shared_.end(); ++it) {
+        if (it->second.forks.erase(fork) == 0) continue;
+        if (it->second.forks.empty()) {
+          dropped.push_back(std::move(it->second.owner));
+          shared_.erase(it);
+        }
+        break;
+      }
+    }
+    cv_.notify_all();
+  }
+}
+
+void RRefContext::discard(const std::vector<Value>& values) {
+  std::vector<uint64_t> forks;
+  for (const Value& v : values) {
+    for_each_descriptor(v, [&](const RRefDescriptor& d) {
+      if (minter_of(d.fork_id) != self_.id) return;
+      // Only forks that never left: one bound to a destination may be accepted there.
+      MutexLock lock(mutex_);
+      if (auto child = children_.find(d.fork_id); child != children_.end()) {
+        if (child->second.to == -1) forks.push_back(d.fork_id);
+      } else if (auto it = shared_.find(d.rref_id); it != shared_.end()) {
+        auto fork = it->second.forks.find(d.fork_id);
+        if (fork != it->second.forks.end() && fork->second == -1) forks.push_back(d.fork_id);
+      }
+    });
+  }
+  if (!forks.empty()) unbind(forks);
+}
+
+std::shared_ptr<void> RRefContext::loop_back(const std::vector<const Value*>& values) {
+  auto held = std::make_shared<Held>();
+  std::vector<uint64_t> bound;
+  for (const Value* v : values) {
+    if (!has_descriptor(*v)) continue;
+    bind_all(*v, self_.id, bound);
+    accept_all(*v, self_, held->cores);
+  }
+  return held;
+}
+
+// ---- interceptor
+
+std::shared_ptr<void> RRefContext::on_outgoing_request(const WorkerInfo& to,
+                                                       rpc::Request& request) {
+  auto state = std::make_shared<CallState>();
+  for (const Value& v : request.args) {
+    if (v.type() == rpc::ValueType::kRRef || v.type() == rpc::ValueType::kList ||
+        v.type() == rpc::ValueType::kMap)
+      bind_all(v, to.id, state->bound);
+  }
+  return state;
+}
+
+void RRefContext::on_incoming_response(const WorkerInfo& from, rpc::Response& response,
+                                       const std::shared_ptr<void>& state) {
+  const Value* value = std::get_if<Value>(&response.result);
+  if (value == nullptr || state == nullptr || !has_descriptor(*value)) return;
+  accept_all(*value, from, static_cast<CallState*>(state.get())->received);
+}
+
+void RRefContext::on_call_finished(const rpc::FinishedCall& call,
+                                   const std::shared_ptr<void>& state) {
+  if (state == nullptr || call.outcome != rpc::CallOutcome::kNotSent) return;
+  unbind(static_cast<CallState*>(state.get())->bound);
+}
+
+std::shared_ptr<rpc::ServeScope> RRefContext::on_incoming_request(const WorkerInfo& from,
+                                                                  rpc::Request& request) {
+  std::shared_ptr<Held> held;
+  for (const Value& v : request.args) {
+    if (!has_descriptor(v)) continue;
+    if (held == nullptr) held = std::make_shared<Held>();
+    accept_all(v, from, held->cores);
+  }
+  return held;
+}
+
+void RRefContext::on_outgoing_response(const WorkerInfo& to, const rpc::Request&,
+                                       rpc::Response& response) {
+  const Value* value = std::get_if<Value>(&response.result);
+  if (value == nullptr || !has_descriptor(*value)) return;
+  std::vector<uint64_t> bound;
+  bind_all(*value, to.id, bound);
+}
+
+// ---- listener
+
+void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& why) {
+  std::vector<std::shared_ptr<detail::RRefCore>> dropped;
+  std::vector<std::shared_ptr<UserRRef>> orphans;
+  {
+    MutexLock lock(mutex_);
+    if (closed_ || lost_.count(worker.id) != 0) return;
+    lost_[worker.id] = "the connection to " + worker.describe() + " was lost: " + why;
+    // Forks it held (or that were on their way to it) no longer keep values alive.
+    for (auto it = shared_.begin(); it != shared_.end();) {
+      for (auto fork = it->second.forks.begin(); fork != it->second.forks.end();) {
+        fork = fork->second == worker.id ? it->second.forks.erase(fork) : std::next(fork);
+      }
+      if (it->second.forks.empty()) {
+        dropped.push_back(std::move(it->second.owner));
+        it = shared_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Forks sent to it, or of its values, will never be accepted.
+    for (auto it = children_.begin(); it != children_.end();) {
+      if (it->second.to == worker.id || it->second.parent->owner().id == worker.id) {
+        dropped.push_back(std::move(it->second.parent));
+        it = children_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& [fork, weak] : users_) {
+      if (auto user = weak.lock(); user != nullptr && user->owner().id == worker.id)
+        orphans.push_back(std::move(user));
+    }
+    cv_.notify_all();
+  }
+  for (auto& user : orphans)
+    user->mark_released();
+  GRADWIRE_LOG(kInfo) << "rref worker " << self_.describe() << ": released what "
+                      << worker.describe() << " held; " << orphans.size()
+                      << " references to its values are now dead";
+}
+
+void RRefContext::on_graceful_shutdown(Clock::time_point deadline) {
+  {
+    MutexLock lock(mutex_);
+    shutting_down_ = true;
+  }
+  // Forks this worker sent must be accepted first: each keeps a value alive for its
+  // receiver.
+  wait_idle(deadline, "a graceful shutdown");
+  // Then every reference still held here is given up.
+  std::vector<std::shared_ptr<UserRRef>> users;
+  {
+    MutexLock lock(mutex_);
+    for (auto& [fork, weak] : users_) {
+      if (auto user = weak.lock()) users.push_back(std::move(user));
+    }
+  }
+  for (auto& user : users) {
+    if (user->released() || !user->confirmed_by_owner() || user->creation().has_error()) continue;
+    user->mark_released();
+    release_user(user->owner(), user->rref_id(), user->fork_id(), true);
+  }
+  users.clear();
+  wait_idle(deadline, "a graceful shutdown");
+}
+
+void RRefContext::on_closed() {
+  std::map<uint64_t, Shared> shared;
+  std::map<uint64_t, Child> children;
+  std::vector<std::shared_ptr<UserRRef>> users;
+  {
+    MutexLock lock(mutex_);
+    closed_ = true;
+    shared.swap(shared_);
+    children.swap(children_);
+    for (auto& [fork, weak] : users_) {
+      if (auto user = weak.lock()) users.push_back(std::move(user));
+    }
+    cv_.notify_all();
+  }
+  for (auto& user : users)
+    user->mark_released();
+}
+
+RRefMetrics RRefContext::metrics() const {
+  MutexLock lock(mutex_);
+  RRefMetrics m;
+  for (const auto& [id, weak] : owners_) {
+    if (!weak.expired()) ++m.owned_values;
+  }
+  m.shared_values = static_cast<int64_t>(shared_.size());
+  for (const auto& [id, entry] : shared_)
+    m.owned_forks += static_cast<int64_t>(entry.forks.size());
+  for (const auto& [fork, weak] : users_) {
+    if (!weak.expired()) ++m.user_references;
+  }
+  m.pending_children = static_cast<int64_t>(children_.size());
+  m.messages_in_flight = in_flight_;
+  return m;
+}
+
+void RRefContext::wait_idle(Clock::time_point deadline, const char* what) const {
+  MutexLock lock(mutex_);
+  auto busy = [&]() GRADWIRE_REQUIRES(mutex_) {
+    return !closed_ && (in_flight_ > 0 || !children_.empty());
+  };
+  while (busy()) {
+    if (lock.wait_until(cv_, deadline) == std::cv_status::timeout && busy()) {
+      throw TimeoutError("rref worker " + self_.describe() + ": " + what + " waited for " +
+                         std::to_string(in_flight_) + " protocol messages and " +
+                         std::to_string(children_.size()) +
+                         " forks not yet accepted by their owners");
+    }
+  }
+}
+
+bool RRefContext::wait_owned_values(int64_t count, Clock::time_point deadline) const {
+  MutexLock lock(mutex_);
+  auto over = [&]() GRADWIRE_REQUIRES(mutex_) {
+    int64_t n = 0;
+    for (const auto& [id, weak] : owners_) {
+      if (!weak.expired()) ++n;
+    }
+    return n > count;
+  };
+  while (over()) {
+    if (lock.wait_until(cv_, deadline) == std::cv_status::timeout) return !over();
+  }
+  return true;
+}
+
+// ---- the handler
+
+Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& request) {
+  wire::RRefMessage message;
+  if (request.payload.empty() ||
+      !message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()))) {
+    throw CallRejected(parse_error("the payload does not parse"));
+  }
+  const WorkerInfo& caller = ctx.caller();
+  const int world = world_size();
+  if (caller.id < 0 || caller.id >= world) {
+    throw CallRejected("rref: requests from outside the group are refused");
+  }
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  switch (message.op_case()) {
+    case wire::RRefMessage::kCreate:
+      return handle_create(ctx, request, request.function);
+    case wire::RRefMessage::kFetch: {
+      const wire::Fetch& fetch = message.fetch();
+      std::shared_ptr<OwnerRRef> owner = find_owner(fetch.rref_id());
+      if (owner == nullptr) {
+        throw CallRejected("rref: worker " + self_.describe() + " owns no RRef " +
+                           id_text(fetch.rref_id()));
+      }
+      return owner->serialise(ctx, fetch.type_name());
+    }
+    case wire::RRefMessage::kCallMethod: {
+      const wire::CallMethod& call = message.call_method();
+      std::shared_ptr<OwnerRRef> owner = find_owner(call.rref_id());
+      if (owner == nullptr) {
+        throw CallRejected("rref: worker " + self_.describe() + " owns no RRef " +
+                           id_text(call.rref_id()));
+      }
+      return owner->invoke(ctx, call.method(), request.args);
+    }
+    case wire::RRefMessage::kAddFork: {
+      const wire::AddFork& add = message.add_fork();
+      const int parent = minter_of(add.fork_id());
+      if (add.rref_id() == 0 || minter_of(add.rref_id()) >= world || parent >= world ||
+          parent == self_.id || add.type_name().empty() ||
+          add.type_name().size() > kMaxTypeNameBytes) {
+        throw CallRejected(parse_error("a fork with bad ids"));
+      }
+      std::shared_ptr<OwnerRRef> owner =
+          owner_with_fork(add.rref_id(), add.type_name(), add.fork_id(), caller.id);
+      if (owner->type_name() != add.type_name()) {
+        remove_fork(add.rref_id(), add.fork_id());
+        throw CallRejected("rref: RRef " + id_text(add.rref_id()) + " on worker " +
+                           self_.describe() + " holds " + owner->type_name() + ", not " +
+                           add.type_name());
+      }
+      wire::RRefMessage accepted;
+      accepted.mutable_child_accepted()->add_fork_ids(add.fork_id());
+      send(agent->get_worker_info(parent), accepted.SerializeAsString(),
+           "accept of fork " + id_text(add.fork_id()) + " of RRef " + id_text(add.rref_id()));
+      return make_ready_future(Value());
+    }
+    case wire::RRefMessage::kChildAccepted: {
+      std::vector<uint64_t> forks(message.child_accepted().fork_ids().begin(),
+                                  message.child_accepted().fork_ids().end());
+      accept_children(forks);
+      return make_ready_future(Value());
+    }
+    case wire::RRefMessage::kDeleteFork: {
+      const wire::Delete& del = message.delete_fork();
+      {
+        MutexLock lock(mutex_);
+        auto it = shared_.find(del.rref_id());
+        const bool counted =
+            it != shared_.end() && it->second.forks.count(del.fork_id()) != 0;
+        if (!counted) {
+          throw CallRejected("rref: worker " + self_.describe() + " counts no fork " +
+                             id_text(del.fork_id()) + " of RRef " + id_text(del.rref_id()));
+        }
+        if (it->second.forks.at(del.fork_id()) != caller.id) {
+          throw CallRejected("rref: fork " + id_text(del.fork_id()) + " of RRef " +
+                             id_text(del.rref_id()) + " is not held by " + caller.describe());
+        }
+      }
+      remove_fork(del.rref_id(), del.fork_id());
+      return make_ready_future(Value());
+    }
+    case wire::RRefMessage::OP_NOT_SET:
+      break;
+  }
+  throw CallRejected(parse_error("no operation"));
+}
+
+Future<Value> RRefContext::handle_create(const CallContext& ctx, const rpc::Request& request,
+                                         const std::string&) {
+  wire::RRefMessage message;
+  message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()));
+  const wire::Create& create = message.create();
+  const int caller = ctx.caller().id;
+  if (minter_of(create.rref_id()) != caller || minter_of(create.fork_id()) != caller ||
+      create.type_name().empty() || create.type_name().size() > kMaxTypeNameBytes ||
+      create.name().empty()) {
+    throw CallRejected(parse_error("a creation with bad ids, type or name"));
+  }
+  std::shared_ptr<OwnerRRef> owner =
+      owner_with_fork(create.rref_id(), create.type_name(), create.fork_id(), caller);
+  if (!owner->begin_creation(create.type_name())) {
+    throw CallRejected("rref: RRef " + id_text(create.rref_id()) + " was already created");
+  }
+  {
+    MutexLock lock(mutex_);
+    --placeholders_;  // it is one no more; its destruction will not count it
+  }
+  if (create.target_rref_id() != 0) {
+    std::shared_ptr<OwnerRRef> target = find_owner(create.target_rref_id());
+    if (target == nullptr) {
+      owner->fail(std::make_exception_ptr(CallRejected(
+          "rref: worker " + self_.describe() + " owns no RRef " + id_text(create.target_rref_id()))));
+    } else {
+      owner->adopt(target->invoke(ctx, create.name(), request.args, create.type_name()));
+    }
+  } else {
+    owner->create(ctx, create.name(), request.args);
+  }
+  // Replied once the value exists: the caller's calls on it wait for this.
+  std::shared_ptr<Executor> executor = agent()->executor();
+  return owner->creation().then(executor, [](Future<void> done) {
+    done.value();
+    return Value();
+  });
+}
+
+RRefMetrics metrics(rpc::RpcAgent& agent) {
+  return RRefContext::of(agent)->metrics();
+}
+
+void wait_idle(rpc::RpcAgent& agent, std::chrono::milliseconds timeout) {
+  RRefContext::of(agent)->wait_idle(deadline_after(timeout), "wait_idle");
+}
+
+bool wait_owned_values(rpc::RpcAgent& agent, int64_t count, std::chrono::milliseconds timeout) {
+  return RRefContext::of(agent)->wait_owned_values(count, deadline_after(timeout));
+}
+
+namespace detail {
+// Every agent built by a factory gets a context, the default one of init_rpc included.
+bool ensure_registered() {
+  static const bool registered = [] {
+    rpc::register_agent_extension("rref", &RRefContext::install);
+    return true;
+  }();
+  return registered;
+}
+namespace {
+const bool kRegistered = ensure_registered();
+}  // namespace
+}  // namespace detail
+
+}  // namespace gradwire::rref

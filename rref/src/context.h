@@ -1,0 +1,283 @@
+// RRefContext: one agent's reference bookkeeping — the values it owns and who holds forks
+// of them, the references it holds to other workers' values, and the forks it sent that
+// their owner has not yet accepted. It is the agent's attachment, its rref handler, an
+// interceptor (references inside any message are accounted for as they leave and arrive)
+// and an agent listener (a lost worker's references are released; a graceful shutdown
+// sends this worker's last deletes). docs/rref.md describes the protocol.
+//
+// Locking: mutex_ guards the maps. No reference core is ever destroyed while it is held
+// (a core's destructor calls back into the context): whatever a change drops is moved out
+// and let go after the lock. No message is sent under it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <typeindex>
+#include <vector>
+
+#include "gradwire/core/future.h"
+#include "gradwire/core/mutex.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/rref/rref.h"
+
+namespace gradwire::rref {
+
+class OwnerRRef;
+class UserRRef;
+class RRefMessageBuilder;
+
+// The worker that minted an id.
+inline int minter_of(uint64_t id) {
+  return static_cast<int>(id >> 48);
+}
+// "0:7" (minter:counter), as messages name references and forks.
+std::string id_text(uint64_t id);
+
+class RRefContext : public rpc::Interceptor,
+                    public rpc::AgentListener,
+                    public std::enable_shared_from_this<RRefContext> {
+ public:
+  RRefContext(const std::shared_ptr<rpc::RpcAgent>& agent);
+  ~RRefContext() override;
+
+  // Installs a context on `agent` (its handler, interceptor, listener and attachment).
+  static void install(const std::shared_ptr<rpc::RpcAgent>& agent);
+  // The context of `agent`; Error when rref/ is not installed there.
+  static std::shared_ptr<RRefContext> of(const rpc::RpcAgent& agent);
+
+  const rpc::WorkerInfo& self() const { return self_; }
+  // The agent, held for the caller's use; Error once it has shut down or is gone.
+  std::shared_ptr<rpc::RpcAgent> agent() const;
+  // The agent or null, for clean-up paths.
+  std::shared_ptr<rpc::RpcAgent> agent_or_null() const;
+  uint64_t mint() { return (static_cast<uint64_t>(self_.id) << 48) | next_id_.fetch_add(1); }
+
+  // ---- references made here
+  std::shared_ptr<UserRRef> create_remote(const rpc::WorkerInfo& owner, std::string name,
+                                          std::string type_name, std::vector<rpc::Value> args,
+                                          rpc::CallOptions options);
+  std::shared_ptr<OwnerRRef> create_local(std::string name, std::string type_name,
+                                          std::vector<rpc::Value> args);
+  // A new fork of an owned value, counted until it is bound to a destination.
+  void add_owner_fork(const std::shared_ptr<OwnerRRef>& owner, uint64_t fork);
+  // A fork this user sends: `parent` stays alive until the owner accepts it.
+  void add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork);
+  // A user reference let go (its core's destructor): the owner is told.
+  void release_user(const rpc::WorkerInfo& owner, uint64_t rref_id, uint64_t fork,
+                    bool counted);
+  // `placeholder`: made by an early fork, never created.
+  void owner_destroyed(uint64_t rref_id, bool placeholder);
+  void register_owner(const std::shared_ptr<OwnerRRef>& owner);
+  void adopt_user(const std::shared_ptr<UserRRef>& user);
+  // Forks minted for `values` that will never be sent.
+  void discard(const std::vector<rpc::Value>& values);
+  // Whether `worker` was lost (references to its values fail at once).
+  std::exception_ptr lost_error(int worker) const;
+  // The references inside values made on this worker, received back by this worker (a call
+  // an owner makes on its own object): as if sent to and received from itself.
+  std::shared_ptr<void> loop_back(const std::vector<const rpc::Value*>& values);
+
+  // Sends a protocol message to `to`; counted in messages_in_flight until its reply.
+  Future<rpc::Value> send(const rpc::WorkerInfo& to, const std::string& payload,
+                          std::string what, std::vector<rpc::Value> args = {},
+                          rpc::CallOptions options = {});
+
+  // ---- received references
+  std::shared_ptr<detail::RRefCore> find_received(const rpc::RRefDescriptor& d) const;
+
+  // ---- the handler
+  Future<rpc::Value> handle(const rpc::CallContext& ctx, const rpc::Request& request);
+
+  // ---- Interceptor
+  std::shared_ptr<void> on_outgoing_request(const rpc::WorkerInfo& to,
+                                            rpc::Request& request) override;
+  void on_incoming_response(const rpc::WorkerInfo& from, rpc::Response& response,
+                            const std::shared_ptr<void>& state) override;
+  void on_call_finished(const rpc::FinishedCall& call, const std::shared_ptr<void>& state) override;
+  std::shared_ptr<rpc::ServeScope> on_incoming_request(const rpc::WorkerInfo& from,
+                                                       rpc::Request& request) override;
+  void on_outgoing_response(const rpc::WorkerInfo& to, const rpc::Request& request,
+                            rpc::Response& response) override;
+
+  // ---- AgentListener
+  void on_worker_lost(const rpc::WorkerInfo& worker, const std::string& why) override;
+  void on_graceful_shutdown(Clock::time_point deadline) override;
+  void on_closed() override;
+
+  RRefMetrics metrics() const;
+  void wait_idle(Clock::time_point deadline, const char* what) const;
+  bool wait_owned_values(int64_t count, Clock::time_point deadline) const;
+
+ private:
+  struct Shared {
+    std::shared_ptr<OwnerRRef> owner;
+    std::map<uint64_t, int> forks;  // fork id -> the worker holding it (-1: not yet sent)
+  };
+  struct Child {
+    std::shared_ptr<UserRRef> parent;
+    int to{-1};  // where it was sent (-1: not yet)
+  };
+
+  // Accepts the references inside `value`, received from `from`.
+  void accept_all(const rpc::Value& value, const rpc::WorkerInfo& from,
+                  std::vector<std::shared_ptr<detail::RRefCore>>& out);
+  std::shared_ptr<detail::RRefCore> accept(const rpc::RRefDescriptor& d,
+                                           const rpc::WorkerInfo& from);
+  // Binds the forks minted here inside `value` to destination `to`.
+  void bind_all(const rpc::Value& value, int to, std::vector<uint64_t>& bound);
+  // Forks bound by a message that never left.
+  void unbind(const std::vector<uint64_t>& forks);
+  void validate(const rpc::RRefDescriptor& d) const;
+
+  std::shared_ptr<OwnerRRef> find_owner(uint64_t rref_id) const;
+  // The owned reference `rref_id`, made as a placeholder when a fork of it arrives before
+  // its creation; counts `fork` held by `holder`.
+  std::shared_ptr<OwnerRRef> owner_with_fork(uint64_t rref_id, const std::string& type_name,
+                                             uint64_t fork, int holder);
+  // Removes a fork; the value leaves shared_ when none is left.
+  void remove_fork(uint64_t rref_id, uint64_t fork);
+  void accept_children(const std::vector<uint64_t>& forks);
+
+  Future<rpc::Value> handle_create(const rpc::CallContext& ctx, const rpc::Request& request,
+                                   const std::string& payload);
+
+  // The group's size, known once the agent has started.
+  int world_size() const;
+
+  const std::weak_ptr<rpc::RpcAgent> agent_;
+  const rpc::WorkerInfo self_;
+  mutable std::atomic<int> world_size_{0};
+  std::atomic<uint64_t> next_id_{1};
+
+  mutable Mutex mutex_;
+  mutable std::condition_variable cv_;
+  bool shutting_down_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  bool closed_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  std::map<uint64_t, Shared> shared_ GRADWIRE_GUARDED_BY(mutex_);
+  std::map<uint64_t, std::weak_ptr<OwnerRRef>> owners_ GRADWIRE_GUARDED_BY(mutex_);
+  std::map<uint64_t, std::weak_ptr<UserRRef>> users_ GRADWIRE_GUARDED_BY(mutex_);
+  std::map<uint64_t, Child> children_ GRADWIRE_GUARDED_BY(mutex_);
+  std::map<int, std::string> lost_ GRADWIRE_GUARDED_BY(mutex_);  // worker id -> why
+  int64_t in_flight_ GRADWIRE_GUARDED_BY(mutex_) = 0;
+  int64_t placeholders_ GRADWIRE_GUARDED_BY(mutex_) = 0;
+};
+
+// A value or object this worker owns.
+class OwnerRRef : public detail::RRefCore, public std::enable_shared_from_this<OwnerRRef> {
+ public:
+  OwnerRRef(std::shared_ptr<RRefContext> context, uint64_t rref_id, std::string type_name);
+  ~OwnerRRef() override;
+
+  const rpc::WorkerInfo& owner() const override { return context_->self(); }
+  uint64_t rref_id() const override { return id_; }
+  const std::string& type_name() const override { return type_name_; }
+  bool is_owner() const override { return true; }
+  bool confirmed_by_owner() const override { return true; }
+  Future<void> creation() const override { return ready_; }
+  detail::Reply fetch(rpc::CallOptions options) override;
+  detail::Reply call(std::string method, std::vector<rpc::Value> args,
+                     rpc::CallOptions options) override;
+  std::shared_ptr<detail::RRefCore> remote(std::string method, std::string result_type,
+                                           std::vector<rpc::Value> args,
+                                           rpc::CallOptions options) override;
+  rpc::Value to_value(const rpc::CallContext& ctx) override;
+  std::shared_ptr<void> local_object(const detail::LocalType& type,
+                                     std::chrono::milliseconds timeout) override;
+  rpc::RpcAgent& agent() const override;
+  std::string describe() const override;
+
+  // ---- for the context and the handler
+  // Whether a creating call has started (false: a placeholder made by an early fork).
+  bool begin_creation(const std::string& type_name);
+  // Runs the registered constructor or function `name` and keeps its result.
+  void create(const rpc::CallContext& ctx, const std::string& name, const std::vector<rpc::Value>& args);
+  // Keeps what `result` completes with (a value of type type_name()).
+  void adopt(Future<rpc::Value> result, std::shared_ptr<void> keep = nullptr);
+  void fail(std::exception_ptr error);
+  // The value as a Value for a caller expecting `type_name`, once it exists.
+  Future<rpc::Value> serialise(const rpc::CallContext& ctx, const std::string& type_name);
+  // Calls `method` on the object, once it exists; with `expected_result`, refuses a method
+  // whose result is another type (a remote() on a method).
+  Future<rpc::Value> invoke(const rpc::CallContext& ctx, const std::string& method,
+                            std::vector<rpc::Value> args, const std::string& expected_result = "");
+  const std::shared_ptr<RRefContext>& context() const { return context_; }
+
+ private:
+  rpc::Value serialise_now(const rpc::CallContext& ctx, const std::string& type_name);
+  Future<rpc::Value> invoke_now(const rpc::CallContext& ctx, const std::string& method,
+                                const std::vector<rpc::Value>& args,
+                                const std::string& expected_result);
+  // A result made here, with the references inside it received back here.
+  detail::Reply looped(Future<rpc::Value> raw);
+
+  const std::shared_ptr<RRefContext> context_;
+  const uint64_t id_;
+  Future<void> ready_;  // the creating call has finished (its error, if it threw)
+
+  const std::string type_name_;
+  mutable Mutex mutex_;
+  bool creating_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  // Set once, before ready_ completes; then read without the lock.
+  std::exception_ptr error_;
+  std::optional<rpc::Value> value_ GRADWIRE_GUARDED_BY(mutex_);  // a value type, as received
+  std::shared_ptr<void> object_ GRADWIRE_GUARDED_BY(mutex_);     // a class object or a typed value
+  std::optional<std::type_index> object_type_ GRADWIRE_GUARDED_BY(mutex_);
+  std::string class_name_;  // set with the object, before ready_; empty for values
+  bool serialised_ = false;
+  rpc::Value (*to_value_)(const std::shared_ptr<void>&, const rpc::CallContext&)
+      GRADWIRE_GUARDED_BY(mutex_) = nullptr;
+  Mutex call_mutex_;  // serialised classes: one method at a time
+};
+
+// A reference to another worker's value: one fork of it.
+class UserRRef : public detail::RRefCore, public std::enable_shared_from_this<UserRRef> {
+ public:
+  UserRRef(std::shared_ptr<RRefContext> context, rpc::WorkerInfo owner, uint64_t rref_id,
+           uint64_t fork_id, std::string type_name, Future<void> confirmed);
+  ~UserRRef() override;
+
+  const rpc::WorkerInfo& owner() const override { return owner_; }
+  uint64_t rref_id() const override { return id_; }
+  uint64_t fork_id() const { return fork_; }
+  const std::string& type_name() const override { return type_name_; }
+  bool is_owner() const override { return false; }
+  bool confirmed_by_owner() const override { return confirmed_.completed(); }
+  Future<void> creation() const override { return confirmed_; }
+  detail::Reply fetch(rpc::CallOptions options) override;
+  detail::Reply call(std::string method, std::vector<rpc::Value> args,
+                     rpc::CallOptions options) override;
+  std::shared_ptr<detail::RRefCore> remote(std::string method, std::string result_type,
+                                           std::vector<rpc::Value> args,
+                                           rpc::CallOptions options) override;
+  rpc::Value to_value(const rpc::CallContext& ctx) override;
+  std::shared_ptr<void> local_object(const detail::LocalType& type,
+                                     std::chrono::milliseconds timeout) override;
+  rpc::RpcAgent& agent() const override;
+  std::string describe() const override;
+
+  // The owner no longer counts this fork, or never will: no delete is sent for it.
+  void mark_released() { released_.store(true); }
+  bool released() const { return released_.load(); }
+  const std::shared_ptr<RRefContext>& context() const { return context_; }
+
+ private:
+  // Sends what `send` sends once the owner has confirmed this reference; the reference
+  // stays alive until the reply.
+  Future<rpc::Value> after_confirmed(std::function<Future<rpc::Value>()> send);
+
+  const std::shared_ptr<RRefContext> context_;
+  const rpc::WorkerInfo owner_;
+  const uint64_t id_;
+  const uint64_t fork_;
+  const std::string type_name_;
+  const Future<void> confirmed_;
+  std::atomic<bool> released_{false};
+};
+
+}  // namespace gradwire::rref
