@@ -367,6 +367,26 @@ std::shared_ptr<OwnerRRef> RRefContext::find_owner(uint64_t rref_id) const {
   return it == owners_.end() ? nullptr : it->second.lock();
 }
 
+std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id, const std::string& type_name) {
+  std::shared_ptr<OwnerRRef> made;
+  MutexLock lock(mutex_);
+  if (closed_) throw Error("rref: worker " + self_.describe() + " has shut down");
+  auto it = owners_.find(rref_id);
+  if (it != owners_.end()) {
+    if (auto owner = it->second.lock()) return owner;
+  }
+  if (placeholders_ >= kMaxPlaceholders) {
+    throw CallRejected("rref: worker " + self_.describe() + " holds " +
+                       std::to_string(placeholders_) +
+                       " references whose creation has not arrived; refusing RRef " +
+                       id_text(rref_id));
+  }
+  made = std::make_shared<OwnerRRef>(shared_from_this(), rref_id, type_name);
+  owners_[rref_id] = made;
+  ++placeholders_;
+  return made;
+}
+
 std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
                                                         const std::string& type_name,
                                                         uint64_t fork, int holder) {
@@ -455,9 +475,14 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
   if (d.owner == self_.id) {
     std::shared_ptr<OwnerRRef> owner = find_owner(d.rref_id);
     if (owner == nullptr) {
-      throw CallRejected("rref: worker " + self_.describe() + " received RRef " +
-                         id_text(d.rref_id) + " from " + from.describe() +
-                         ", which it does not own (it was released or never existed)");
+      if (minter == self_.id || minter_of(d.rref_id) == self_.id) {
+        throw CallRejected("rref: worker " + self_.describe() + " received RRef " +
+                           id_text(d.rref_id) + " from " + from.describe() +
+                           ", which it does not own (it was released or never existed)");
+      }
+      // A user passed a reference to its owner before its creation arrived (the two travel
+      // on different threads): the owner waits for it, as for a fork.
+      owner = placeholder(d.rref_id, d.type_name);
     }
     if (minter == self_.id) {
       // A fork this owner made came back: the local handle takes over.

@@ -136,6 +136,8 @@ class RRefContext : public rpc::Interceptor,
   void validate(const rpc::RRefDescriptor& d) const;
 
   std::shared_ptr<OwnerRRef> find_owner(uint64_t rref_id) const;
+  // An owned reference whose creation has not arrived yet (bounded in number).
+  std::shared_ptr<OwnerRRef> placeholder(uint64_t rref_id, const std::string& type_name);
   // The owned reference `rref_id`, made as a placeholder when a fork of it arrives before
   // its creation; counts `fork` held by `holder`.
   std::shared_ptr<OwnerRRef> owner_with_fork(uint64_t rref_id, const std::string& type_name,

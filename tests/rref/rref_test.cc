@@ -1,0 +1,651 @@
+// rref/: remote references across three workers, as threads of one process and as
+// processes — creation, to_here, method proxies, references passed on in every pattern
+// (each ending with the owner's count of live values back at zero), many in flight, and
+// every error the module promises.
+#include "gradwire/rref/rref.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradwire/c10d/file_store.h"
+#include "gradwire/c10d/hash_store.h"
+#include "gradwire/core/error.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+#include "support/harness.h"
+#include "support/sync.h"
+
+namespace gradwire {
+namespace {
+
+using namespace std::chrono_literals;
+using rpc::CallContext;
+using rpc::CallOptions;
+using rpc::Registry;
+using rpc::RpcAgent;
+using rref::RRef;
+using Agents = std::vector<std::shared_ptr<RpcAgent>>;
+
+std::string worker_name(int rank) {
+  return "w" + std::to_string(rank);
+}
+
+rpc::AgentOptions test_options(Registry& reg) {
+  rpc::AgentOptions o;
+  o.registry = &reg;
+  o.rpc_timeout = 20s;
+  o.join_timeout = 20s;
+  o.num_worker_threads = 4;
+  o.mpt_lanes = 1;
+  return o;
+}
+
+Agents start_agents(int n, Registry& reg,
+                    std::shared_ptr<c10d::Store> store = std::make_shared<c10d::HashStore>(20s)) {
+  Agents agents(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        agents[static_cast<size_t>(r)] =
+            rpc::make_tensorpipe_agent(worker_name(r), r, n, store, test_options(reg));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  for (const auto& e : errors) {
+    if (!e.empty()) throw std::runtime_error(e);
+  }
+  return agents;
+}
+
+void shutdown_all(const Agents& agents) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(agents.size());
+  for (size_t r = 0; r < agents.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        agents[r]->shutdown();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  for (const auto& e : errors)
+    EXPECT_EQ(e, "");
+}
+
+template <typename E, typename F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "(no exception)";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A counter whose methods run concurrently: thread-safe by itself.
+class Counter {
+ public:
+  explicit Counter(int64_t start) : value_(start) {}
+  int64_t add(int64_t n) { return value_ += n; }
+  int64_t get() const { return value_.load(); }
+
+ private:
+  std::atomic<int64_t> value_;
+};
+
+// Not thread-safe: registered .serialised().
+class Tally {
+ public:
+  explicit Tally(int64_t start) : value_(start) {}
+  int64_t add(int64_t n) {
+    const int64_t before = value_;
+    std::this_thread::yield();  // widens the window a lost update would need
+    value_ = before + n;
+    return value_;
+  }
+  int64_t get() const { return value_; }
+
+ private:
+  int64_t value_;
+};
+
+struct Point {
+  double x{0}, y{0};
+};
+
+// Has a ValueConverter but is not registered .copyable(): it stays on its owner.
+struct Label {
+  explicit Label(std::string t) : text(std::move(t)) {}
+  std::string text;
+};
+
+}  // namespace
+}  // namespace gradwire
+
+template <>
+struct gradwire::rpc::ValueConverter<gradwire::Point> {
+  static Value to(const gradwire::Point& p) { return to_value(std::pair(p.x, p.y)); }
+  static gradwire::Point from(const Value& v, const Where& where) {
+    auto [x, y] = from_value<std::pair<double, double>>(v, where);
+    return gradwire::Point{x, y};
+  }
+  static std::string name() { return "Point"; }
+};
+
+template <>
+struct gradwire::rpc::ValueConverter<gradwire::Label> {
+  static Value to(const gradwire::Label& l) { return Value(l.text); }
+  static gradwire::Label from(const Value& v, const Where& where) {
+    return gradwire::Label(from_value<std::string>(v, where));
+  }
+  static std::string name() { return "Label"; }
+};
+
+namespace gradwire {
+namespace {
+
+// A value every worker can check: [n, n + 1, ..., n + 3] as float32.
+Tensor make_tensor(int64_t n) {
+  return add(arange(4, TensorOptions{}.dtype(kFloat32)), static_cast<double>(n));
+}
+double tensor_sum(const Tensor& t) {
+  return sum(t, kFloat64).item<double>();
+}
+
+// Everything the tests call, registered on one registry.
+void define(Registry& reg) {
+  reg.def("make", [](int64_t n) { return make_tensor(n); });
+  reg.def("square", [](int64_t n) { return n * n; });
+  reg.def("fail", [](int64_t) -> Tensor { throw std::runtime_error("make refused: bad seed"); });
+  reg.def("sum_of", [](const RRef<Tensor>& r) { return tensor_sum(r.to_here()); });
+  // On the owner the reference is the owner's own.
+  reg.def("sum_local", [](const RRef<Tensor>& r) {
+    if (!r.is_owner()) throw std::runtime_error("not the owner");
+    return tensor_sum(*r.local_value());
+  });
+  reg.def("sum_all", [](const std::vector<RRef<Tensor>>& refs) {
+    double s = 0;
+    for (const auto& r : refs)
+      s += tensor_sum(r.to_here());
+    return s;
+  });
+  reg.def("sum_map", [](const std::map<std::string, RRef<Tensor>>& refs) {
+    double s = 0;
+    for (const auto& [k, r] : refs)
+      s += tensor_sum(r.to_here());
+    return s;
+  });
+  // Values made and owned here, returned as references.
+  reg.def("make_owned", [](const CallContext& ctx, int64_t n) {
+    std::vector<RRef<Tensor>> out;
+    for (int64_t i = 0; i < n; ++i)
+      out.push_back(rref::remote<Tensor>(*ctx.agent(), ctx.agent()->worker_info(), "make", i));
+    return out;
+  });
+  // A reference to another worker's value, passed on (a fork of a fork).
+  reg.def("forward", [](const RRef<Tensor>& r) { return r; });
+  reg.def("echo_rref", [](const RRef<Counter>& r) { return r; });
+  reg.def_class<Counter>("Counter")
+      .ctor<int64_t>()
+      .method("add", &Counter::add)
+      .method("get", &Counter::get)
+      .method("boom", [](Counter&) -> int64_t { throw std::runtime_error("boom"); });
+  reg.def_class<Tally>("Tally").ctor<int64_t>().method("add", &Tally::add).method("get", &Tally::get).serialised();
+  reg.def_class<Point>("Point").ctor<double, double>().copyable();
+  reg.def_class<Label>("Label").ctor<std::string>();
+}
+
+class RRefThreads : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    define(reg_);
+    agents_ = start_agents(3, reg_);
+  }
+  void TearDown() override {
+    if (!agents_.empty()) shutdown_all(agents_);
+  }
+  RpcAgent& w(int r) { return *agents_[static_cast<size_t>(r)]; }
+  // Every worker has nothing in flight, and the owner holds `live` values.
+  void expect_settled(int owner, int64_t live = 0) {
+    for (auto& a : agents_)
+      rref::wait_idle(*a, 10s);
+    EXPECT_TRUE(rref::wait_owned_values(w(owner), live, 10s))
+        << "owner holds " << rref::metrics(w(owner)).owned_values << " values";
+    const rref::RRefMetrics m = rref::metrics(w(owner));
+    EXPECT_EQ(m.owned_values, live);
+    if (live == 0) {
+      EXPECT_EQ(m.shared_values, 0);
+      EXPECT_EQ(m.owned_forks, 0);
+    }
+    for (auto& a : agents_)
+      EXPECT_EQ(rref::metrics(*a).pending_children, 0);
+  }
+
+  Registry reg_;
+  Agents agents_;
+};
+
+TEST_F(RRefThreads, RemoteValueArrivesWithToHere) {
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{5});
+  EXPECT_EQ(r.owner().name, "w1");
+  EXPECT_FALSE(r.is_owner());
+  EXPECT_TRUE(r.creation().wait(10s));
+  EXPECT_TRUE(r.confirmed_by_owner());
+  Tensor t = r.to_here();
+  EXPECT_EQ(t.sizes(), Shape{4});
+  EXPECT_DOUBLE_EQ(tensor_sum(t), 5 + 6 + 7 + 8);
+  EXPECT_EQ(rref::metrics(w(1)).owned_values, 1);
+  EXPECT_EQ(rref::metrics(w(0)).user_references, 1);
+  r = RRef<Tensor>();
+  expect_settled(1);
+  EXPECT_EQ(rref::metrics(w(0)).user_references, 0);
+}
+
+TEST_F(RRefThreads, RemoteToSelfIsAnOwnerReferenceWithoutAHop) {
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w0", "make", int64_t{1});
+  EXPECT_TRUE(r.is_owner());
+  EXPECT_TRUE(r.confirmed_by_owner());
+  EXPECT_DOUBLE_EQ(tensor_sum(*r.local_value()), 1 + 2 + 3 + 4);
+  EXPECT_DOUBLE_EQ(tensor_sum(r.to_here()), 10);
+  RRef<Counter> c = rref::remote<Counter>(w(0), "w0", "Counter", int64_t{3});
+  EXPECT_EQ(c.rpc_sync<int64_t>("add", int64_t{4}), 7);
+  EXPECT_EQ(c.local_value()->get(), 7);
+  EXPECT_EQ(c.remote<int64_t>("get").to_here(), 7);
+  EXPECT_EQ(rref::metrics(w(0)).messages_in_flight, 0);
+  r = {};
+  c = {};
+  expect_settled(0);
+}
+
+TEST_F(RRefThreads, ObjectsLiveOnTheOwnerAndProxiesCallThem) {
+  RRef<Counter> c = rref::remote<Counter>(w(0), "w1", "Counter", int64_t{10});
+  EXPECT_EQ(c.rpc_sync<int64_t>("add", int64_t{5}), 15);
+  EXPECT_EQ(c.rpc_async<int64_t>("add", int64_t{1}).get(10s), 16);
+  RRef<int64_t> got = c.remote<int64_t>("get");
+  EXPECT_EQ(got.to_here(), 16);
+  EXPECT_EQ(got.owner().name, "w1");
+  // The object on the owner is the one the proxies changed.
+  RRef<Counter> echoed = w(0).rpc_sync<RRef<Counter>>("w1", "echo_rref", c);
+  EXPECT_EQ(echoed.rpc_sync<int64_t>("get"), 16);
+  echoed = {};
+  got = {};
+  c = {};
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, ConcurrentProxyCallsOnOneObject) {
+  RRef<Counter> c = rref::remote<Counter>(w(0), "w1", "Counter", int64_t{0});
+  RRef<Tally> t = rref::remote<Tally>(w(0), "w1", "Tally", int64_t{0});
+  // Two users (w0 and w2) and the owner itself, 100 calls each on both objects.
+  std::vector<RRef<Counter>> counters{
+      c, w(0).rpc_sync<RRef<Counter>>("w2", "echo_rref", c)};
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int k = 0; k < 2; ++k) {
+    threads.emplace_back([&, k] {
+      std::vector<Future<int64_t>> calls;
+      for (int i = 0; i < 100; ++i) {
+        calls.push_back(counters[static_cast<size_t>(k)].rpc_async<int64_t>("add", int64_t{1}));
+        calls.push_back(t.rpc_async<int64_t>("add", int64_t{1}));
+      }
+      for (auto& f : calls) {
+        if (!f.wait(20s) || f.has_error()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads)
+    th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(c.rpc_sync<int64_t>("get"), 200);
+  // A serialised class loses no update although its methods are not thread-safe.
+  EXPECT_EQ(t.rpc_sync<int64_t>("get"), 200);
+  counters.clear();
+  c = {};
+  t = {};
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, UserToOwnerArrivesAsTheOwnersOwnValue) {
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{2});
+  EXPECT_DOUBLE_EQ(w(0).rpc_sync<double>("w1", "sum_local", r), 2 + 3 + 4 + 5);
+  r = {};
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, UserToUserForkAndAForkOfAFork) {
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{3});
+  EXPECT_DOUBLE_EQ(w(0).rpc_sync<double>("w2", "sum_of", r), 3 + 4 + 5 + 6);
+  // w2 hands its fork back to w0: a new reference to the same value.
+  RRef<Tensor> back = w(0).rpc_sync<RRef<Tensor>>("w2", "forward", r);
+  EXPECT_FALSE(back.is_owner());
+  EXPECT_DOUBLE_EQ(tensor_sum(back.to_here()), 18);
+  r = {};
+  EXPECT_DOUBLE_EQ(tensor_sum(back.to_here()), 18);
+  back = {};
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, ReferencesReturnedFromAFunctionAndInsideContainers) {
+  std::vector<RRef<Tensor>> owned = w(0).rpc_sync<std::vector<RRef<Tensor>>>("w1", "make_owned", int64_t{3});
+  ASSERT_EQ(owned.size(), 3u);
+  EXPECT_TRUE(rref::wait_owned_values(w(1), 3, 10s));
+  double expect = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(owned[static_cast<size_t>(i)].owner().name, "w1");
+    expect += static_cast<double>(4 * i + 6);
+    EXPECT_DOUBLE_EQ(tensor_sum(owned[static_cast<size_t>(i)].to_here()), static_cast<double>(4 * i + 6));
+  }
+  // The list to a third worker, and a map of them to the owner.
+  EXPECT_DOUBLE_EQ(w(0).rpc_sync<double>("w2", "sum_all", owned), expect);
+  std::map<std::string, RRef<Tensor>> named{{"a", owned[0]}, {"b", owned[2]}};
+  EXPECT_DOUBLE_EQ(w(0).rpc_sync<double>("w1", "sum_map", named), 6 + 14);
+  EXPECT_DOUBLE_EQ(w(0).rpc_sync<double>("w2", "sum_map", named), 6 + 14);
+  owned.clear();
+  named.clear();
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, DeletionRacingWithAForkNeverFreesEarly) {
+  for (int i = 0; i < 30; ++i) {
+    Future<double> seen;
+    {
+      RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{i});
+      seen = w(0).rpc_async<double>("w2", "sum_of", r);
+      // The only handle on w0 goes while its fork is on the way to w2.
+    }
+    EXPECT_DOUBLE_EQ(seen.get(20s), 4.0 * i + 6) << "round " << i;
+  }
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, AThousandRemoteCallsInFlight) {
+  std::vector<RRef<int64_t>> refs;
+  refs.reserve(1000);
+  for (int64_t i = 0; i < 1000; ++i)
+    refs.push_back(rref::remote<int64_t>(w(0), "w1", "square", i));
+  std::vector<Future<int64_t>> values;
+  for (auto& r : refs)
+    values.push_back(r.to_here_async());
+  for (int64_t i = 0; i < 1000; ++i)
+    ASSERT_EQ(values[static_cast<size_t>(i)].get(30s), i * i);
+  EXPECT_EQ(rref::metrics(w(1)).owned_values, 1000);
+  refs.clear();
+  values.clear();
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, CopyableClassesComeHereAndOthersAreRefused) {
+  RRef<Point> p = rref::remote<Point>(w(0), "w1", "Point", 1.5, -2.0);
+  Point here = p.to_here();
+  EXPECT_EQ(here.x, 1.5);
+  EXPECT_EQ(here.y, -2.0);
+  RRef<Label> l = rref::remote<Label>(w(0), "w1", "Label", std::string("kept"));
+  std::string text = error_text<InvalidArgument>([&] { l.to_here(); });
+  EXPECT_TRUE(contains(text, "'Label' are not copyable")) << text;
+  // A result of the wrong type is named with the call it came from.
+  RRef<Counter> c = rref::remote<Counter>(w(0), "w1", "Counter", int64_t{1});
+  text = error_text<InvalidArgument>([&] { c.rpc_sync<RRef<Counter>>("get"); });
+  EXPECT_TRUE(contains(text, "Counter.get")) << text;
+  p = {};
+  l = {};
+  c = {};
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, ACreationThatThrewFailsEveryUseWithItsMessage) {
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "fail", int64_t{1});
+  std::string text = error_text<RemoteError>([&] { r.to_here(); });
+  EXPECT_TRUE(contains(text, "make refused: bad seed")) << text;
+  EXPECT_TRUE(contains(text, "w1")) << text;
+  EXPECT_THROW(r.creation().get(10s), RemoteError);
+  RRef<Counter> c = rref::remote<Counter>(w(0), "w1", "Counter", std::string("not an int"));
+  text = error_text<InvalidArgument>([&] { c.rpc_sync<int64_t>("get"); });
+  EXPECT_TRUE(contains(text, "Counter(int)")) << text;
+  EXPECT_TRUE(contains(text, "string")) << text;
+  // A method that throws is a RemoteError, the object intact.
+  RRef<Counter> ok = rref::remote<Counter>(w(0), "w1", "Counter", int64_t{1});
+  text = error_text<RemoteError>([&] { ok.rpc_sync<int64_t>("boom"); });
+  EXPECT_TRUE(contains(text, "boom")) << text;
+  EXPECT_EQ(ok.rpc_sync<int64_t>("get"), 1);
+  r = {};
+  c = {};
+  ok = {};
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, UnknownMethodsWrongArgumentsAndWrongTypesAreNamed) {
+  RRef<Counter> c = rref::remote<Counter>(w(0), "w1", "Counter", int64_t{0});
+  std::string text = error_text<InvalidArgument>([&] { c.rpc_sync<int64_t>("nope"); });
+  EXPECT_TRUE(contains(text, "Counter")) << text;
+  EXPECT_TRUE(contains(text, "nope")) << text;
+  text = error_text<InvalidArgument>([&] { c.rpc_sync<int64_t>("add", std::string("x")); });
+  EXPECT_TRUE(contains(text, "Counter.add(int) -> int")) << text;
+  EXPECT_TRUE(contains(text, "string")) << text;
+  // The owner holds a Tensor; the caller asked for a string.
+  RRef<std::string> wrong = rref::remote<std::string>(w(0), "w1", "make", int64_t{1});
+  text = error_text<InvalidArgument>([&] { wrong.to_here(); });
+  EXPECT_TRUE(contains(text, "returns Tensor, not string")) << text;
+  // A received reference of another type than the parameter.
+  text = error_text<InvalidArgument>([&] { w(0).rpc_sync<double>("w2", "sum_of", c); });
+  EXPECT_TRUE(contains(text, "expected RRef<Tensor>, received RRef<Counter>")) << text;
+  // local_value on a user, and as another type on the owner.
+  text = error_text<InvalidArgument>([&] { c.local_value(); });
+  EXPECT_TRUE(contains(text, "owned by 'w1' (rank 1)")) << text;
+  RRef<Tensor> mine = rref::remote<Tensor>(w(0), "w0", "make", int64_t{0});
+  text = error_text<InvalidArgument>([&] { RRef<int64_t>(mine.core_ptr()).local_value(); });
+  EXPECT_TRUE(contains(text, "holds Tensor")) << text;
+  c = {};
+  wrong = {};
+  mine = {};
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, ToHerePastItsTimeoutIsATimeoutError) {
+  test::CountdownLatch release(1);
+  reg_.def("slow", [&release](int64_t n) {
+    EXPECT_TRUE(release.wait(20s));
+    return n;
+  });
+  RRef<int64_t> r = rref::remote<int64_t>(w(0), "w1", "slow", int64_t{7});
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string text = error_text<TimeoutError>([&] { r.to_here(100ms); });
+  EXPECT_TRUE(contains(text, "to_here")) << text;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  release.count_down();
+  EXPECT_EQ(r.to_here(), 7);
+  r = {};
+  expect_settled(1);
+}
+
+TEST_F(RRefThreads, GracefulShutdownReleasesReferencesStillHeld) {
+  RRef<Tensor> held = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
+  RRef<Tensor> forked = w(0).rpc_sync<RRef<Tensor>>("w2", "forward", held);
+  EXPECT_DOUBLE_EQ(tensor_sum(forked.to_here()), 10);
+  shutdown_all(agents_);
+  EXPECT_EQ(rref::metrics(w(1)).owned_values, 0);
+  EXPECT_EQ(rref::metrics(w(0)).messages_in_flight, 0);
+  // Used after its agent shut down.
+  const std::string text = error_text<Error>([&] { held.to_here(); });
+  EXPECT_TRUE(contains(text, "shut down")) << text;
+  EXPECT_THROW(rref::remote<Tensor>(w(0), "w1", "make", int64_t{1}), Error);
+  agents_.clear();
+}
+
+TEST(RRefEmpty, AnEmptyReferenceIsAnError) {
+  RRef<Tensor> r;
+  EXPECT_FALSE(r.valid());
+  EXPECT_THROW(r.owner(), Error);
+  EXPECT_THROW(r.to_here(), Error);
+}
+
+// ---- processes
+
+// Runs `body` on three worker processes meeting through a FileStore.
+test::RankResults run_three_processes(
+    const std::string& tag, Registry& reg,
+    const std::function<void(int rank, c10d::Store& store, RpcAgent& agent)>& body) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("gradwire-rref-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "store").string();
+  test::RankResults results = test::run_ranks_as_processes(
+      3,
+      [&](int rank) {
+        auto store = std::make_shared<c10d::FileStore>(
+            c10d::FileStoreOptions{.path = path, .num_workers = 3, .timeout = 30s});
+        auto agent = rpc::make_tensorpipe_agent(worker_name(rank), rank, 3, store, test_options(reg));
+        body(rank, *store, *agent);
+      },
+      60s);
+  std::filesystem::remove_all(dir);
+  return results;
+}
+
+TEST(RRefProcesses, EveryPatternLeavesTheOwnerWithNothing) {
+  Registry reg;
+  define(reg);
+  test::RankResults results =
+      run_three_processes("patterns", reg, [](int rank, c10d::Store& store, RpcAgent& agent) {
+        if (rank == 0) {
+          {
+            RRef<Tensor> r = rref::remote<Tensor>(agent, "w1", "make", int64_t{2});
+            EXPECT_DOUBLE_EQ(agent.rpc_sync<double>("w1", "sum_local", r), 14);
+            EXPECT_DOUBLE_EQ(agent.rpc_sync<double>("w2", "sum_of", r), 14);
+            RRef<Tensor> back = agent.rpc_sync<RRef<Tensor>>("w2", "forward", r);
+            EXPECT_DOUBLE_EQ(tensor_sum(back.to_here()), 14);
+            auto owned = agent.rpc_sync<std::vector<RRef<Tensor>>>("w1", "make_owned", int64_t{2});
+            EXPECT_DOUBLE_EQ(agent.rpc_sync<double>("w2", "sum_all", owned), 6 + 10);
+            RRef<Counter> c = rref::remote<Counter>(agent, "w1", "Counter", int64_t{0});
+            std::vector<Future<int64_t>> calls;
+            for (int i = 0; i < 50; ++i)
+              calls.push_back(c.rpc_async<int64_t>("add", int64_t{2}));
+            for (auto& f : calls)
+              EXPECT_TRUE(f.wait(20s) && !f.has_error());
+            EXPECT_EQ(c.rpc_sync<int64_t>("get"), 100);
+            for (int i = 0; i < 10; ++i) {
+              RRef<Tensor> racing = rref::remote<Tensor>(agent, "w1", "make", int64_t{i});
+              Future<double> seen = agent.rpc_async<double>("w2", "sum_of", racing);
+              racing = {};
+              EXPECT_DOUBLE_EQ(seen.get(20s), 4.0 * i + 6);
+            }
+          }
+          rref::wait_idle(agent, 20s);
+          store.set("done0", "1");
+        } else if (rank == 2) {
+          store.wait({"done0"}, 30s);
+          rref::wait_idle(agent, 20s);
+          store.set("done2", "1");
+        } else {
+          store.wait({"done0", "done2"}, 30s);
+          rref::wait_idle(agent, 20s);
+          EXPECT_TRUE(rref::wait_owned_values(agent, 0, 20s))
+              << rref::metrics(agent).owned_values << " values left";
+          EXPECT_EQ(rref::metrics(agent).owned_forks, 0);
+        }
+        agent.shutdown();
+      });
+  EXPECT_ALL_RANKS_OK(results);
+}
+
+TEST(RRefProcesses, ADeadOwnerFailsPendingAndLaterCallsNamingIt) {
+  Registry reg;
+  define(reg);
+  reg.def("die_later", [](const CallContext&) -> int64_t { ::_exit(0); });
+  test::RankResults results =
+      run_three_processes("owner", reg, [](int rank, c10d::Store& store, RpcAgent& agent) {
+        if (rank == 1) {
+          store.wait({"never"}, 40s);  // serves until "die_later" ends the process
+          return;
+        }
+        if (rank == 2) {
+          store.wait({"done0"}, 40s);
+          agent.shutdown(false);
+          return;
+        }
+        RRef<Counter> c = rref::remote<Counter>(agent, "w1", "Counter", int64_t{1});
+        EXPECT_EQ(c.rpc_sync<int64_t>("get"), 1);
+        Future<int64_t> death = agent.rpc_async<int64_t>("w1", "die_later");
+        EXPECT_TRUE(death.wait(20s));
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::string text = error_text<NetworkError>([&] { c.rpc_sync<int64_t>("get"); });
+        EXPECT_TRUE(contains(text, "w1") || contains(text, "worker 1")) << text;
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+        // Later calls fail at once.
+        const auto t1 = std::chrono::steady_clock::now();
+        EXPECT_THROW(c.remote<int64_t>("get").to_here(), NetworkError);
+        EXPECT_THROW(c.rpc_sync<int64_t>("get"), NetworkError);
+        EXPECT_LT(std::chrono::steady_clock::now() - t1, 2s);
+        c = {};
+        store.set("done0", "1");
+        agent.shutdown(false);
+      });
+  EXPECT_TRUE(results.ranks[0].ok) << results.summary();
+  EXPECT_TRUE(results.ranks[2].ok) << results.summary();
+  EXPECT_EQ(results.ranks[1].exit_code, 0) << results.summary();
+}
+
+TEST(RRefProcesses, ADeadUserDoesNotPinValues) {
+  Registry reg;
+  define(reg);
+  reg.def("hold_and_die", [](const RRef<Tensor>& r) -> int64_t {
+    EXPECT_DOUBLE_EQ(tensor_sum(r.to_here()), 10);
+    ::_exit(0);
+  });
+  test::RankResults results =
+      run_three_processes("user", reg, [](int rank, c10d::Store& store, RpcAgent& agent) {
+        if (rank == 2) {
+          store.wait({"never"}, 40s);  // holds a fork until "hold_and_die" ends it
+          return;
+        }
+        if (rank == 1) {
+          store.wait({"done0"}, 40s);
+          agent.shutdown(false);
+          return;
+        }
+        // w0 owns a value and forks it to w2, which dies holding it.
+        {
+          RRef<Tensor> mine = rref::remote<Tensor>(agent, "w0", "make", int64_t{1});
+          Future<int64_t> gone = agent.rpc_async<int64_t>("w2", "hold_and_die", mine);
+          EXPECT_TRUE(gone.wait(20s));
+          EXPECT_THROW(gone.value(), NetworkError);
+        }
+        EXPECT_TRUE(rref::wait_owned_values(agent, 0, 10s))
+            << rref::metrics(agent).owned_values << " values pinned by the dead worker";
+        store.set("done0", "1");
+        agent.shutdown(false);
+      });
+  EXPECT_TRUE(results.ranks[0].ok) << results.summary();
+  EXPECT_TRUE(results.ranks[1].ok) << results.summary();
+  EXPECT_EQ(results.ranks[2].exit_code, 0) << results.summary();
+}
+
+}  // namespace
+}  // namespace gradwire
