@@ -33,6 +33,7 @@
 #include "gradwire/rpc/value.h"
 #include "gradwire/rpc/value_convert.h"
 #include "gradwire/rpc/worker_info.h"
+#include "gradwire/rref/rref.h"
 #include "gradwire/tensor/dlpack.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
