@@ -80,7 +80,8 @@ ExtensionTable& extension_table() {
 }  // namespace
 
 void register_agent_extension(std::string name, AgentExtension install) {
-  if (!install) throw InvalidArgument("rpc: register_agent_extension('" + name + "') without an installer");
+  if (!install)
+    throw InvalidArgument("rpc: register_agent_extension('" + name + "') without an installer");
   ExtensionTable& all = extension_table();
   MutexLock lock(all.mutex);
   for (const auto& [known, fn] : all.installers) {

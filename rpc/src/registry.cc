@@ -218,7 +218,8 @@ Value Registry::copy_object(const CallContext& ctx, std::string_view class_name,
                        "' are not copyable: register the class with .copyable() (it needs a "
                        "ValueConverter) to copy them to a caller");
   }
-  if (object == nullptr) throw CallRejected("no object of class '" + std::string(class_name) + "' to copy");
+  if (object == nullptr)
+    throw CallRejected("no object of class '" + std::string(class_name) + "' to copy");
   return (*copier)(ctx, object);
 }
 
@@ -226,7 +227,8 @@ void Registry::set_copyable(std::string_view class_name, Copier copier) {
   std::unique_lock lock(mutex_);
   auto it = classes_.find(class_name);
   if (it == classes_.end()) {
-    throw InvalidArgument("rpc registry: class '" + std::string(class_name) + "' is not registered");
+    throw InvalidArgument("rpc registry: class '" + std::string(class_name) +
+                          "' is not registered");
   }
   it->second.copier = std::make_shared<const Copier>(std::move(copier));
 }
@@ -235,7 +237,8 @@ void Registry::set_serialised(std::string_view class_name) {
   std::unique_lock lock(mutex_);
   auto it = classes_.find(class_name);
   if (it == classes_.end()) {
-    throw InvalidArgument("rpc registry: class '" + std::string(class_name) + "' is not registered");
+    throw InvalidArgument("rpc registry: class '" + std::string(class_name) +
+                          "' is not registered");
   }
   it->second.serialised = true;
 }

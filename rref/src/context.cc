@@ -103,9 +103,9 @@ void throw_timeout(const std::string& what, std::chrono::milliseconds waited) {
                      " ms");
 }
 
-std::shared_ptr<RRefCore> create(rpc::RpcAgent& agent, const rpc::Destination& to,
-                                 std::string name, std::string type_name,
-                                 std::vector<Value> args, rpc::CallOptions options) {
+std::shared_ptr<RRefCore> create(rpc::RpcAgent& agent, const rpc::Destination& to, std::string name,
+                                 std::string type_name, std::vector<Value> args,
+                                 rpc::CallOptions options) {
   std::shared_ptr<RRefContext> context = RRefContext::of(agent);
   const WorkerInfo owner = agent.get_worker_info(to);
   if (owner.id == context->self().id) {
@@ -245,8 +245,7 @@ Future<Value> RRefContext::send(const WorkerInfo& to, const std::string& payload
 }
 
 std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, std::string name,
-                                                     std::string type_name,
-                                                     std::vector<Value> args,
+                                                     std::string type_name, std::vector<Value> args,
                                                      rpc::CallOptions options) {
   if (std::exception_ptr lost = lost_error(owner.id)) std::rethrow_exception(lost);
   const uint64_t rref_id = mint();
@@ -258,8 +257,8 @@ std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, st
   create->set_type_name(type_name);
   create->set_name(name);
   Future<void> confirmed;
-  auto user = std::make_shared<UserRRef>(shared_from_this(), owner, rref_id, fork, type_name,
-                                         confirmed);
+  auto user =
+      std::make_shared<UserRRef>(shared_from_this(), owner, rref_id, fork, type_name, confirmed);
   {
     MutexLock lock(mutex_);
     users_[fork] = user;
@@ -298,10 +297,9 @@ std::shared_ptr<OwnerRRef> RRefContext::create_local(std::string name, std::stri
   std::shared_ptr<void> keep = loop_back(values);
   const CallContext ctx = detail::sending_context(*agent);
   try {
-    agent->executor()->execute(
-        [owner, keep, ctx, name = std::move(name), args = std::move(args)] {
-          owner->create(ctx, name, args);
-        });
+    agent->executor()->execute([owner, keep, ctx, name = std::move(name), args = std::move(args)] {
+      owner->create(ctx, name, args);
+    });
   } catch (...) {
     owner->fail(std::current_exception());
   }
@@ -367,7 +365,8 @@ std::shared_ptr<OwnerRRef> RRefContext::find_owner(uint64_t rref_id) const {
   return it == owners_.end() ? nullptr : it->second.lock();
 }
 
-std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id, const std::string& type_name) {
+std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id,
+                                                    const std::string& type_name) {
   std::shared_ptr<OwnerRRef> made;
   MutexLock lock(mutex_);
   if (closed_) throw Error("rref: worker " + self_.describe() + " has shut down");
@@ -376,10 +375,9 @@ std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id, const std:
     if (auto owner = it->second.lock()) return owner;
   }
   if (placeholders_ >= kMaxPlaceholders) {
-    throw CallRejected("rref: worker " + self_.describe() + " holds " +
-                       std::to_string(placeholders_) +
-                       " references whose creation has not arrived; refusing RRef " +
-                       id_text(rref_id));
+    throw CallRejected(
+        "rref: worker " + self_.describe() + " holds " + std::to_string(placeholders_) +
+        " references whose creation has not arrived; refusing RRef " + id_text(rref_id));
   }
   made = std::make_shared<OwnerRRef>(shared_from_this(), rref_id, type_name);
   owners_[rref_id] = made;
@@ -388,8 +386,8 @@ std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id, const std:
 }
 
 std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
-                                                        const std::string& type_name,
-                                                        uint64_t fork, int holder) {
+                                                        const std::string& type_name, uint64_t fork,
+                                                        int holder) {
   std::shared_ptr<OwnerRRef> made;  // let go after the lock when unused
   MutexLock lock(mutex_);
   if (closed_) throw Error("rref: worker " + self_.describe() + " has shut down");
@@ -398,10 +396,9 @@ std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
   if (it != owners_.end()) owner = it->second.lock();
   if (owner == nullptr) {
     if (placeholders_ >= kMaxPlaceholders) {
-      throw CallRejected("rref: worker " + self_.describe() + " holds " +
-                         std::to_string(placeholders_) +
-                         " references whose creation has not arrived; refusing RRef " +
-                         id_text(rref_id));
+      throw CallRejected(
+          "rref: worker " + self_.describe() + " holds " + std::to_string(placeholders_) +
+          " references whose creation has not arrived; refusing RRef " + id_text(rref_id));
     }
     made = std::make_shared<OwnerRRef>(shared_from_this(), rref_id, type_name);
     owner = made;
@@ -462,9 +459,9 @@ void RRefContext::validate(const RRefDescriptor& d) const {
   if (!in_group(d.owner) || d.rref_id == 0 || d.fork_id == 0 || !in_group(minter_of(d.rref_id)) ||
       !in_group(minter_of(d.fork_id)) || d.type_name.empty() ||
       d.type_name.size() > kMaxTypeNameBytes) {
-    throw CallRejected("rref: worker " + self_.describe() +
-                       " received a malformed RRef (owner " + std::to_string(d.owner) + ", RRef " +
-                       id_text(d.rref_id) + ", fork " + id_text(d.fork_id) + ")");
+    throw CallRejected("rref: worker " + self_.describe() + " received a malformed RRef (owner " +
+                       std::to_string(d.owner) + ", RRef " + id_text(d.rref_id) + ", fork " +
+                       id_text(d.fork_id) + ")");
   }
 }
 
@@ -865,8 +862,7 @@ Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& re
       {
         MutexLock lock(mutex_);
         auto it = shared_.find(del.rref_id());
-        const bool counted =
-            it != shared_.end() && it->second.forks.count(del.fork_id()) != 0;
+        const bool counted = it != shared_.end() && it->second.forks.count(del.fork_id()) != 0;
         if (!counted) {
           throw CallRejected("rref: worker " + self_.describe() + " counts no fork " +
                              id_text(del.fork_id()) + " of RRef " + id_text(del.rref_id()));
@@ -908,8 +904,9 @@ Future<Value> RRefContext::handle_create(const CallContext& ctx, const rpc::Requ
   if (create.target_rref_id() != 0) {
     std::shared_ptr<OwnerRRef> target = find_owner(create.target_rref_id());
     if (target == nullptr) {
-      owner->fail(std::make_exception_ptr(CallRejected(
-          "rref: worker " + self_.describe() + " owns no RRef " + id_text(create.target_rref_id()))));
+      owner->fail(std::make_exception_ptr(CallRejected("rref: worker " + self_.describe() +
+                                                       " owns no RRef " +
+                                                       id_text(create.target_rref_id()))));
     } else {
       owner->adopt(target->invoke(ctx, create.name(), request.args, create.type_name()));
     }

@@ -69,8 +69,7 @@ class RRefContext : public rpc::Interceptor,
   // A fork this user sends: `parent` stays alive until the owner accepts it.
   void add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork);
   // A user reference let go (its core's destructor): the owner is told.
-  void release_user(const rpc::WorkerInfo& owner, uint64_t rref_id, uint64_t fork,
-                    bool counted);
+  void release_user(const rpc::WorkerInfo& owner, uint64_t rref_id, uint64_t fork, bool counted);
   // `placeholder`: made by an early fork, never created.
   void owner_destroyed(uint64_t rref_id, bool placeholder);
   void register_owner(const std::shared_ptr<OwnerRRef>& owner);
@@ -84,9 +83,8 @@ class RRefContext : public rpc::Interceptor,
   std::shared_ptr<void> loop_back(const std::vector<const rpc::Value*>& values);
 
   // Sends a protocol message to `to`; counted in messages_in_flight until its reply.
-  Future<rpc::Value> send(const rpc::WorkerInfo& to, const std::string& payload,
-                          std::string what, std::vector<rpc::Value> args = {},
-                          rpc::CallOptions options = {});
+  Future<rpc::Value> send(const rpc::WorkerInfo& to, const std::string& payload, std::string what,
+                          std::vector<rpc::Value> args = {}, rpc::CallOptions options = {});
 
   // ---- received references
   std::shared_ptr<detail::RRefCore> find_received(const rpc::RRefDescriptor& d) const;
@@ -198,7 +196,8 @@ class OwnerRRef : public detail::RRefCore, public std::enable_shared_from_this<O
   // Whether a creating call has started (false: a placeholder made by an early fork).
   bool begin_creation(const std::string& type_name);
   // Runs the registered constructor or function `name` and keeps its result.
-  void create(const rpc::CallContext& ctx, const std::string& name, const std::vector<rpc::Value>& args);
+  void create(const rpc::CallContext& ctx, const std::string& name,
+              const std::vector<rpc::Value>& args);
   // Keeps what `result` completes with (a value of type type_name()).
   void adopt(Future<rpc::Value> result, std::shared_ptr<void> keep = nullptr);
   void fail(std::exception_ptr error);

@@ -47,8 +47,8 @@ std::exception_ptr as_remote(std::exception_ptr error, const WorkerInfo& self) {
 
 void check_agent(const CallContext& ctx, const rpc::RpcAgent& agent, const std::string& what) {
   if (ctx.agent() != nullptr && ctx.agent() != &agent) {
-    throw InvalidArgument("rref: " + what + " belongs to worker " +
-                          agent.worker_info().describe() + " and cannot travel in a message of " +
+    throw InvalidArgument("rref: " + what + " belongs to worker " + agent.worker_info().describe() +
+                          " and cannot travel in a message of " +
                           ctx.agent()->worker_info().describe());
   }
 }
@@ -81,8 +81,8 @@ bool OwnerRRef::begin_creation(const std::string& type_name) {
   MutexLock lock(mutex_);
   if (creating_) return false;
   if (type_name != type_name_) {
-    throw CallRejected("rref: " + describe() + " was forked as " + type_name_ +
-                       " but created as " + type_name);
+    throw CallRejected("rref: " + describe() + " was forked as " + type_name_ + " but created as " +
+                       type_name);
   }
   creating_ = true;
   return true;
@@ -101,8 +101,8 @@ void OwnerRRef::create(const CallContext& ctx, const std::string& name,
       const rpc::Registry::ClassInfo info = registry.class_info(name);
       if (name != type_name_) {
         throw CallRejected("rref: remote<" + type_name_ + ">('" + name + "') on worker " +
-                           context_->self().describe() + ": '" + name +
-                           "' constructs a " + name + ", not a " + type_name_);
+                           context_->self().describe() + ": '" + name + "' constructs a " + name +
+                           ", not a " + type_name_);
       }
       std::shared_ptr<void> object = registry.construct(ctx, name, args);
       {
@@ -118,8 +118,8 @@ void OwnerRRef::create(const CallContext& ctx, const std::string& name,
     std::shared_ptr<const rpc::RegisteredFunction> fn = registry.find(name);
     if (fn == nullptr) {
       throw CallRejected("rref: remote<" + type_name_ + ">('" + name + "'): worker " +
-                         context_->self().describe() + " has no class or function named '" +
-                         name + "' (" + registry.unknown_function(name).what() + ")");
+                         context_->self().describe() + " has no class or function named '" + name +
+                         "' (" + registry.unknown_function(name).what() + ")");
     }
     const std::string result = held_type(fn->signature().result);
     if (result != type_name_) {
@@ -134,20 +134,20 @@ void OwnerRRef::create(const CallContext& ctx, const std::string& name,
 
 void OwnerRRef::adopt(Future<Value> result, std::shared_ptr<void> keep) {
   std::weak_ptr<OwnerRRef> weak = weak_from_this();
-  gradwire::detail::on_complete_inline(
-      result, [weak, keep = std::move(keep)](const Future<Value>& done) {
-        std::shared_ptr<OwnerRRef> self = weak.lock();
-        if (self == nullptr) return;
-        if (done.has_error()) {
-          self->fail(done.error());
-          return;
-        }
-        {
-          MutexLock lock(self->mutex_);
-          self->value_ = done.value();
-        }
-        self->ready_.try_set_value();
-      });
+  gradwire::detail::on_complete_inline(result,
+                                       [weak, keep = std::move(keep)](const Future<Value>& done) {
+                                         std::shared_ptr<OwnerRRef> self = weak.lock();
+                                         if (self == nullptr) return;
+                                         if (done.has_error()) {
+                                           self->fail(done.error());
+                                           return;
+                                         }
+                                         {
+                                           MutexLock lock(self->mutex_);
+                                           self->value_ = done.value();
+                                         }
+                                         self->ready_.try_set_value();
+                                       });
 }
 
 Value OwnerRRef::serialise_now(const CallContext& ctx, const std::string& type_name) {
@@ -222,33 +222,34 @@ Future<Value> OwnerRRef::invoke(const CallContext& ctx, const std::string& metho
                                 std::vector<Value> args, const std::string& expected_result) {
   if (ready_.completed()) return invoke_now(ctx, method, args, expected_result);
   std::weak_ptr<OwnerRRef> weak = weak_from_this();
-  return ready_.then(ctx.agent()->executor(),
-                     [weak, ctx, method, args = std::move(args),
-                      expected_result](Future<void>) -> Future<Value> {
-                       std::shared_ptr<OwnerRRef> self = weak.lock();
-                       if (self == nullptr) {
-                         throw Error("rref: the object was released while it was being created");
-                       }
-                       return self->invoke_now(ctx, method, args, expected_result);
-                     });
+  return ready_.then(
+      ctx.agent()->executor(),
+      [weak, ctx, method, args = std::move(args), expected_result](Future<void>) -> Future<Value> {
+        std::shared_ptr<OwnerRRef> self = weak.lock();
+        if (self == nullptr) {
+          throw Error("rref: the object was released while it was being created");
+        }
+        return self->invoke_now(ctx, method, args, expected_result);
+      });
 }
 
 detail::Reply OwnerRRef::looped(Future<Value> raw) {
   auto keep = std::make_shared<std::shared_ptr<void>>();
   Future<Value> out;
   std::shared_ptr<RRefContext> context = context_;
-  gradwire::detail::on_complete_inline(raw, [keep, out, context](const Future<Value>& done) mutable {
-    if (done.has_error()) {
-      out.try_set_error(done.error());
-      return;
-    }
-    try {
-      *keep = context->loop_back({&done.value()});
-      out.try_set_value(done.value());
-    } catch (...) {
-      out.try_set_error(std::current_exception());
-    }
-  });
+  gradwire::detail::on_complete_inline(raw,
+                                       [keep, out, context](const Future<Value>& done) mutable {
+                                         if (done.has_error()) {
+                                           out.try_set_error(done.error());
+                                           return;
+                                         }
+                                         try {
+                                           *keep = context->loop_back({&done.value()});
+                                           out.try_set_value(done.value());
+                                         } catch (...) {
+                                           out.try_set_error(std::current_exception());
+                                         }
+                                       });
   return detail::Reply{out, keep};
 }
 
@@ -295,7 +296,8 @@ Value OwnerRRef::to_value(const CallContext& ctx) {
 std::shared_ptr<void> OwnerRRef::local_object(const detail::LocalType& type,
                                               std::chrono::milliseconds timeout) {
   rpc::RpcAgent& agent = this->agent();
-  const std::chrono::milliseconds wait = timeout.count() > 0 ? timeout : agent.options().rpc_timeout;
+  const std::chrono::milliseconds wait =
+      timeout.count() > 0 ? timeout : agent.options().rpc_timeout;
   if (!ready_.wait(wait)) {
     throw TimeoutError("rref: local_value() of " + describe() + " waited " +
                        std::to_string(wait.count()) + " ms for its creation");
@@ -354,14 +356,13 @@ Future<Value> UserRRef::after_confirmed(std::function<Future<Value>()> send) {
   auto run = [self, send = std::move(send), result]() mutable {
     try {
       Future<Value> sent = send();
-      gradwire::detail::on_complete_inline(
-          sent, [self, result](const Future<Value>& done) mutable {
-            if (done.has_error()) {
-              result.try_set_error(done.error());
-            } else {
-              result.try_set_value(done.value());
-            }
-          });
+      gradwire::detail::on_complete_inline(sent, [self, result](const Future<Value>& done) mutable {
+        if (done.has_error()) {
+          result.try_set_error(done.error());
+        } else {
+          result.try_set_value(done.value());
+        }
+      });
     } catch (...) {
       result.try_set_error(std::current_exception());
     }
@@ -388,14 +389,15 @@ detail::Reply UserRRef::fetch(rpc::CallOptions options) {
   message.mutable_fetch()->set_rref_id(id_);
   message.mutable_fetch()->set_type_name(type_name_);
   std::shared_ptr<RRefContext> context = context_;
-  return detail::Reply{after_confirmed([context, owner = owner_, payload = message.SerializeAsString(),
-                                        what = "to_here of " + describe(), options] {
-                         return context->send(owner, payload, what, {}, options);
-                       }),
-                       nullptr};
+  return detail::Reply{
+      after_confirmed([context, owner = owner_, payload = message.SerializeAsString(),
+                       what = "to_here of " + describe(),
+                       options] { return context->send(owner, payload, what, {}, options); }),
+      nullptr};
 }
 
-detail::Reply UserRRef::call(std::string method, std::vector<Value> args, rpc::CallOptions options) {
+detail::Reply UserRRef::call(std::string method, std::vector<Value> args,
+                             rpc::CallOptions options) {
   std::shared_ptr<rpc::RpcAgent> agent = context_->agent();
   wire::RRefMessage message;
   message.mutable_call_method()->set_rref_id(id_);
@@ -404,9 +406,8 @@ detail::Reply UserRRef::call(std::string method, std::vector<Value> args, rpc::C
   auto shared_args = std::make_shared<std::vector<Value>>(std::move(args));
   Future<Value> result = after_confirmed(
       [context, owner = owner_, payload = message.SerializeAsString(),
-       what = type_name_ + "." + method + " on " + describe(), shared_args, options] {
-        return context->send(owner, payload, what, *shared_args, options);
-      });
+       what = type_name_ + "." + method + " on " + describe(), shared_args,
+       options] { return context->send(owner, payload, what, *shared_args, options); });
   // References among the arguments that never left are given back.
   gradwire::detail::on_complete_inline(result, [context, shared_args](const Future<Value>& done) {
     if (done.has_error()) context->discard(*shared_args);
@@ -433,11 +434,11 @@ std::shared_ptr<detail::RRefCore> UserRRef::remote(std::string method, std::stri
   std::shared_ptr<RRefContext> context = context_;
   auto shared_args = std::make_shared<std::vector<Value>>(std::move(args));
   auto sent = std::make_shared<std::atomic<bool>>(false);
-  Future<Value> reply = after_confirmed(
-      [context, owner = owner_, payload = message.SerializeAsString(),
-       what = "remote " + type_name_ + "." + method + " on " + describe() + " -> RRef " +
-              id_text(rref_id),
-       shared_args, options, sent] {
+  Future<Value> reply =
+      after_confirmed([context, owner = owner_, payload = message.SerializeAsString(),
+                       what = "remote " + type_name_ + "." + method + " on " + describe() +
+                              " -> RRef " + id_text(rref_id),
+                       shared_args, options, sent] {
         Future<Value> f = context->send(owner, payload, what, *shared_args, options);
         sent->store(true);
         return f;

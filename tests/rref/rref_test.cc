@@ -218,7 +218,11 @@ void define(Registry& reg) {
       .method("add", &Counter::add)
       .method("get", &Counter::get)
       .method("boom", [](Counter&) -> int64_t { throw std::runtime_error("boom"); });
-  reg.def_class<Tally>("Tally").ctor<int64_t>().method("add", &Tally::add).method("get", &Tally::get).serialised();
+  reg.def_class<Tally>("Tally")
+      .ctor<int64_t>()
+      .method("add", &Tally::add)
+      .method("get", &Tally::get)
+      .serialised();
   reg.def_class<Point>("Point").ctor<double, double>().copyable();
   reg.def_class<Label>("Label").ctor<std::string>();
 }
@@ -305,8 +309,7 @@ TEST_F(RRefThreads, ConcurrentProxyCallsOnOneObject) {
   RRef<Counter> c = rref::remote<Counter>(w(0), "w1", "Counter", int64_t{0});
   RRef<Tally> t = rref::remote<Tally>(w(0), "w1", "Tally", int64_t{0});
   // Two users (w0 and w2) and the owner itself, 100 calls each on both objects.
-  std::vector<RRef<Counter>> counters{
-      c, w(0).rpc_sync<RRef<Counter>>("w2", "echo_rref", c)};
+  std::vector<RRef<Counter>> counters{c, w(0).rpc_sync<RRef<Counter>>("w2", "echo_rref", c)};
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (int k = 0; k < 2; ++k) {
@@ -354,14 +357,16 @@ TEST_F(RRefThreads, UserToUserForkAndAForkOfAFork) {
 }
 
 TEST_F(RRefThreads, ReferencesReturnedFromAFunctionAndInsideContainers) {
-  std::vector<RRef<Tensor>> owned = w(0).rpc_sync<std::vector<RRef<Tensor>>>("w1", "make_owned", int64_t{3});
+  std::vector<RRef<Tensor>> owned =
+      w(0).rpc_sync<std::vector<RRef<Tensor>>>("w1", "make_owned", int64_t{3});
   ASSERT_EQ(owned.size(), 3u);
   EXPECT_TRUE(rref::wait_owned_values(w(1), 3, 10s));
   double expect = 0;
   for (int64_t i = 0; i < 3; ++i) {
     EXPECT_EQ(owned[static_cast<size_t>(i)].owner().name, "w1");
     expect += static_cast<double>(4 * i + 6);
-    EXPECT_DOUBLE_EQ(tensor_sum(owned[static_cast<size_t>(i)].to_here()), static_cast<double>(4 * i + 6));
+    EXPECT_DOUBLE_EQ(tensor_sum(owned[static_cast<size_t>(i)].to_here()),
+                     static_cast<double>(4 * i + 6));
   }
   // The list to a third worker, and a map of them to the owner.
   EXPECT_DOUBLE_EQ(w(0).rpc_sync<double>("w2", "sum_all", owned), expect);
@@ -499,6 +504,35 @@ TEST_F(RRefThreads, GracefulShutdownReleasesReferencesStillHeld) {
   agents_.clear();
 }
 
+TEST_F(RRefThreads, MalformedProtocolMessagesAreRefusedAndTheWorkerCarriesOn) {
+  auto send_raw = [&](const std::string& payload, std::vector<rpc::Value> args = {}) {
+    rpc::Request request;
+    request.handler = rref::kRRefHandler;
+    request.payload.assign(payload.begin(), payload.end());
+    request.args = std::move(args);
+    return w(0).send("w1", std::move(request));
+  };
+  std::string text = error_text<InvalidArgument>([&] { send_raw("\xff\xff garbage").get(10s); });
+  EXPECT_TRUE(contains(text, "malformed rref message")) << text;
+  text = error_text<InvalidArgument>([&] { send_raw("").get(10s); });
+  EXPECT_TRUE(contains(text, "malformed rref message")) << text;
+  // A reference naming a worker outside the group, inside an ordinary call.
+  rpc::Value forged(
+      rpc::RRefDescriptor{7, (uint64_t{1} << 48) | 5, (uint64_t{1} << 48) | 6, "Tensor"});
+  text = error_text<InvalidArgument>([&] { w(0).call("w1", "sum_of", {forged}).get(10s); });
+  EXPECT_TRUE(contains(text, "malformed RRef")) << text;
+  // A reference the owner never made.
+  rpc::Value unknown(
+      rpc::RRefDescriptor{1, (uint64_t{1} << 48) | 999, (uint64_t{1} << 48) | 1000, "Tensor"});
+  text = error_text<InvalidArgument>([&] { w(0).call("w1", "sum_local", {unknown}).get(10s); });
+  EXPECT_TRUE(contains(text, "does not own")) << text;
+  // The worker still serves.
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{0});
+  EXPECT_DOUBLE_EQ(tensor_sum(r.to_here()), 6);
+  r = {};
+  expect_settled(1);
+}
+
 TEST(RRefEmpty, AnEmptyReferenceIsAnError) {
   RRef<Tensor> r;
   EXPECT_FALSE(r.valid());
@@ -521,7 +555,8 @@ test::RankResults run_three_processes(
       [&](int rank) {
         auto store = std::make_shared<c10d::FileStore>(
             c10d::FileStoreOptions{.path = path, .num_workers = 3, .timeout = 30s});
-        auto agent = rpc::make_tensorpipe_agent(worker_name(rank), rank, 3, store, test_options(reg));
+        auto agent =
+            rpc::make_tensorpipe_agent(worker_name(rank), rank, 3, store, test_options(reg));
         body(rank, *store, *agent);
       },
       60s);

@@ -417,8 +417,7 @@ Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallO
                      const CallContext received(this, target, 0,
                                                 CallContext::Clock::time_point::max());
                      result.try_set_value(from_value<R>(
-                         value, Where::custom(&detail::render_call_result, &subject, 0),
-                         received));
+                         value, Where::custom(&detail::render_call_result, &subject, 0), received));
                    }
                  } catch (...) {
                    result.try_set_error(std::current_exception());

@@ -70,7 +70,8 @@ using Extensions = std::map<std::string, Bytes>;
 struct Request {
   uint64_t id{0};
   uint32_t handler{kCallHandler};
-  std::string function;  // the registered function; for other handlers, what messages call the request
+  std::string
+      function;  // the registered function; for other handlers, what messages call the request
   std::vector<Value> args;
   uint64_t autograd_context_id{0};
   uint64_t autograd_message_id{0};

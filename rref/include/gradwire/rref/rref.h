@@ -75,13 +75,13 @@ inline constexpr uint32_t kRRefHandler = 2;
 
 // What one worker's reference bookkeeping holds (metrics(agent)).
 struct RRefMetrics {
-  int64_t owned_values{0};       // values and objects this worker owns, alive
-  int64_t shared_values{0};      // of those, the ones referenced from elsewhere
-  int64_t owned_forks{0};        // references to owned values held elsewhere or in flight
-  int64_t user_references{0};    // references to other workers' values held here
-  int64_t pending_children{0};   // references this worker sent that their owner has not
-                                 // yet accepted (each keeps the value alive)
-  int64_t messages_in_flight{0}; // protocol messages sent and not yet answered
+  int64_t owned_values{0};        // values and objects this worker owns, alive
+  int64_t shared_values{0};       // of those, the ones referenced from elsewhere
+  int64_t owned_forks{0};         // references to owned values held elsewhere or in flight
+  int64_t user_references{0};     // references to other workers' values held here
+  int64_t pending_children{0};    // references this worker sent that their owner has not
+                                  // yet accepted (each keeps the value alive)
+  int64_t messages_in_flight{0};  // protocol messages sent and not yet answered
 };
 
 namespace detail {
@@ -134,9 +134,9 @@ class RRefCore {
 };
 
 // remote(): `name` is a class (constructor) or a function registered on the owner.
-std::shared_ptr<RRefCore> create(rpc::RpcAgent& agent, const rpc::Destination& to,
-                                 std::string name, std::string type_name,
-                                 std::vector<rpc::Value> args, rpc::CallOptions options);
+std::shared_ptr<RRefCore> create(rpc::RpcAgent& agent, const rpc::Destination& to, std::string name,
+                                 std::string type_name, std::vector<rpc::Value> args,
+                                 rpc::CallOptions options);
 // A received rpc::Value of kind kRRef, as the reference it names on the agent serving
 // `ctx`; InvalidArgument (starting with `where`) for another kind, another type, or outside
 // an agent.
@@ -167,7 +167,9 @@ T await(Future<T> pending, std::chrono::milliseconds bound, const std::string& w
 }
 
 template <typename T>
-concept HasValueConverter = requires { rpc::ValueConverter<T>::name(); };
+concept HasValueConverter = requires {
+  rpc::ValueConverter<T>::name();
+};
 
 // T's name as `registry` knows it: its registered class name, else its value type name.
 template <typename T>
@@ -225,20 +227,20 @@ Future<R> typed(Reply reply, std::string what, rpc::RpcAgent& agent, rpc::Worker
   gradwire::detail::on_complete_inline(
       reply.value, [result, keep = std::move(reply.keep), what = std::move(what), agent = &agent,
                     from = std::move(from)](const Future<rpc::Value>& done) mutable {
-    if (done.has_error()) {
-      result.try_set_error(done.error());
-      return;
-    }
-    try {
-      if constexpr (std::is_void_v<R>) {
-        result.try_set_value();
-      } else {
-        result.try_set_value(convert_result<R>(done.value(), what, *agent, from));
-      }
-    } catch (...) {
-      result.try_set_error(std::current_exception());
-    }
-  });
+        if (done.has_error()) {
+          result.try_set_error(done.error());
+          return;
+        }
+        try {
+          if constexpr (std::is_void_v<R>) {
+            result.try_set_value();
+          } else {
+            result.try_set_value(convert_result<R>(done.value(), what, *agent, from));
+          }
+        } catch (...) {
+          result.try_set_error(std::current_exception());
+        }
+      });
   return result;
 }
 
@@ -285,8 +287,8 @@ class RRef {
                   "class must be registered .copyable())");
     detail::RRefCore& c = core();
     const rpc::CallOptions options{timeout};
-    Future<T> result = detail::typed<T>(c.fetch(options), "the value of " + c.describe(),
-                                        c.agent(), c.owner());
+    Future<T> result =
+        detail::typed<T>(c.fetch(options), "the value of " + c.describe(), c.agent(), c.owner());
     result.set_default_timeout(detail::wait_bound(c.agent(), options));
     return result;
   }
@@ -295,7 +297,8 @@ class RRef {
   // converted from the held value once and then held as is (later to_here calls copy it).
   // InvalidArgument on a user reference or for a T other than the one held. Waits for a
   // value still being created, at most `timeout` (0: the agent's rpc_timeout).
-  std::shared_ptr<T> local_value(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const {
+  std::shared_ptr<T> local_value(
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const {
     detail::RRefCore& c = core();
     return std::static_pointer_cast<T>(
         c.local_object(detail::local_type<T>(c.agent().registry()), timeout));
@@ -308,9 +311,8 @@ class RRef {
     rpc::RpcAgent& agent = c.agent();
     std::string what = "the result of " + c.type_name() + "." + method + " on " + c.describe();
     std::vector<rpc::Value> values = detail::to_values(agent, std::forward<Args>(args)...);
-    Future<R> result =
-        detail::typed<R>(c.call(std::move(method), std::move(values), options), std::move(what),
-                         agent, c.owner());
+    Future<R> result = detail::typed<R>(c.call(std::move(method), std::move(values), options),
+                                        std::move(what), agent, c.owner());
     result.set_default_timeout(detail::wait_bound(agent, options));
     return result;
   }
@@ -364,8 +366,7 @@ RRef<T> remote(rpc::RpcAgent& agent, const rpc::Destination& to, std::string nam
                                 options));
 }
 template <typename T, typename... Args>
-RRef<T> remote(rpc::RpcAgent& agent, const rpc::Destination& to, std::string name,
-               Args&&... args) {
+RRef<T> remote(rpc::RpcAgent& agent, const rpc::Destination& to, std::string name, Args&&... args) {
   return remote<T>(agent, to, std::move(name), rpc::CallOptions{}, std::forward<Args>(args)...);
 }
 // The same through the default agent (init_rpc).
