@@ -164,13 +164,17 @@ RRefContext::~RRefContext() = default;
 void RRefContext::install(const std::shared_ptr<rpc::RpcAgent>& agent) {
   auto context = std::make_shared<RRefContext>(agent);
   std::weak_ptr<RRefContext> weak = context;
-  agent->register_handler(kRRefHandler, "rref",
-                          [weak](const CallContext& ctx, const rpc::Request& request) {
-                            std::shared_ptr<RRefContext> self = weak.lock();
-                            if (self == nullptr)
-                              return make_failed_future<Value>(Error("rref: the context is gone"));
-                            return self->handle(ctx, request);
-                          });
+  // Bookkeeping requests (fetch, forks, deletes) are answered on the I/O thread that
+  // received them: they never block. Requests that run user code (a creation, a method)
+  // go to the pool from handle().
+  agent->register_handler(
+      kRRefHandler, "rref",
+      [weak](const CallContext& ctx, const rpc::Request& request) {
+        std::shared_ptr<RRefContext> self = weak.lock();
+        if (self == nullptr) return make_failed_future<Value>(Error("rref: the context is gone"));
+        return self->handle(ctx, request);
+      },
+      rpc::Execution::kInline);
   agent->add_interceptor(context);
   agent->add_listener(context);
   agent->set_attachment(context);
@@ -808,9 +812,40 @@ Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& re
     throw CallRejected("rref: requests from outside the group are refused");
   }
   std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  if (message.op_case() == wire::RRefMessage::kCreate ||
+      message.op_case() == wire::RRefMessage::kCallMethod) {
+    {
+      // User code runs on the pool, never on an I/O thread.
+      Future<Value> result;
+      std::shared_ptr<RRefContext> self = shared_from_this();
+      agent->executor()->execute([self, ctx, request, message, result]() mutable {
+        try {
+          Future<Value> done = self->dispatch(ctx, request, message);
+          gradwire::detail::on_complete_inline(done, [result](const Future<Value>& d) mutable {
+            if (d.has_error()) {
+              result.try_set_error(d.error());
+            } else {
+              result.try_set_value(d.value());
+            }
+          });
+        } catch (...) {
+          result.try_set_error(std::current_exception());
+        }
+      });
+      return result;
+    }
+  }
+  return dispatch(ctx, request, message);
+}
+
+Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& request,
+                                    const wire::RRefMessage& message) {
+  const WorkerInfo& caller = ctx.caller();
+  const int world = world_size();
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
   switch (message.op_case()) {
     case wire::RRefMessage::kCreate:
-      return handle_create(ctx, request, request.function);
+      return handle_create(ctx, request, message.create());
     case wire::RRefMessage::kFetch: {
       const wire::Fetch& fetch = message.fetch();
       std::shared_ptr<OwnerRRef> owner = find_owner(fetch.rref_id());
@@ -882,10 +917,7 @@ Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& re
 }
 
 Future<Value> RRefContext::handle_create(const CallContext& ctx, const rpc::Request& request,
-                                         const std::string&) {
-  wire::RRefMessage message;
-  message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()));
-  const wire::Create& create = message.create();
+                                         const wire::Create& create) {
   const int caller = ctx.caller().id;
   if (minter_of(create.rref_id()) != caller || minter_of(create.fork_id()) != caller ||
       create.type_name().empty() || create.type_name().size() > kMaxTypeNameBytes ||
@@ -914,8 +946,12 @@ Future<Value> RRefContext::handle_create(const CallContext& ctx, const rpc::Requ
     owner->create(ctx, create.name(), request.args);
   }
   // Replied once the value exists: the caller's calls on it wait for this.
-  std::shared_ptr<Executor> executor = agent()->executor();
-  return owner->creation().then(executor, [](Future<void> done) {
+  Future<void> created = owner->creation();
+  if (created.completed()) {
+    if (created.has_error()) return make_failed_future<Value>(created.error());
+    return make_ready_future(Value());
+  }
+  return created.then(agent()->executor(), [](Future<void> done) {
     done.value();
     return Value();
   });

@@ -28,6 +28,11 @@
 
 namespace gradwire::rref {
 
+namespace wire {
+class RRefMessage;
+class Create;
+}  // namespace wire
+
 class OwnerRRef;
 class UserRRef;
 class RRefMessageBuilder;
@@ -144,8 +149,10 @@ class RRefContext : public rpc::Interceptor,
   void remove_fork(uint64_t rref_id, uint64_t fork);
   void accept_children(const std::vector<uint64_t>& forks);
 
+  Future<rpc::Value> dispatch(const rpc::CallContext& ctx, const rpc::Request& request,
+                              const wire::RRefMessage& message);
   Future<rpc::Value> handle_create(const rpc::CallContext& ctx, const rpc::Request& request,
-                                   const std::string& payload);
+                                   const wire::Create& create);
 
   // The group's size, known once the agent has started.
   int world_size() const;
