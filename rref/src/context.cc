@@ -389,6 +389,22 @@ std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id,
   return made;
 }
 
+std::shared_ptr<OwnerRRef> RRefContext::owned_or_awaited(uint64_t rref_id,
+                                                         const std::string& type_name,
+                                                         const WorkerInfo& caller) {
+  if (std::shared_ptr<OwnerRRef> owner = find_owner(rref_id)) return owner;
+  // The reference remote() returned is used at once by its creator, whose creation may
+  // still be on its way (another pool thread): it is awaited, held here until it arrives.
+  if (minter_of(rref_id) != caller.id || type_name.empty() ||
+      type_name.size() > kMaxTypeNameBytes) {
+    throw CallRejected("rref: worker " + self_.describe() + " owns no RRef " + id_text(rref_id));
+  }
+  std::shared_ptr<OwnerRRef> owner = placeholder(rref_id, type_name);
+  MutexLock lock(mutex_);
+  if (!closed_) awaited_.emplace(rref_id, owner);
+  return owner;
+}
+
 std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
                                                         const std::string& type_name, uint64_t fork,
                                                         int holder) {
@@ -736,11 +752,13 @@ void RRefContext::on_graceful_shutdown(Clock::time_point deadline) {
 void RRefContext::on_closed() {
   std::map<uint64_t, Shared> shared;
   std::map<uint64_t, Child> children;
+  std::map<uint64_t, std::shared_ptr<OwnerRRef>> awaited;
   std::vector<std::shared_ptr<UserRRef>> users;
   {
     MutexLock lock(mutex_);
     closed_ = true;
     shared.swap(shared_);
+    awaited.swap(awaited_);
     children.swap(children_);
     for (auto& [fork, weak] : users_) {
       if (auto user = weak.lock()) users.push_back(std::move(user));
@@ -848,20 +866,13 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
       return handle_create(ctx, request, message.create());
     case wire::RRefMessage::kFetch: {
       const wire::Fetch& fetch = message.fetch();
-      std::shared_ptr<OwnerRRef> owner = find_owner(fetch.rref_id());
-      if (owner == nullptr) {
-        throw CallRejected("rref: worker " + self_.describe() + " owns no RRef " +
-                           id_text(fetch.rref_id()));
-      }
+      std::shared_ptr<OwnerRRef> owner =
+          owned_or_awaited(fetch.rref_id(), fetch.type_name(), caller);
       return owner->serialise(ctx, fetch.type_name());
     }
     case wire::RRefMessage::kCallMethod: {
       const wire::CallMethod& call = message.call_method();
-      std::shared_ptr<OwnerRRef> owner = find_owner(call.rref_id());
-      if (owner == nullptr) {
-        throw CallRejected("rref: worker " + self_.describe() + " owns no RRef " +
-                           id_text(call.rref_id()));
-      }
+      std::shared_ptr<OwnerRRef> owner = owned_or_awaited(call.rref_id(), call.type_name(), caller);
       return owner->invoke(ctx, call.method(), request.args);
     }
     case wire::RRefMessage::kAddFork: {
@@ -929,17 +940,23 @@ Future<Value> RRefContext::handle_create(const CallContext& ctx, const rpc::Requ
   if (!owner->begin_creation(create.type_name())) {
     throw CallRejected("rref: RRef " + id_text(create.rref_id()) + " was already created");
   }
+  std::shared_ptr<OwnerRRef> awaited;  // let go after the lock
   {
     MutexLock lock(mutex_);
     --placeholders_;  // it is one no more; its destruction will not count it
+    if (auto it = awaited_.find(create.rref_id()); it != awaited_.end()) {
+      awaited = std::move(it->second);
+      awaited_.erase(it);
+    }
   }
   if (create.target_rref_id() != 0) {
-    std::shared_ptr<OwnerRRef> target = find_owner(create.target_rref_id());
-    if (target == nullptr) {
-      owner->fail(std::make_exception_ptr(CallRejected("rref: worker " + self_.describe() +
-                                                       " owns no RRef " +
-                                                       id_text(create.target_rref_id()))));
-    } else {
+    std::shared_ptr<OwnerRRef> target;
+    try {
+      target = owned_or_awaited(create.target_rref_id(), create.target_type_name(), ctx.caller());
+    } catch (...) {
+      owner->fail(std::current_exception());
+    }
+    if (target != nullptr) {
       owner->adopt(target->invoke(ctx, create.name(), request.args, create.type_name()));
     }
   } else {

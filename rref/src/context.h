@@ -139,6 +139,10 @@ class RRefContext : public rpc::Interceptor,
   void validate(const rpc::RRefDescriptor& d) const;
 
   std::shared_ptr<OwnerRRef> find_owner(uint64_t rref_id) const;
+  // The owned reference a Fetch or CallMethod names; one its caller created and whose
+  // creation has not arrived yet is awaited (a bounded placeholder held until it does).
+  std::shared_ptr<OwnerRRef> owned_or_awaited(uint64_t rref_id, const std::string& type_name,
+                                              const rpc::WorkerInfo& caller);
   // An owned reference whose creation has not arrived yet (bounded in number).
   std::shared_ptr<OwnerRRef> placeholder(uint64_t rref_id, const std::string& type_name);
   // The owned reference `rref_id`, made as a placeholder when a fork of it arrives before
@@ -170,6 +174,8 @@ class RRefContext : public rpc::Interceptor,
   std::map<uint64_t, std::weak_ptr<OwnerRRef>> owners_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<uint64_t, std::weak_ptr<UserRRef>> users_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<uint64_t, Child> children_ GRADWIRE_GUARDED_BY(mutex_);
+  // Placeholders a creator's early call is waiting on, until their creation arrives.
+  std::map<uint64_t, std::shared_ptr<OwnerRRef>> awaited_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<int, std::string> lost_ GRADWIRE_GUARDED_BY(mutex_);  // worker id -> why
   int64_t in_flight_ GRADWIRE_GUARDED_BY(mutex_) = 0;
   int64_t placeholders_ GRADWIRE_GUARDED_BY(mutex_) = 0;
@@ -246,8 +252,10 @@ class OwnerRRef : public detail::RRefCore, public std::enable_shared_from_this<O
 // A reference to another worker's value: one fork of it.
 class UserRRef : public detail::RRefCore, public std::enable_shared_from_this<UserRRef> {
  public:
+  // `creator`: the reference remote() returned; its calls go out before the creation's
+  // reply (the owner awaits the creation), as PyTorch's do.
   UserRRef(std::shared_ptr<RRefContext> context, rpc::WorkerInfo owner, uint64_t rref_id,
-           uint64_t fork_id, std::string type_name, Future<void> confirmed);
+           uint64_t fork_id, std::string type_name, Future<void> confirmed, bool creator = false);
   ~UserRRef() override;
 
   const rpc::WorkerInfo& owner() const override { return owner_; }
@@ -285,6 +293,7 @@ class UserRRef : public detail::RRefCore, public std::enable_shared_from_this<Us
   const uint64_t fork_;
   const std::string type_name_;
   const Future<void> confirmed_;
+  const bool creator_;
   std::atomic<bool> released_{false};
 };
 

@@ -325,13 +325,14 @@ std::shared_ptr<void> OwnerRRef::local_object(const detail::LocalType& type,
 // ---- UserRRef
 
 UserRRef::UserRRef(std::shared_ptr<RRefContext> context, WorkerInfo owner, uint64_t rref_id,
-                   uint64_t fork_id, std::string type_name, Future<void> confirmed)
+                   uint64_t fork_id, std::string type_name, Future<void> confirmed, bool creator)
     : context_(std::move(context)),
       owner_(std::move(owner)),
       id_(rref_id),
       fork_(fork_id),
       type_name_(std::move(type_name)),
-      confirmed_(std::move(confirmed)) {}
+      confirmed_(std::move(confirmed)),
+      creator_(creator) {}
 
 UserRRef::~UserRRef() {
   // Every fork the owner received is counted there, the creation's failed or not; one it
@@ -372,6 +373,12 @@ Future<Value> UserRRef::after_confirmed(std::function<Future<Value>()> send) {
     run();
     return result;
   }
+  if (creator_) {
+    // The owner awaits this reference's creation; its reply still keeps the reference
+    // alive, so a delete never overtakes it.
+    run();
+    return result;
+  }
   gradwire::detail::on_complete_inline(
       confirmed_, [run = std::move(run), result](const Future<void>& done) mutable {
         if (done.has_error()) {
@@ -402,6 +409,7 @@ detail::Reply UserRRef::call(std::string method, std::vector<Value> args,
   wire::RRefMessage message;
   message.mutable_call_method()->set_rref_id(id_);
   message.mutable_call_method()->set_method(method);
+  message.mutable_call_method()->set_type_name(type_name_);
   std::shared_ptr<RRefContext> context = context_;
   auto shared_args = std::make_shared<std::vector<Value>>(std::move(args));
   Future<Value> result = after_confirmed(
@@ -428,8 +436,10 @@ std::shared_ptr<detail::RRefCore> UserRRef::remote(std::string method, std::stri
   create->set_type_name(result_type);
   create->set_name(method);
   create->set_target_rref_id(id_);
+  create->set_target_type_name(type_name_);
   Future<void> confirmed;
-  auto made = std::make_shared<UserRRef>(context_, owner_, rref_id, fork, result_type, confirmed);
+  auto made = std::make_shared<UserRRef>(context_, owner_, rref_id, fork, result_type, confirmed,
+                                         /*creator=*/true);
   context_->adopt_user(made);
   std::shared_ptr<RRefContext> context = context_;
   auto shared_args = std::make_shared<std::vector<Value>>(std::move(args));
