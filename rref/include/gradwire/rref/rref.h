@@ -29,9 +29,9 @@
 // def_class on the owner's object; remote<R>(method, args...) keeps the method's result on
 // the owner and returns a reference to it. Calls from many workers run concurrently on the
 // owner's pool threads: the class must be thread-safe, or be registered with .serialised()
-// (its methods then run one at a time per object). Calls on a reference wait until the
-// owner has confirmed it (for the reference remote() returned: until the object exists),
-// so they never reach the owner before the object.
+// (its methods then run one at a time per object). The reference remote() returned sends
+// its calls at once (the owner awaits the creation); a reference received from another
+// worker waits until the owner has confirmed it.
 //
 // Thread-safety: every method may be called from any thread, on the same handle or on
 // copies, concurrently. Only assignment to one handle object needs the caller's
