@@ -164,17 +164,16 @@ RRefContext::~RRefContext() = default;
 void RRefContext::install(const std::shared_ptr<rpc::RpcAgent>& agent) {
   auto context = std::make_shared<RRefContext>(agent);
   std::weak_ptr<RRefContext> weak = context;
-  // Bookkeeping requests (fetch, forks, deletes) are answered on the I/O thread that
-  // received them: they never block. Requests that run user code (a creation, a method)
-  // go to the pool from handle().
-  agent->register_handler(
-      kRRefHandler, "rref",
-      [weak](const CallContext& ctx, const rpc::Request& request) {
-        std::shared_ptr<RRefContext> self = weak.lock();
-        if (self == nullptr) return make_failed_future<Value>(Error("rref: the context is gone"));
-        return self->handle(ctx, request);
-      },
-      rpc::Execution::kInline);
+  // Requests that run user code (a creation, a method) are served on the pool; the
+  // bookkeeping ones (a fetch, forks, deletes) never block and are answered on the I/O
+  // thread that received them.
+  auto handler = [weak](const CallContext& ctx, const rpc::Request& request) {
+    std::shared_ptr<RRefContext> self = weak.lock();
+    if (self == nullptr) return make_failed_future<Value>(Error("rref: the context is gone"));
+    return self->handle(ctx, request);
+  };
+  agent->register_handler(kRRefHandler, "rref", handler, rpc::Execution::kPool);
+  agent->register_handler(kRRefControlHandler, "rref control", handler, rpc::Execution::kInline);
   agent->add_interceptor(context);
   agent->add_listener(context);
   agent->set_attachment(context);
@@ -212,10 +211,11 @@ std::exception_ptr RRefContext::lost_error(int worker) const {
 }
 
 Future<Value> RRefContext::send(const WorkerInfo& to, const std::string& payload, std::string what,
-                                std::vector<Value> args, rpc::CallOptions options) {
+                                std::vector<Value> args, rpc::CallOptions options,
+                                uint32_t handler) {
   std::shared_ptr<rpc::RpcAgent> agent = this->agent();
   rpc::Request request;
-  request.handler = kRRefHandler;
+  request.handler = handler;
   request.function = std::move(what);
   request.payload.assign(payload.begin(), payload.end());
   request.args = std::move(args);
@@ -271,7 +271,7 @@ std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, st
   try {
     reply = send(owner, message.SerializeAsString(),
                  "remote " + name + " -> RRef " + id_text(rref_id) + " (" + type_name + ")", args,
-                 options);
+                 options, kRRefHandler);
   } catch (...) {
     discard(args);
     throw;
@@ -830,28 +830,12 @@ Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& re
     throw CallRejected("rref: requests from outside the group are refused");
   }
   std::shared_ptr<rpc::RpcAgent> agent = this->agent();
-  if (message.op_case() == wire::RRefMessage::kCreate ||
-      message.op_case() == wire::RRefMessage::kCallMethod) {
-    {
-      // User code runs on the pool, never on an I/O thread.
-      Future<Value> result;
-      std::shared_ptr<RRefContext> self = shared_from_this();
-      agent->executor()->execute([self, ctx, request, message, result]() mutable {
-        try {
-          Future<Value> done = self->dispatch(ctx, request, message);
-          gradwire::detail::on_complete_inline(done, [result](const Future<Value>& d) mutable {
-            if (d.has_error()) {
-              result.try_set_error(d.error());
-            } else {
-              result.try_set_value(d.value());
-            }
-          });
-        } catch (...) {
-          result.try_set_error(std::current_exception());
-        }
-      });
-      return result;
-    }
+  const bool runs_user_code = message.op_case() == wire::RRefMessage::kCreate ||
+                              message.op_case() == wire::RRefMessage::kCallMethod;
+  if (runs_user_code != (request.handler == kRRefHandler)) {
+    throw CallRejected(parse_error(runs_user_code
+                                       ? "a creation or method call sent to the control handler"
+                                       : "a control message sent to the call handler"));
   }
   return dispatch(ctx, request, message);
 }

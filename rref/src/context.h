@@ -87,9 +87,12 @@ class RRefContext : public rpc::Interceptor,
   // an owner makes on its own object): as if sent to and received from itself.
   std::shared_ptr<void> loop_back(const std::vector<const rpc::Value*>& values);
 
-  // Sends a protocol message to `to`; counted in messages_in_flight until its reply.
+  // Sends a protocol message to `to` (to the call handler when it runs user code: a
+  // creation or a method; else to the control handler); counted in messages_in_flight until
+  // its reply.
   Future<rpc::Value> send(const rpc::WorkerInfo& to, const std::string& payload, std::string what,
-                          std::vector<rpc::Value> args = {}, rpc::CallOptions options = {});
+                          std::vector<rpc::Value> args = {}, rpc::CallOptions options = {},
+                          uint32_t handler = kRRefControlHandler);
 
   // ---- received references
   std::shared_ptr<detail::RRefCore> find_received(const rpc::RRefDescriptor& d) const;

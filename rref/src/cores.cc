@@ -414,8 +414,9 @@ detail::Reply UserRRef::call(std::string method, std::vector<Value> args,
   auto shared_args = std::make_shared<std::vector<Value>>(std::move(args));
   Future<Value> result = after_confirmed(
       [context, owner = owner_, payload = message.SerializeAsString(),
-       what = type_name_ + "." + method + " on " + describe(), shared_args,
-       options] { return context->send(owner, payload, what, *shared_args, options); });
+       what = type_name_ + "." + method + " on " + describe(), shared_args, options] {
+        return context->send(owner, payload, what, *shared_args, options, kRRefHandler);
+      });
   // References among the arguments that never left are given back.
   gradwire::detail::on_complete_inline(result, [context, shared_args](const Future<Value>& done) {
     if (done.has_error()) context->discard(*shared_args);
@@ -449,7 +450,7 @@ std::shared_ptr<detail::RRefCore> UserRRef::remote(std::string method, std::stri
                        what = "remote " + type_name_ + "." + method + " on " + describe() +
                               " -> RRef " + id_text(rref_id),
                        shared_args, options, sent] {
-        Future<Value> f = context->send(owner, payload, what, *shared_args, options);
+        Future<Value> f = context->send(owner, payload, what, *shared_args, options, kRRefHandler);
         sent->store(true);
         return f;
       });

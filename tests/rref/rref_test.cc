@@ -507,7 +507,7 @@ TEST_F(RRefThreads, GracefulShutdownReleasesReferencesStillHeld) {
 TEST_F(RRefThreads, MalformedProtocolMessagesAreRefusedAndTheWorkerCarriesOn) {
   auto send_raw = [&](const std::string& payload, std::vector<rpc::Value> args = {}) {
     rpc::Request request;
-    request.handler = rref::kRRefHandler;
+    request.handler = rref::kRRefControlHandler;
     request.payload.assign(payload.begin(), payload.end());
     request.args = std::move(args);
     return w(0).send("w1", std::move(request));

@@ -70,8 +70,11 @@
 
 namespace gradwire::rref {
 
-// The handler id rref/ owns on every agent (rpc/ owns 1).
+// The handler ids rref/ owns on every agent (rpc/ owns 1, dist_autograd/ 3): creations and
+// method calls, served on the agent's pool; and the protocol's bookkeeping (fetch, fork,
+// accept, delete), answered on the thread that received it.
 inline constexpr uint32_t kRRefHandler = 2;
+inline constexpr uint32_t kRRefControlHandler = 4;
 
 // What one worker's reference bookkeeping holds (metrics(agent)).
 struct RRefMetrics {
