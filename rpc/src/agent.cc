@@ -25,6 +25,9 @@ std::shared_ptr<ServeScope> Interceptor::on_incoming_request(const WorkerInfo&, 
   return nullptr;
 }
 void Interceptor::on_outgoing_response(const WorkerInfo&, const Request&, Response&) {}
+std::shared_ptr<ServeScope> Interceptor::capture_thread_state() {
+  return nullptr;
+}
 
 void AgentListener::on_worker_lost(const WorkerInfo&, const std::string&) {}
 void AgentListener::on_graceful_shutdown(Clock::time_point) {}

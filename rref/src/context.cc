@@ -262,7 +262,8 @@ std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, st
   create->set_name(name);
   Future<void> confirmed;
   auto user =
-      std::make_shared<UserRRef>(shared_from_this(), owner, rref_id, fork, type_name, confirmed);
+      std::make_shared<UserRRef>(shared_from_this(), owner, rref_id, fork, type_name, confirmed,
+                                 /*creator=*/true);
   {
     MutexLock lock(mutex_);
     users_[fork] = user;
@@ -401,7 +402,9 @@ std::shared_ptr<OwnerRRef> RRefContext::owned_or_awaited(uint64_t rref_id,
   }
   std::shared_ptr<OwnerRRef> owner = placeholder(rref_id, type_name);
   MutexLock lock(mutex_);
-  if (!closed_) awaited_.emplace(rref_id, owner);
+  // Held only while its creation has not begun: handle_create lets it go after beginning,
+  // under the same lock.
+  if (!closed_ && !owner->creation_started()) awaited_.emplace(rref_id, owner);
   return owner;
 }
 

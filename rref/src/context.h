@@ -211,6 +211,7 @@ class OwnerRRef : public detail::RRefCore, public std::enable_shared_from_this<O
   // ---- for the context and the handler
   // Whether a creating call has started (false: a placeholder made by an early fork).
   bool begin_creation(const std::string& type_name);
+  bool creation_started() const;
   // Runs the registered constructor or function `name` and keeps its result.
   void create(const rpc::CallContext& ctx, const std::string& name,
               const std::vector<rpc::Value>& args);

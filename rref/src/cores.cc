@@ -77,6 +77,11 @@ std::string OwnerRRef::describe() const {
   return "RRef " + id_text(id_) + " (" + type_name_ + ") owned by " + context_->self().describe();
 }
 
+bool OwnerRRef::creation_started() const {
+  MutexLock lock(mutex_);
+  return creating_;
+}
+
 bool OwnerRRef::begin_creation(const std::string& type_name) {
   MutexLock lock(mutex_);
   if (creating_) return false;
@@ -222,14 +227,17 @@ Future<Value> OwnerRRef::invoke(const CallContext& ctx, const std::string& metho
                                 std::vector<Value> args, const std::string& expected_result) {
   if (ready_.completed()) return invoke_now(ctx, method, args, expected_result);
   std::weak_ptr<OwnerRRef> weak = weak_from_this();
+  // Runs later on a pool thread, in the thread state of the request it serves.
+  rpc::CapturedState state = ctx.agent()->capture_thread_state();
   return ready_.then(
       ctx.agent()->executor(),
-      [weak, ctx, method, args = std::move(args), expected_result](Future<void>) -> Future<Value> {
+      [weak, ctx, method, args = std::move(args), expected_result,
+       state](Future<void>) -> Future<Value> {
         std::shared_ptr<OwnerRRef> self = weak.lock();
         if (self == nullptr) {
           throw Error("rref: the object was released while it was being created");
         }
-        return self->invoke_now(ctx, method, args, expected_result);
+        return state.run([&] { return self->invoke_now(ctx, method, args, expected_result); });
       });
 }
 
@@ -379,12 +387,15 @@ Future<Value> UserRRef::after_confirmed(std::function<Future<Value>()> send) {
     run();
     return result;
   }
+  // Sent later, from the thread that sees the confirmation: as if from this one (the
+  // modules above keep thread state, e.g. the current dist-autograd context).
+  rpc::CapturedState state = agent().capture_thread_state();
   gradwire::detail::on_complete_inline(
-      confirmed_, [run = std::move(run), result](const Future<void>& done) mutable {
+      confirmed_, [run = std::move(run), result, state](const Future<void>& done) mutable {
         if (done.has_error()) {
           result.try_set_error(done.error());
         } else {
-          run();
+          state.run(run);
         }
       });
   return result;

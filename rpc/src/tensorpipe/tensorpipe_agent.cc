@@ -119,6 +119,13 @@ class TensorPipeAgent final : public RpcAgent,
   void add_interceptor(std::shared_ptr<Interceptor> interceptor) override {
     dispatcher_.add_interceptor(std::move(interceptor));
   }
+  CapturedState capture_thread_state() const override {
+    std::vector<std::shared_ptr<ServeScope>> scopes;
+    for (const auto& interceptor : *dispatcher_.interceptors()) {
+      if (auto scope = interceptor->capture_thread_state()) scopes.push_back(std::move(scope));
+    }
+    return CapturedState(std::move(scopes));
+  }
   void shutdown(bool graceful) override;
   bool is_shut_down() const override { return !running_.load(std::memory_order_acquire); }
   AgentMetrics metrics() const override;

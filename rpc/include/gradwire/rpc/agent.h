@@ -215,6 +215,41 @@ class Interceptor {
   virtual std::shared_ptr<ServeScope> on_incoming_request(const WorkerInfo& from, Request& request);
   virtual void on_outgoing_response(const WorkerInfo& to, const Request& request,
                                     Response& response);
+  // The thread-local state of this module on the calling thread, as a scope that re-enters
+  // it on another thread (null: none). A module that defers a send to another thread (rref/
+  // waits for a reference's confirmation) captures it when the call is made and enters it
+  // around the deferred send, so the send is seen as made where the call was (dist_autograd/
+  // records it in the caller's context).
+  virtual std::shared_ptr<ServeScope> capture_thread_state();
+};
+
+// Every interceptor's captured thread state (Interceptor::capture_thread_state), entered
+// together around deferred work: enter() in order, exit() in reverse.
+class CapturedState {
+ public:
+  CapturedState() = default;
+  explicit CapturedState(std::vector<std::shared_ptr<ServeScope>> scopes)
+      : scopes_(std::move(scopes)) {}
+  // Runs fn inside the captured scopes.
+  template <typename F>
+  decltype(auto) run(F&& fn) const {
+    struct Entered {
+      const std::vector<std::shared_ptr<ServeScope>>& s;
+      explicit Entered(const std::vector<std::shared_ptr<ServeScope>>& scopes) : s(scopes) {
+        for (const auto& x : s)
+          x->enter();
+      }
+      ~Entered() {
+        for (auto it = s.rbegin(); it != s.rend(); ++it)
+          (*it)->exit();
+      }
+    } entered(scopes_);
+    return fn();
+  }
+  bool empty() const { return scopes_.empty(); }
+
+ private:
+  std::vector<std::shared_ptr<ServeScope>> scopes_;
 };
 
 // Told of an agent's life beyond single messages. The default methods do nothing.
@@ -303,6 +338,8 @@ class RpcAgent {
   virtual void register_handler(uint32_t id, std::string name, MessageHandler handler,
                                 Execution execution = Execution::kPool) = 0;
   virtual void add_interceptor(std::shared_ptr<Interceptor> interceptor) = 0;
+  // The interceptors' thread state on the calling thread (see CapturedState).
+  virtual CapturedState capture_thread_state() const = 0;
 
   // Typed per-agent state of the modules above rpc/ (one object per type). set_attachment
   // replaces any earlier one; attachment<T>() is null when none is set. Thread-safe.

@@ -1,0 +1,111 @@
+// dist_autograd: backward passes across remote calls.
+//
+// Inside a dist_autograd::Context, every rpc_sync / rpc_async / remote / RRef proxy call
+// whose arguments (or result) hold tensors that require grad is recorded: a send function on
+// the sender and a recv function on the receiver, for the request and for the reply. The
+// context id and the message id travel in the rpc envelope. backward(ctx_id, roots) then
+// carries gradients back along those calls: each worker runs its part of the graph on its
+// own, and the gradients of its leaves accumulate in the context on that worker
+// (get_gradients), never in .grad, so concurrent contexts stay apart.
+//
+//   {
+//     dist_autograd::Context ctx(*agent);                // RAII: released on every worker
+//     Tensor y = agent->rpc_sync<Tensor>("ps0", "forward", x);
+//     Tensor loss = sum(mul(y, y));
+//     dist_autograd::backward(*agent, ctx.id(), {loss});
+//     auto grads = dist_autograd::get_gradients(*agent, ctx.id());   // this worker's leaves
+//   }
+//
+// Correct beyond PyTorch's FAST mode. Before any gradient flows, the pass discovers which
+// recorded sends will receive a gradient: the initiator walks its graph from the roots, and
+// every recv function it reaches asks the worker of its send to walk on from there,
+// recursively. Each worker thus knows exactly how many gradients each of its sends will
+// receive before the first arrives, and runs its part as one graph task (autograd's
+// GraphTask): a node reached by several remote paths runs once, with the sum, and only then
+// frees its saved tensors; a call whose result never reaches the loss is never waited for.
+// docs/dist_autograd.md describes the messages.
+//
+// Context ids are unique in the group: the worker id in the high 16 bits. The current
+// context is a thread-local (the one rpc/'s ServeScope sets around every request served
+// within a context), so nested calls made by a function serving a request join it.
+//
+// Thread-safety: every function may be called from any thread; contexts on different
+// threads are independent; one context may run one backward pass at a time.
+//
+// Errors: an unknown or released context id, backward without roots or with a root that
+// does not require grad, a second pass while one runs: InvalidArgument. A node failing on
+// another worker: RemoteError at the initiator. A worker lost mid-pass: NetworkError naming
+// it (at most the agent's rpc_timeout later). TimeoutError when the pass runs past it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "gradwire/rpc/agent.h"
+#include "gradwire/tensor/tensor.h"
+
+namespace gradwire::dist_autograd {
+
+// The handler id dist_autograd/ owns on every agent (rpc/ owns 1, rref/ 2).
+inline constexpr uint32_t kDistAutogradHandler = 3;
+
+// The context current on this thread (0: none).
+uint64_t current_context_id();
+
+// A dist-autograd context on `agent`, current on this thread while it lives (the previous
+// one is restored at its end). Its end releases it on every worker it touched.
+class Context {
+ public:
+  // On the default agent (init_rpc).
+  Context();
+  explicit Context(rpc::RpcAgent& agent);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  uint64_t id() const { return id_; }
+
+ private:
+  rpc::RpcAgent* agent_;
+  uint64_t id_;
+  uint64_t previous_;
+};
+
+// This worker's leaves and their gradients in one context.
+class Gradients {
+ public:
+  // The gradient of `leaf`; InvalidArgument when the context holds none for it.
+  Tensor at(const Tensor& leaf) const;
+  bool contains(const Tensor& leaf) const;
+  size_t size() const { return items_.size(); }
+  const std::vector<std::pair<Tensor, Tensor>>& items() const { return items_; }
+
+  std::vector<std::pair<Tensor, Tensor>> items_;  // (leaf, gradient)
+};
+
+// Runs a backward pass from `roots` (one-element tensors get gradient 1) in context
+// `context_id`, which must be current here or known to this worker; returns when every
+// worker's part is done. retain_graph keeps the recorded graph for another pass (its
+// gradients then accumulate).
+void backward(rpc::RpcAgent& agent, uint64_t context_id, const std::vector<Tensor>& roots,
+              bool retain_graph = false);
+void backward(uint64_t context_id, const std::vector<Tensor>& roots, bool retain_graph = false);
+
+Gradients get_gradients(rpc::RpcAgent& agent, uint64_t context_id);
+Gradients get_gradients(uint64_t context_id);
+
+// Releases the context here and on every worker it touched (Context's end does it).
+void release(rpc::RpcAgent& agent, uint64_t context_id);
+
+// How many contexts this worker holds (for monitoring and tests).
+size_t num_contexts(rpc::RpcAgent& agent);
+
+namespace detail {
+bool ensure_registered();
+inline const bool kRegistered = ensure_registered();
+}  // namespace detail
+
+}  // namespace gradwire::dist_autograd

@@ -1,0 +1,309 @@
+// dist_autograd/: backward passes across remote calls among three workers (threads of one
+// process, and processes for a worker killed mid-pass). Every gradient is checked against
+// the same graph computed in one process, in float64 (1e-10), or against closed forms.
+#include "gradwire/dist_autograd/dist_autograd.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradwire/autograd/engine.h"
+#include "gradwire/autograd/variable.h"
+#include "gradwire/c10d/file_store.h"
+#include "gradwire/core/error.h"
+#include "gradwire/rpc/registry.h"
+#include "gradwire/rref/rref.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+#include "support/agents.h"
+#include "support/harness.h"
+
+namespace gradwire {
+namespace {
+
+using namespace std::chrono_literals;
+using rpc::CallContext;
+using rpc::Registry;
+using rpc::RpcAgent;
+namespace da = dist_autograd;
+
+Tensor leaf(std::vector<double> values) {
+  Tensor t = tensor(values);
+  t.set_requires_grad(true);
+  return t;
+}
+
+void expect_near(const Tensor& got, const Tensor& want, double tol = 1e-10) {
+  ASSERT_TRUE(got.defined());
+  ASSERT_EQ(got.sizes(), want.sizes());
+  Tensor a = got.contiguous(), b = want.contiguous();
+  for (int64_t i = 0; i < a.numel(); ++i)
+    EXPECT_NEAR(a.data<double>()[i], b.data<double>()[i], tol) << "element " << i;
+}
+
+// The gradient of `loss_of(x)` with respect to x, computed in one process.
+Tensor local_grad(const std::vector<double>& x0,
+                  const std::function<Tensor(const Tensor&)>& loss_of) {
+  Tensor x = leaf(x0);
+  autograd::backward({loss_of(x)});
+  return x.grad();
+}
+
+Tensor sq(const Tensor& x) {
+  return mul(x, x);
+}
+
+// A parameter that lives on one worker: [[1, 2], [3, 4], [5, 6]] (3x2).
+Tensor make_weight() {
+  Tensor w = tensor(std::vector<double>{1, 2, 3, 4, 5, 6}, Shape{3, 2});
+  w.set_requires_grad(true);
+  return w;
+}
+
+class DistAutograd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int r = 0; r < 3; ++r)
+      weights_[r] = make_weight();
+    reg_.def("square", [](const Tensor& x) { return sq(x); });
+    reg_.def("project", [this](const CallContext& ctx, const Tensor& x) {
+      return matmul(x.reshape({1, 3}), weights_.at(ctx.agent()->worker_info().id));
+    });
+    // w1 -> w2: a nested call inside the context.
+    reg_.def("nested", [](const CallContext& ctx, const Tensor& x) {
+      Tensor y = ctx.agent()->rpc_sync<Tensor>("w2", "square", mul(x, 3.0));
+      return add(y, x);
+    });
+    // A -> B -> C -> A.
+    reg_.def("ring", [](const CallContext& ctx, const Tensor& x) {
+      return mul(ctx.agent()->rpc_sync<Tensor>("w2", "ring2", x), 2.0);
+    });
+    reg_.def("ring2", [](const CallContext& ctx, const Tensor& x) {
+      return add(ctx.agent()->rpc_sync<Tensor>("w0", "square", x), x);
+    });
+    reg_.def("fails_in_backward", [](const Tensor& x) {
+      Tensor y = sq(x);
+      y.register_hook([](const Tensor&) -> Tensor { throw std::runtime_error("hook exploded"); });
+      return y;
+    });
+    agents_ = test::start_agents(3, test::agent_options(reg_));
+  }
+  void TearDown() override {
+    if (!agents_.empty()) test::shutdown_agents(agents_);
+  }
+  RpcAgent& w(int r) { return *agents_[static_cast<size_t>(r)]; }
+
+  Registry reg_;
+  std::map<int, Tensor> weights_;
+  test::Agents agents_;
+};
+
+TEST_F(DistAutograd, ChainThroughARemoteCall) {
+  const std::vector<double> x0{1.0, -2.0, 0.5};
+  auto loss_of = [&](RpcAgent* a, const Tensor& x) {
+    Tensor y = a ? a->rpc_sync<Tensor>("w1", "square", x) : sq(x);
+    return sum(mul(y, 2.0));
+  };
+  Tensor want = local_grad(x0, [&](const Tensor& x) { return loss_of(nullptr, x); });
+  da::Context ctx(w(0));
+  EXPECT_EQ(da::current_context_id(), ctx.id());
+  Tensor x = leaf(x0);
+  da::backward(w(0), ctx.id(), {loss_of(&w(0), x)});
+  expect_near(da::get_gradients(w(0), ctx.id()).at(x), want);
+  EXPECT_FALSE(x.grad().defined()) << "dist_autograd never writes .grad";
+}
+
+TEST_F(DistAutograd, ParametersOnTheRemoteWorkerGetTheirGradientsThere) {
+  const std::vector<double> x0{1.0, 2.0, 3.0};
+  da::Context ctx(w(0));
+  Tensor x = leaf(x0);
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);  // 1x2 = x · W
+  da::backward(w(0), ctx.id(), {sum(y)});
+  // d/dx sum(x W) = W 1 (row sums), d/dW = x^T 1.
+  expect_near(da::get_gradients(w(0), ctx.id()).at(x), tensor(std::vector<double>{3, 7, 11}));
+  Tensor gw = da::get_gradients(w(1), ctx.id()).at(weights_.at(1));
+  expect_near(gw, tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
+  EXPECT_FALSE(da::get_gradients(w(1), ctx.id()).contains(weights_.at(2)));
+}
+
+TEST_F(DistAutograd, FanOutNestedCallsAndARing) {
+  const std::vector<double> x0{0.5, -1.5, 2.0};
+  auto loss_of = [&](bool remote, const Tensor& x) {
+    // fan-out to w1 and w2; w1 -> w2 nested; w1 -> w2 -> w0 ring.
+    Tensor a = remote ? w(0).rpc_sync<Tensor>("w1", "square", x) : sq(x);
+    Tensor b = remote ? w(0).rpc_sync<Tensor>("w2", "square", mul(x, -1.0)) : sq(mul(x, -1.0));
+    Tensor c = remote ? w(0).rpc_sync<Tensor>("w1", "nested", x) : add(sq(mul(x, 3.0)), x);
+    Tensor d = remote ? w(0).rpc_sync<Tensor>("w1", "ring", x) : mul(add(sq(x), x), 2.0);
+    return sum(mul(add(add(a, b), add(c, d)), x));
+  };
+  Tensor want = local_grad(x0, [&](const Tensor& x) { return loss_of(false, x); });
+  da::Context ctx(w(0));
+  Tensor x = leaf(x0);
+  da::backward(w(0), ctx.id(), {loss_of(true, x)});
+  expect_near(da::get_gradients(w(0), ctx.id()).at(x), want);
+}
+
+// The four cases PyTorch's FAST mode gets wrong, each with retain_graph=false.
+TEST_F(DistAutograd, SharedNodesUnusedCallsAndReusedResultsAreRight) {
+  const std::vector<double> x0{1.5, -0.5, 2.5};
+  auto loss_of = [&](bool remote, const Tensor& x) {
+    Tensor u = mul(x, 2.0);  // feeds a local op and two remote calls: one shared node here
+    Tensor local = sq(u);
+    Tensor r1 = remote ? w(0).rpc_sync<Tensor>("w1", "square", u) : sq(u);
+    Tensor r2 = remote ? w(0).rpc_sync<Tensor>("w2", "square", u) : sq(u);
+    if (remote) {
+      // A call whose result never reaches the loss.
+      Tensor unused = w(0).rpc_sync<Tensor>("w1", "square", x);
+      (void)unused;
+    }
+    // A remote result used twice.
+    return add(sum(mul(r1, r1)), add(sum(r1), sum(add(local, r2))));
+  };
+  Tensor want = local_grad(x0, [&](const Tensor& x) { return loss_of(false, x); });
+  da::Context ctx(w(0));
+  Tensor x = leaf(x0);
+  da::backward(w(0), ctx.id(), {loss_of(true, x)}, /*retain_graph=*/false);
+  expect_near(da::get_gradients(w(0), ctx.id()).at(x), want);
+}
+
+TEST_F(DistAutograd, RetainGraphLetsTwoPassesAccumulate) {
+  const std::vector<double> x0{1.0, 2.0, -1.0};
+  Tensor once = local_grad(x0, [&](const Tensor& x) { return sum(sq(sq(x))); });
+  da::Context ctx(w(0));
+  Tensor x = leaf(x0);
+  Tensor loss = sum(sq(w(0).rpc_sync<Tensor>("w1", "square", x)));
+  da::backward(w(0), ctx.id(), {loss}, /*retain_graph=*/true);
+  da::backward(w(0), ctx.id(), {loss}, /*retain_graph=*/false);
+  expect_near(da::get_gradients(w(0), ctx.id()).at(x), mul(once, 2.0));
+  // The graph is freed now.
+  EXPECT_THROW(da::backward(w(0), ctx.id(), {loss}), Error);
+}
+
+TEST_F(DistAutograd, ThroughAnRRefProxyAsAParameterServer) {
+  struct Server {
+    Tensor weight = make_weight();
+    Tensor forward(const Tensor& x) { return matmul(x.reshape({1, 3}), weight); }
+  };
+  reg_.def_class<Server>("Server").ctor<>().method("forward", &Server::forward);
+  rref::RRef<Server> ps = rref::remote<Server>(w(0), "w1", "Server");
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, 0.0, -1.0});
+  Tensor y = ps.rpc_sync<Tensor>("forward", x);
+  EXPECT_EQ(autograd::gradient_edge(y).function->name(), "RecvRpcBackward");
+  da::backward(w(0), ctx.id(), {sum(y)});
+  expect_near(da::get_gradients(w(0), ctx.id()).at(x), tensor(std::vector<double>{3, 7, 11}));
+  // The server's weight got its gradient on w1.
+  da::Gradients on_server = da::get_gradients(w(1), ctx.id());
+  ASSERT_EQ(on_server.size(), 1u);
+  expect_near(on_server.items()[0].second,
+              tensor(std::vector<double>{1, 1, 0, 0, -1, -1}, Shape{3, 2}));
+  ps = {};
+}
+
+TEST_F(DistAutograd, ConcurrentContextsKeepTheirGradientsApart) {
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int round = 0; round < 5; ++round) {
+        const double v = k + 1 + 0.1 * round;
+        da::Context ctx(w(0));
+        Tensor x = leaf({v, -v});
+        Tensor y = w(0).rpc_sync<Tensor>(k % 2 ? "w1" : "w2", "square", x);
+        da::backward(w(0), ctx.id(), {sum(y)});
+        Tensor g = da::get_gradients(w(0), ctx.id()).at(x);
+        if (std::abs(g.data<double>()[0] - 2 * v) > 1e-12 ||
+            std::abs(g.data<double>()[1] + 2 * v) > 1e-12)
+          ++bad;
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST_F(DistAutograd, ContextsEndOnEveryWorkerTheyTouched) {
+  {
+    da::Context ctx(w(0));
+    Tensor x = leaf({1.0});
+    Tensor y = w(0).rpc_sync<Tensor>("w1", "nested", x);  // w0 -> w1 -> w2
+    EXPECT_EQ(da::num_contexts(w(1)), 1u);
+    EXPECT_EQ(da::num_contexts(w(2)), 1u);
+    da::backward(w(0), ctx.id(), {sum(y)});
+  }
+  EXPECT_EQ(da::current_context_id(), 0u);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(da::num_contexts(w(r)), 0u) << "worker " << r;
+}
+
+TEST_F(DistAutograd, ErrorsAreTypedAndNamed) {
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, 2.0});
+  EXPECT_THROW(da::backward(w(0), ctx.id() + 12345, {sum(x)}), InvalidArgument);
+  EXPECT_THROW(da::backward(w(0), ctx.id(), {}), InvalidArgument);
+  EXPECT_THROW(da::backward(w(0), ctx.id(), {tensor(std::vector<double>{1.0})}), InvalidArgument);
+  EXPECT_THROW(da::get_gradients(w(0), 999), InvalidArgument);
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "fails_in_backward", x);
+  try {
+    da::backward(w(0), ctx.id(), {sum(y)});
+    ADD_FAILURE() << "no error";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("hook exploded"), std::string::npos) << e.what();
+    EXPECT_EQ(e.worker(), "w1");
+  }
+}
+
+TEST(DistAutogradProcesses, AWorkerKilledMidBackwardFailsThePassNamingIt) {
+  Registry reg;
+  reg.def("dies_in_backward", [](const Tensor& x) {
+    Tensor y = mul(x, x);
+    y.register_hook([](const Tensor&) -> Tensor { ::_exit(0); });
+    return y;
+  });
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("gradwire-da-kill-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "store").string();
+  test::RankResults results = test::run_ranks_as_processes(
+      2,
+      [&](int rank) {
+        auto store = std::make_shared<c10d::FileStore>(
+            c10d::FileStoreOptions{.path = path, .num_workers = 2, .timeout = 30s});
+        auto agent = rpc::make_tensorpipe_agent(test::worker_name(rank), rank, 2, store,
+                                                test::agent_options(reg));
+        if (rank == 1) {
+          store->wait({"never"}, 40s);
+          return;
+        }
+        da::Context ctx(*agent);
+        Tensor x = leaf({1.0, 2.0});
+        Tensor y = agent->rpc_sync<Tensor>("w1", "dies_in_backward", x);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          da::backward(*agent, ctx.id(), {sum(y)});
+          ADD_FAILURE() << "no error";
+        } catch (const NetworkError& e) {
+          EXPECT_NE(std::string(e.what()).find("w1"), std::string::npos) << e.what();
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+        agent->shutdown(false);
+      },
+      60s);
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(results.ranks[0].ok) << results.summary();
+  EXPECT_EQ(results.ranks[1].exit_code, 0) << results.summary();
+}
+
+}  // namespace
+}  // namespace gradwire

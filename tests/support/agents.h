@@ -1,0 +1,86 @@
+// Helpers for tests that run several rpc agents in one process (ranks as threads): start
+// them on one store concurrently (each waits for all) and shut them down together.
+// Header-only: the support library links core alone, and only tests linking rpc/ use it.
+//
+// Thread-safety: call from the test's thread.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradwire/c10d/hash_store.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+
+namespace gradwire::test {
+
+using Agents = std::vector<std::shared_ptr<rpc::RpcAgent>>;
+
+inline std::string worker_name(int rank) {
+  return "w" + std::to_string(rank);
+}
+
+// Options for test agents on `reg`: short timeouts, few threads.
+inline rpc::AgentOptions agent_options(rpc::Registry& reg) {
+  using namespace std::chrono_literals;
+  rpc::AgentOptions o;
+  o.registry = &reg;
+  o.rpc_timeout = 20s;
+  o.join_timeout = 20s;
+  o.num_worker_threads = 4;
+  o.mpt_lanes = 1;
+  return o;
+}
+
+// Starts agents "w0" ... "w<n-1>" on one store, concurrently.
+inline Agents start_agents(int n, const rpc::AgentOptions& options) {
+  using namespace std::chrono_literals;
+  auto store = std::make_shared<c10d::HashStore>(20s);
+  Agents agents(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        agents[static_cast<size_t>(r)] =
+            rpc::make_tensorpipe_agent(worker_name(r), r, n, store, options);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  for (int r = 0; r < n; ++r) {
+    if (!errors[static_cast<size_t>(r)].empty()) {
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)]);
+    }
+  }
+  return agents;
+}
+
+// Graceful shutdown of every agent at once; each error is a test failure.
+inline void shutdown_agents(const Agents& agents) {
+  std::vector<std::string> errors(agents.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < agents.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        agents[r]->shutdown();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  for (const std::string& e : errors)
+    EXPECT_EQ(e, "");
+}
+
+}  // namespace gradwire::test
