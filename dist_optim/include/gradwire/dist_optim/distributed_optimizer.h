@@ -1,0 +1,98 @@
+// DistributedOptimizer: updates parameters where they live, with the gradients a
+// dist_autograd context holds for them there.
+//
+//   std::vector<RRef<Tensor>> params = ps.rpc_sync<std::vector<RRef<Tensor>>>("parameter_rrefs");
+//   dist_optim::DistributedOptimizer opt(*agent, optim::SGDOptions{.lr = 0.05, .momentum = 0.9},
+//                                        params);
+//   {
+//     dist_autograd::Context ctx(*agent);
+//     Tensor loss = ...;                      // forward through remote calls
+//     dist_autograd::backward(*agent, ctx.id(), {loss});
+//     opt.step(ctx.id());                     // every owner steps its own parameters
+//   }
+//
+// The parameters are grouped by owner. On each owner one functional optimizer (optim/'s
+// FunctionalOptimizer: SGD with momentum, Nesterov and weight decay, Adam, AdamW, Adagrad,
+// with the same numerics as optim/) is created, in an object the optimizer holds an RRef
+// to. step(ctx) asks every owner at once to update its parameters with the gradients the
+// context holds there, and returns when all have. A parameter the context has no gradient
+// for is skipped, state included, as PyTorch does. Several DistributedOptimizers (one per
+// trainer) may step the same parameters concurrently: the steps on one owner are
+// serialised, so each sees the others' updates whole.
+//
+// Thread-safety: step, state_dict and load_state_dict may be called from any thread; calls
+// on one optimizer are serialised on each owner.
+//
+// Errors: construction with no parameters, or an empty RRef, is InvalidArgument; options
+// are validated as optim/ does. step(): an owner that fails names itself (a RemoteError
+// carrying the owner's error and type, e.g. InvalidArgument for a context it does not know;
+// NetworkError when it is gone), after every other owner has finished.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradwire/core/mutex.h"
+#include "gradwire/optim/functional_optimizer.h"
+#include "gradwire/rref/rref.h"
+#include "gradwire/tensor/state_dict.h"
+
+namespace gradwire::dist_optim {
+
+namespace detail {
+
+// The optimizer of one owner's parameters, living on that owner (registered as
+// "gradwire.dist_optim.Shard" on every agent's registry).
+class Shard {
+ public:
+  Shard(const StateDict& spec, const std::vector<rref::RRef<Tensor>>& params);
+  // Steps with the gradients of dist-autograd context `context_id` on this worker; returns
+  // how many parameters had one.
+  int64_t step(const rpc::CallContext& ctx, uint64_t context_id);
+  StateDict state_dict();
+  void load_state_dict(const StateDict& state);
+
+ private:
+  Mutex mutex_;
+  std::vector<Tensor> params_;
+  std::unique_ptr<optim::FunctionalOptimizer> optimizer_ GRADWIRE_GUARDED_BY(mutex_);
+};
+
+bool ensure_registered();
+inline const bool kRegistered = ensure_registered();
+
+}  // namespace detail
+
+class DistributedOptimizer {
+ public:
+  // `options`: optim::SGDOptions, AdamOptions, AdamWOptions or AdagradOptions. Creates one
+  // shard per owner (waits for them, at most the agent's rpc_timeout).
+  template <typename Options>
+  DistributedOptimizer(rpc::RpcAgent& agent, const Options& options,
+                       std::vector<rref::RRef<Tensor>> params)
+      : DistributedOptimizer(agent, optim::make_functional_optimizer(options)->state_dict(),
+                             std::move(params)) {}
+  // From a spec: a FunctionalOptimizer's state dict (kind and hyperparameters).
+  DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
+                       std::vector<rref::RRef<Tensor>> params);
+
+  // Steps every owner with context `context_id`'s gradients (see the file comment).
+  void step(uint64_t context_id);
+
+  // Every owner's optimizer state, keys prefixed with "<owner name>/".
+  StateDict state_dict();
+  // Loads what state_dict() returned (each owner its own part).
+  void load_state_dict(const StateDict& state);
+
+  size_t num_owners() const { return shards_.size(); }
+
+ private:
+  rpc::RpcAgent* agent_;
+  std::vector<rpc::WorkerInfo> owners_;
+  std::vector<rref::RRef<detail::Shard>> shards_;
+};
+
+}  // namespace gradwire::dist_optim

@@ -1,0 +1,166 @@
+#include "gradwire/dist_optim/distributed_optimizer.h"
+
+#include <map>
+#include <utility>
+
+#include "gradwire/autograd/grad_mode.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
+
+namespace gradwire::dist_optim {
+
+using rref::RRef;
+
+namespace {
+
+constexpr const char* kShardClass = "gradwire.dist_optim.Shard";
+
+// One lock per agent: steps of every optimizer on this worker run one at a time, so
+// trainers stepping the same parameters never interleave inside one update.
+struct StepLock {
+  Mutex mutex;
+};
+
+void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
+  agent->set_attachment(std::make_shared<StepLock>());
+  rpc::Registry& registry = agent->registry();
+  if (registry.has_class(kShardClass)) return;
+  try {
+    registry.def_class<detail::Shard>(kShardClass)
+        .ctor<StateDict, std::vector<RRef<Tensor>>>()
+        .method("step", &detail::Shard::step)
+        .method("state_dict", &detail::Shard::state_dict)
+        .method("load_state_dict", &detail::Shard::load_state_dict);
+  } catch (const InvalidArgument&) {
+    // Another agent sharing this registry registered it first.
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+Shard::Shard(const StateDict& spec, const std::vector<RRef<Tensor>>& params) {
+  for (const auto& p : params) {
+    if (!p.is_owner()) {
+      throw InvalidArgument("dist_optim: a shard was given " + p.describe() +
+                            ", which its worker does not own");
+    }
+    params_.push_back(*p.local_value());
+  }
+  optimizer_ = optim::make_functional_optimizer(spec, params_);
+}
+
+int64_t Shard::step(const rpc::CallContext& ctx, uint64_t context_id) {
+  const dist_autograd::Gradients grads = dist_autograd::get_gradients(*ctx.agent(), context_id);
+  std::vector<Tensor> matched;
+  int64_t found = 0;
+  for (const Tensor& p : params_) {
+    // A parameter without a gradient in this context is skipped, state included.
+    matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
+    found += matched.back().defined() ? 1 : 0;
+  }
+  std::shared_ptr<StepLock> lock = ctx.agent()->attachment<StepLock>();
+  MutexLock serialised(lock->mutex);
+  MutexLock mine(mutex_);
+  autograd::NoGradGuard no_grad;
+  optimizer_->step(params_, matched);
+  return found;
+}
+
+StateDict Shard::state_dict() {
+  MutexLock lock(mutex_);
+  StateDict copy;
+  for (const auto& [key, t] : optimizer_->state_dict())
+    copy.emplace_back(key, t.clone());
+  return copy;
+}
+
+void Shard::load_state_dict(const StateDict& state) {
+  MutexLock lock(mutex_);
+  optimizer_->load_state_dict(state, params_);
+}
+
+bool ensure_registered() {
+  static const bool registered = [] {
+    rpc::register_agent_extension("dist_optim", &install);
+    return true;
+  }();
+  return registered;
+}
+
+namespace {
+const bool kRegisteredHere = ensure_registered();
+}  // namespace
+
+}  // namespace detail
+
+DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
+                                           std::vector<RRef<Tensor>> params)
+    : agent_(&agent) {
+  if (params.empty()) throw InvalidArgument("dist_optim: DistributedOptimizer without parameters");
+  std::map<int, std::pair<rpc::WorkerInfo, std::vector<RRef<Tensor>>>> by_owner;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].valid()) {
+      throw InvalidArgument("dist_optim: parameter " + std::to_string(i) + " is an empty RRef");
+    }
+    auto& entry = by_owner[params[i].owner().id];
+    entry.first = params[i].owner();
+    entry.second.push_back(params[i]);
+  }
+  for (auto& [id, entry] : by_owner) {
+    owners_.push_back(entry.first);
+    shards_.push_back(
+        rref::remote<detail::Shard>(agent, entry.first, kShardClass, spec, entry.second));
+  }
+  // Wait for every shard, so a bad spec or parameter fails here, naming its owner.
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    Future<void> made = shards_[i].creation();
+    if (!made.wait(agent.options().rpc_timeout)) {
+      throw TimeoutError("dist_optim: the optimizer on worker " + owners_[i].describe() +
+                         " was not created in time");
+    }
+    made.value();
+  }
+}
+
+void DistributedOptimizer::step(uint64_t context_id) {
+  std::vector<Future<int64_t>> steps;
+  for (auto& shard : shards_)
+    steps.push_back(shard.rpc_async<int64_t>("step", context_id));
+  std::exception_ptr first;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    try {
+      steps[i].get();
+    } catch (...) {
+      if (first == nullptr) first = std::current_exception();
+    }
+  }
+  if (first != nullptr) std::rethrow_exception(first);
+}
+
+StateDict DistributedOptimizer::state_dict() {
+  StateDict all;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    for (auto& [key, t] : shards_[i].rpc_sync<StateDict>("state_dict"))
+      all.emplace_back(owners_[i].name + "/" + key, std::move(t));
+  }
+  return all;
+}
+
+void DistributedOptimizer::load_state_dict(const StateDict& state) {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const std::string prefix = owners_[i].name + "/";
+    StateDict part;
+    for (const auto& [key, t] : state) {
+      if (key.compare(0, prefix.size(), prefix) == 0)
+        part.emplace_back(key.substr(prefix.size()), t);
+    }
+    if (part.empty()) {
+      throw InvalidArgument("dist_optim: the state holds nothing for worker " +
+                            owners_[i].describe() + " (keys start with '<owner name>/')");
+    }
+    shards_[i].rpc_sync<void>("load_state_dict", part);
+  }
+}
+
+}  // namespace gradwire::dist_optim
