@@ -33,6 +33,7 @@
 #include "gradwire/core/env.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
+#include "gradwire/core/signals.h"
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
@@ -103,25 +104,6 @@ bool bindable(const std::string& host) {
   }
   ::freeaddrinfo(result);
   return ok;
-}
-
-// Gloo writes to its sockets without MSG_NOSIGNAL, so a peer that dies mid-transfer would
-// kill this process with SIGPIPE instead of failing the operation with an error naming
-// the peer. Ignore SIGPIPE, once, when it still has its default action (a handler the
-// program installed is left alone); write() then fails with EPIPE, which Gloo reports.
-void ignore_sigpipe_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    struct sigaction current {};
-    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-      struct sigaction ignore {};
-      ignore.sa_handler = SIG_IGN;
-      sigemptyset(&ignore.sa_mask);
-      ::sigaction(SIGPIPE, &ignore, nullptr);
-      GRADWIRE_LOG(kDebug) << "gloo backend: SIGPIPE is now ignored (a lost peer is an error, "
-                              "not a signal)";
-    }
-  });
 }
 
 std::string default_host() {
@@ -275,7 +257,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
                           std::to_string(gloo_options_.all_reduce_segment_bytes));
   }
   if (gloo_options_.host.empty()) gloo_options_.host = default_host();
-  ignore_sigpipe_once();
+  ignore_sigpipe();
   try {
     ::gloo::transport::tcp::attr attr;
     attr.hostname = gloo_options_.host;

@@ -35,6 +35,7 @@
 #include "gradwire/c10d/store.h"
 #include "gradwire/core/env.h"
 #include "gradwire/core/logging.h"
+#include "gradwire/core/signals.h"
 #include "gradwire/core/mutex.h"
 #include "gradwire/core/thread_annotations.h"
 #include "gradwire/core/thread_pool.h"
@@ -320,6 +321,9 @@ void TensorPipeAgent::register_transports_and_channels(const std::string& host) 
 }
 
 void TensorPipeAgent::start() {
+  // TensorPipe's uv transport writes without MSG_NOSIGNAL: a peer that goes away mid-write
+  // must fail calls with an error naming it, not kill this process.
+  ignore_sigpipe();
   {
     MutexLock lock(mutex_);
     if (state_ != State::kStarting || pool_ != nullptr) {
