@@ -34,6 +34,8 @@
 #include "gradwire/rpc/value_convert.h"
 #include "gradwire/rpc/worker_info.h"
 #include "gradwire/rref/rref.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/dist_optim/distributed_optimizer.h"
 #include "gradwire/tensor/dlpack.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
