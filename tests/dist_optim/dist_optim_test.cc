@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "gradwire/autograd/engine.h"
+#include "gradwire/c10d/file_store.h"
 #include "gradwire/core/error.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/optim/adagrad.h"
@@ -22,6 +26,7 @@
 #include "gradwire/tensor/ops.h"
 #include "gradwire/tensor/zero_grad.h"
 #include "support/agents.h"
+#include "support/harness.h"
 
 namespace gradwire {
 namespace {
@@ -210,6 +215,59 @@ TEST_F(DistOptim, ErrorsNameWhatWasWrong) {
   for (auto& a : agents_)
     a->shutdown(false);
   agents_.clear();
+}
+
+// The parameter-server pattern as processes: w1 and w2 own the parameters, w0 trains them
+// through remote calls, and the values every process ends with equal optim/'s local run.
+TEST(DistOptimProcesses, TrainingAcrossProcessesEqualsTheLocalRun) {
+  Registry reg;
+  reg.def("make_param", [](int64_t seed) { return make_param(seed); });
+  reg.def("scaled",
+          [](const RRef<Tensor>& p, const Tensor& x) { return mul(*p.local_value(), x); });
+  // The expected values, computed here: 4 Adam steps of the same loss.
+  Tensor l1 = make_param(1), l2 = make_param(2);
+  auto local = optim::make_functional_optimizer(optim::AdamOptions{.lr = 0.02});
+  for (int s = 0; s < 4; ++s) {
+    autograd::backward({loss_of(l1, l2)});
+    local->step({l1, l2}, {l1.grad(), l2.grad()});
+    zero_grad({l1, l2});
+  }
+  const std::vector<double> want1(l1.data<double>(), l1.data<double>() + 4);
+  const std::vector<double> want2(l2.data<double>(), l2.data<double>() + 4);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("gradwire-dist-optim-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "store").string();
+  test::RankResults results = test::run_ranks_as_processes(
+      3,
+      [&](int rank) {
+        auto store = std::make_shared<c10d::FileStore>(
+            c10d::FileStoreOptions{.path = path, .num_workers = 3, .timeout = 30s});
+        auto agent = rpc::make_tensorpipe_agent(test::worker_name(rank), rank, 3, store,
+                                                test::agent_options(reg));
+        if (rank == 0) {
+          RRef<Tensor> p1 = rref::remote<Tensor>(*agent, "w1", "make_param", int64_t{1});
+          RRef<Tensor> p2 = rref::remote<Tensor>(*agent, "w2", "make_param", int64_t{2});
+          dist_optim::DistributedOptimizer opt(*agent, optim::AdamOptions{.lr = 0.02}, {p1, p2});
+          for (int s = 0; s < 4; ++s) {
+            da::Context ctx(*agent);
+            Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
+            Tensor a = agent->rpc_sync<Tensor>("w1", "scaled", p1, x);
+            Tensor b = agent->rpc_sync<Tensor>("w2", "scaled", p2, x);
+            da::backward(*agent, ctx.id(), {add(sum(mul(a, a)), sum(b))});
+            opt.step(ctx.id());
+          }
+          Tensor got1 = p1.to_here(), got2 = p2.to_here();
+          for (int64_t i = 0; i < 4; ++i) {
+            EXPECT_NEAR(got1.data<double>()[i], want1[static_cast<size_t>(i)], 1e-12);
+            EXPECT_NEAR(got2.data<double>()[i], want2[static_cast<size_t>(i)], 1e-12);
+          }
+        }
+        agent->shutdown();
+      },
+      60s);
+  std::filesystem::remove_all(dir);
+  EXPECT_ALL_RANKS_OK(results);
 }
 
 }  // namespace
