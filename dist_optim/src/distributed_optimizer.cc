@@ -95,8 +95,7 @@ const bool kRegisteredHere = ensure_registered();
 }  // namespace detail
 
 DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
-                                           std::vector<RRef<Tensor>> params)
-    : agent_(&agent) {
+                                           std::vector<RRef<Tensor>> params) {
   if (params.empty()) throw InvalidArgument("dist_optim: DistributedOptimizer without parameters");
   std::map<int, std::pair<rpc::WorkerInfo, std::vector<RRef<Tensor>>>> by_owner;
   for (size_t i = 0; i < params.size(); ++i) {

@@ -90,7 +90,6 @@ class DistributedOptimizer {
   size_t num_owners() const { return shards_.size(); }
 
  private:
-  rpc::RpcAgent* agent_;
   std::vector<rpc::WorkerInfo> owners_;
   std::vector<rref::RRef<detail::Shard>> shards_;
 };

@@ -236,6 +236,7 @@ Future<R> typed(Reply reply, std::string what, rpc::RpcAgent& agent, rpc::Worker
         }
         try {
           if constexpr (std::is_void_v<R>) {
+            (void)agent;
             result.try_set_value();
           } else {
             result.try_set_value(convert_result<R>(done.value(), what, *agent, from));
