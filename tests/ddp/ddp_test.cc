@@ -267,14 +267,19 @@ TEST(Ddp, UnusedParametersAverageWithZerosAndUnusedEverywhereStayUndefined) {
     for (const Tensor& p : net.parameters())
       grads[r].push_back(p.grad().defined() ? p.grad().clone() : zeros_like(p));
   }
-  for (bool view : {false, true}) {
+  // Variant 2 declares a static graph: the unused set is learnt in the first pass and the
+  // graph is not walked again.
+  for (int variant : {0, 1, 2}) {
+    const bool view = variant == 1;
     auto results =
         run_group(Mode::kThreads, kWorld, [&](std::shared_ptr<ProcessGroup> group, int rank) {
           auto net = std::make_shared<TwoHeads>();
           net->use_b = rank == 0;
-          DistributedDataParallel model(
-              net, group, {.find_unused_parameters = true, .gradient_as_bucket_view = view});
-          for (int step = 0; step < 2; ++step) {  // twice: the second runs on rebuilt buckets
+          DistributedDataParallel model(net, group,
+                                        {.find_unused_parameters = variant != 2,
+                                         .static_graph = variant == 2,
+                                         .gradient_as_bucket_view = view});
+          for (int step = 0; step < 3; ++step) {  // later passes run on rebuilt buckets
             zero(net->parameters());
             Batch b = batch(rank, 0);
             nn::mse_loss(model.forward(b.x), b.y).backward();
@@ -292,7 +297,7 @@ TEST(Ddp, UnusedParametersAverageWithZerosAndUnusedEverywhereStayUndefined) {
             }
           }
         });
-    EXPECT_ALL_RANKS_OK(results) << "gradient_as_bucket_view=" << view;
+    EXPECT_ALL_RANKS_OK(results) << "variant " << variant;
   }
 }
 

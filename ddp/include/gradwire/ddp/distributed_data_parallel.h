@@ -36,7 +36,7 @@
 //   auto group = c10d::ProcessGroupGloo::create(store, rank, world);
 //   auto net = std::make_shared<nn::MLP>(nn::MLPOptions{.sizes = {784, 1024, 10}});
 //   ddp::DistributedDataParallel model(net, group, {.gradient_as_bucket_view = true});
-//   optim::SGD opt(net->parameters(), {.lr = 0.1});
+//   optim::SGD opt(net->parameters(), {.lr = 0.1});   // optim/sgd.h
 //   for (auto& [x, y] : my_shard) {
 //     opt.zero_grad();
 //     nn::cross_entropy(model.forward(x), y).backward();   // .grad() = the ranks' mean
