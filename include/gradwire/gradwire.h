@@ -22,6 +22,7 @@
 #include "gradwire/core/future.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/thread_pool.h"
+#include "gradwire/ddp/ddp.h"
 #include "gradwire/nn/nn.h"
 #include "gradwire/optim/optim.h"
 #include "gradwire/rpc/agent.h"

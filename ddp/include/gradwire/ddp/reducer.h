@@ -1,0 +1,167 @@
+// Reducer: turns a backward pass's parameter gradients into their average across ranks,
+// overlapping communication with the rest of the pass.
+//
+// Buckets. Parameters are grouped into flat buffers ("buckets") of one dtype and device:
+// the first of each dtype holds about first_bucket_bytes (so that communication starts
+// early in the pass), later ones about bucket_bytes. Initially parameters are taken in
+// reverse registration order (gradients of a feed-forward model arrive roughly from the
+// last layer to the first). After the first synchronised pass the buckets are rebuilt,
+// once, from the order in which gradients actually arrived; rank 0's order is broadcast
+// so every rank builds the same buckets.
+//
+// One pass. Each parameter has a leaf-gradient hook (autograd/accumulate_grad.h), which
+// fires once per pass that reaches the parameter, after accumulation. The hook copies the
+// parameter's gradient into its slot of the bucket (no copy when the gradient already is
+// that slot: with gradient_as_bucket_view the parameter's .grad() *is* a view of the bucket,
+// so accumulation writes straight into it) and marks the parameter ready. When every
+// parameter of a bucket is ready, and every earlier bucket has been launched, the bucket is
+// handed to the communication hook (allreduce_hook by default: an asynchronous all_reduce)
+// while backward goes on. The first hook of a pass queues an end-of-pass callback
+// (autograd::queue_callback) that waits for every bucket's future and writes the averages
+// into the parameters' .grad() (or leaves them there, for bucket views).
+//
+// Unused parameters. A parameter the pass never reaches has no hook firing and its bucket
+// never completes: the pass fails at its end with an error naming the parameters (every
+// rank's collectives are then out of step). With find_unused_parameters the Reducer walks
+// the graph from the forward's outputs and marks every parameter not in it ready at the
+// pass's first hook, contributing zeros; a parameter used on some rank but not on another
+// thus averages over all ranks with zeros where unused. A small all-reduce of the
+// "used somewhere" flags lets a parameter unused on every rank keep an undefined gradient.
+// static_graph skips the walk after the first pass (the set of unused parameters is
+// assumed fixed).
+//
+// Thread-safety: one training loop drives a Reducer: prepare_* and shadow_iteration from the
+// thread that calls forward, hooks and the end-of-pass callback on the thread that runs
+// backward (normally the same one), never two passes at once. Hook continuations run on
+// the Reducer's own executor.
+// Errors: gradwire::Error at the end of a pass whose buckets were not all reduced (names
+// the parameters that got no gradient, with the find_unused_parameters hint);
+// InvalidArgument when a parameter is marked ready twice in one pass, for options out of
+// range, and for parameters that are not dense contiguous leaves requiring grad; a failed
+// collective's TimeoutError/NetworkError from the end of the pass.
+//
+// Example (DistributedDataParallel does this; users rarely hold a Reducer):
+//   ddp::Reducer reducer(params, names, group, {.gradient_as_bucket_view = true});
+//   reducer.prepare_for_forward();
+//   Tensor loss = ...;                 // forward
+//   reducer.prepare_for_backward({loss});
+//   loss.backward();                    // params' grads now hold the averages
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradwire/autograd/accumulate_grad.h"
+#include "gradwire/c10d/process_group.h"
+#include "gradwire/ddp/grad_bucket.h"
+
+namespace gradwire::ddp {
+
+inline constexpr size_t kDefaultBucketBytes = size_t{25} << 20;
+inline constexpr size_t kDefaultFirstBucketBytes = size_t{1} << 20;
+
+struct ReducerOptions {
+  size_t bucket_bytes{kDefaultBucketBytes};             // > 0
+  size_t first_bucket_bytes{kDefaultFirstBucketBytes};  // > 0
+  bool find_unused_parameters{false};
+  bool static_graph{false};
+  bool gradient_as_bucket_view{false};
+  // How long the end of a pass waits for a bucket's communication; zero: the group's timeout.
+  std::chrono::milliseconds timeout{0};
+  void validate() const;
+};
+
+class Reducer {
+ public:
+  // `names[i]` names params[i] in messages. Registers one hook per parameter.
+  Reducer(std::vector<Tensor> params, std::vector<std::string> names,
+          std::shared_ptr<c10d::ProcessGroup> group, ReducerOptions options = {});
+  // Removes the hooks. Must not run during a backward pass over these parameters.
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Replaces the communication hook (default: allreduce_hook). Throws InvalidArgument for
+  // an empty hook, or once a synchronised pass has run (every rank must use the same hook
+  // from the start, as in PyTorch).
+  void register_comm_hook(CommHook hook);
+
+  // Before each forward: rebuilds the buckets when the first pass has taught the arrival
+  // order (a broadcast from `root`, so every rank must call this before every forward).
+  void prepare_for_forward(int root = 0);
+  // After the forward of a synchronised step: the next backward pass will be reduced.
+  // `outputs` are the forward's results (walked for unused parameters).
+  void prepare_for_backward(const std::vector<Tensor>& outputs);
+  // Whether the next pass is synchronised (no_sync turns it off; gradients then
+  // accumulate locally and are reduced with the next synchronised pass).
+  void set_require_sync(bool on) { require_sync_ = on; }
+  bool require_sync() const { return require_sync_; }
+  // What the bucket sums are divided by (the world size, or under Join the number of
+  // ranks with data).
+  void set_divisor(int divisor);
+  int divisor() const { return divisor_; }
+
+  // For a rank that has run out of data (Join): issues the collectives of one
+  // synchronised pass on zeros, so that the ranks with data are not left waiting, and
+  // waits for them. Call after prepare_for_forward.
+  void shadow_iteration();
+
+  // The parameters of each bucket (indices into the constructor's list), in bucket order.
+  std::vector<std::vector<size_t>> bucket_indices() const;
+  // Whether the buckets have been rebuilt from the arrival order.
+  bool buckets_rebuilt() const { return rebuilt_; }
+  // Synchronised passes completed.
+  int64_t iterations() const { return iterations_; }
+  const std::vector<Tensor>& parameters() const { return params_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    Tensor buffer;
+    std::vector<Tensor> views;
+    size_t pending{0};
+    Future<Tensor> result;
+    bool launched{false};
+  };
+
+  std::vector<std::vector<size_t>> assign(const std::vector<size_t>& order) const;
+  void build(const std::vector<std::vector<size_t>>& assignment);
+  void hook(size_t index, autograd::LeafGradient& g);
+  void mark_ready(size_t index, autograd::LeafGradient* g);
+  void launch_ready_buckets();
+  GradBucket make_grad_bucket(size_t b, const Tensor& buffer, const std::vector<Tensor>& views);
+  void finalize();
+  void reset_pass();
+  std::vector<size_t> unused_from_graph(const std::vector<Tensor>& outputs) const;
+  std::chrono::milliseconds wait_timeout() const;
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<c10d::ProcessGroup> group_;
+  ReducerOptions options_;
+  std::shared_ptr<Executor> executor_;
+  CommHook comm_hook_;
+  std::vector<uint64_t> hook_handles_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> locator_;  // param -> (bucket, slot)
+  std::vector<char> ready_;
+  std::vector<int32_t> local_used_;
+  std::vector<size_t> unused_;  // marked ready at the first hook of a pass
+  std::vector<size_t> static_unused_;
+  std::vector<size_t> arrival_;
+  size_t next_bucket_{0};
+  bool expect_hooks_{false};
+  bool first_hook_seen_{false};
+  bool require_sync_{true};
+  bool rebuilt_{false};
+  bool rebuild_pending_{false};
+  int divisor_{1};
+  int64_t iterations_{0};
+};
+
+}  // namespace gradwire::ddp

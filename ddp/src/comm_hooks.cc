@@ -1,0 +1,204 @@
+#include "gradwire/ddp/comm_hooks.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "gradwire/autograd/grad_mode.h"
+#include "gradwire/core/error.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+
+namespace gradwire::ddp {
+namespace {
+
+// All-reduces `wire` (a compressed copy of the bucket, already divided), then writes it
+// back into the bucket's buffer.
+Future<Tensor> all_reduce_cast(GradBucket& bucket, DType wire_dtype) {
+  autograd::NoGradGuard no_grad;
+  Tensor wire = div(bucket.buffer, Scalar(static_cast<double>(bucket.divisor))).to(wire_dtype);
+  c10d::Work work = bucket.group->all_reduce(wire);
+  Tensor out = bucket.buffer;
+  return work.get_future().then(bucket.executor,
+                                [wire, out](Future<std::vector<Tensor>> done) mutable {
+                                  done.value();
+                                  out.copy_(wire);
+                                  return out;
+                                });
+}
+
+// Orthonormalises the columns of the n x r matrix `p` in place (modified Gram-Schmidt).
+// A column that is (nearly) a combination of earlier ones is divided by its norm plus a
+// small epsilon rather than by zero, as the PowerSGD paper's implementation does.
+void orthonormalise(Tensor& p) {
+  Tensor work = p.to(kFloat64).contiguous().clone();
+  const int64_t n = work.size(0);
+  const int64_t r = work.size(1);
+  double* d = work.data<double>();
+  for (int64_t j = 0; j < r; ++j) {
+    for (int64_t k = 0; k < j; ++k) {
+      double dot = 0;
+      for (int64_t i = 0; i < n; ++i)
+        dot += d[i * r + k] * d[i * r + j];
+      for (int64_t i = 0; i < n; ++i)
+        d[i * r + j] -= dot * d[i * r + k];
+    }
+    double norm = 0;
+    for (int64_t i = 0; i < n; ++i)
+      norm += d[i * r + j] * d[i * r + j];
+    norm = std::sqrt(norm);
+    if (norm < 1e-8) norm += 1e-8;
+    for (int64_t i = 0; i < n; ++i)
+      d[i * r + j] /= norm;
+  }
+  p.copy_(work);
+}
+
+}  // namespace
+
+Future<Tensor> allreduce_hook(GradBucket& bucket) {
+  c10d::Work work = bucket.group->all_reduce(bucket.buffer);
+  Tensor out = bucket.buffer;
+  const double divisor = bucket.divisor;
+  return work.get_future().then(bucket.executor,
+                                [out, divisor](Future<std::vector<Tensor>> done) mutable {
+                                  done.value();
+                                  autograd::NoGradGuard no_grad;
+                                  if (divisor != 1) out.div_(Scalar(divisor));
+                                  return out;
+                                });
+}
+
+Future<Tensor> fp16_compress_hook(GradBucket& bucket) {
+  return all_reduce_cast(bucket, kFloat16);
+}
+
+Future<Tensor> bf16_compress_hook(GradBucket& bucket) {
+  return all_reduce_cast(bucket, kBFloat16);
+}
+
+void PowerSGDOptions::validate() const {
+  if (rank < 1)
+    throw InvalidArgument("PowerSGDOptions: rank must be >= 1, got " + std::to_string(rank));
+  if (start_iteration < 0)
+    throw InvalidArgument("PowerSGDOptions: start_iteration must be >= 0, got " +
+                          std::to_string(start_iteration));
+}
+
+PowerSGDState::PowerSGDState(PowerSGDOptions options)
+    : options_((options.validate(), options)), generator_(options.seed) {}
+
+int64_t PowerSGDState::iteration() const {
+  MutexLock lock(mutex_);
+  return iteration_;
+}
+
+Tensor PowerSGDState::error(size_t index) const {
+  MutexLock lock(mutex_);
+  auto it = errors_.find(index);
+  return it == errors_.end() ? Tensor() : it->second.clone();
+}
+
+Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state, GradBucket& bucket) {
+  autograd::NoGradGuard no_grad;
+  const PowerSGDOptions& o = state->options_;
+  bool plain = false;
+  {
+    MutexLock lock(state->mutex_);
+    plain = state->iteration_ < o.start_iteration;
+    if (bucket.is_last) ++state->iteration_;
+  }
+  if (plain) return allreduce_hook(bucket);
+
+  Tensor buffer = bucket.buffer;
+  // Which gradients are compressed: matrices where the factors are smaller than the matrix.
+  std::vector<Tensor> matrices;      // views of buffer, n x m
+  std::vector<Tensor> uncompressed;  // views of buffer, flat
+  for (const Tensor& g : bucket.gradients) {
+    if (g.dim() >= 2) {
+      const int64_t n = g.size(0);
+      const int64_t m = g.numel() / n;
+      if ((n + m) * o.rank < n * m) {
+        matrices.push_back(g.view({n, m}));
+        continue;
+      }
+    }
+    uncompressed.push_back(g.view({-1}));
+  }
+
+  // Error feedback, the local input (for the next error), and the Qs.
+  Tensor local;
+  std::vector<Tensor> qs;
+  {
+    MutexLock lock(state->mutex_);
+    if (o.use_error_feedback) {
+      auto it = state->errors_.find(bucket.index);
+      if (it != state->errors_.end() && it->second.numel() == buffer.numel() &&
+          it->second.dtype() == buffer.dtype()) {
+        buffer.add_(it->second);
+      }
+      local = buffer.clone();
+    }
+    auto& kept = state->qs_[bucket.index];
+    bool reuse = o.warm_start && kept.size() == matrices.size();
+    for (size_t i = 0; reuse && i < matrices.size(); ++i)
+      reuse = kept[i].size(0) == matrices[i].size(1) && kept[i].dtype() == buffer.dtype();
+    if (!reuse) {
+      kept.clear();
+      for (const Tensor& m : matrices)
+        kept.push_back(randn({m.size(1), o.rank}, &state->generator_, m.options()));
+    }
+    qs = kept;
+  }
+
+  if (!matrices.empty()) {
+    std::vector<Tensor> ps;
+    for (size_t i = 0; i < matrices.size(); ++i)
+      ps.push_back(mm(matrices[i], qs[i]));
+    Tensor flat_p = flatten_dense_tensors(ps);
+    bucket.group->all_reduce(flat_p).wait();
+    ps = unflatten_dense_tensors(flat_p, ps);
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      orthonormalise(ps[i]);
+      qs[i].copy_(mm(matrices[i].t(), ps[i]));
+    }
+    // Keep the orthonormal Ps for the continuation.
+    std::vector<Tensor> wire_parts = qs;
+    for (const Tensor& u : uncompressed)
+      wire_parts.push_back(u);
+    Tensor wire = flatten_dense_tensors(wire_parts);
+    c10d::Work work = bucket.group->all_reduce(wire);
+    const double divisor = bucket.divisor;
+    std::weak_ptr<PowerSGDState> weak = state;
+    const size_t index = bucket.index;
+    return work.get_future().then(bucket.executor, [=](Future<std::vector<Tensor>> done) mutable {
+      done.value();
+      autograd::NoGradGuard guard;
+      wire.div_(Scalar(divisor));
+      std::vector<Tensor> parts = unflatten_dense_tensors(wire, wire_parts);
+      for (size_t i = 0; i < matrices.size(); ++i) {
+        qs[i].copy_(parts[i]);
+        matrices[i].copy_(mm(ps[i], qs[i].t()));
+      }
+      for (size_t i = 0; i < uncompressed.size(); ++i)
+        uncompressed[i].copy_(parts[matrices.size() + i]);
+      if (local.defined()) {
+        if (auto s = weak.lock()) {
+          MutexLock lock(s->mutex_);
+          s->errors_[index] = sub(local, buffer);
+        }
+      }
+      return buffer;
+    });
+  }
+
+  // Nothing to compress: one plain all-reduce; the error stays zero.
+  return allreduce_hook(bucket);
+}
+
+CommHook make_powersgd_hook(std::shared_ptr<PowerSGDState> state) {
+  if (!state) throw InvalidArgument("make_powersgd_hook: the state is null");
+  return [state](GradBucket& bucket) { return powersgd_hook(state, bucket); };
+}
+
+}  // namespace gradwire::ddp

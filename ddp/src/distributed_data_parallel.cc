@@ -1,0 +1,172 @@
+#include "gradwire/ddp/distributed_data_parallel.h"
+
+#include <cmath>
+#include <string>
+
+#include "gradwire/autograd/grad_mode.h"
+#include "gradwire/c10d/verify_params.h"
+#include "gradwire/core/error.h"
+
+namespace gradwire::ddp {
+namespace {
+
+size_t mebibytes(double mb) {
+  return static_cast<size_t>(std::llround(mb * 1024.0 * 1024.0));
+}
+
+// Adds the parameter's name to verify_params_across_ranks' "tensors[i]" message.
+[[noreturn]] void rethrow_named(const InvalidArgument& e, const std::vector<std::string>& names) {
+  std::string what = e.what();
+  const std::string tag = "tensors[";
+  const size_t at = what.find(tag);
+  std::string named;
+  if (at != std::string::npos) {
+    const size_t index = std::stoul(what.substr(at + tag.size()));
+    if (index < names.size())
+      named = " (tensors[" + std::to_string(index) + "] is parameter '" + names[index] +
+              "' on this rank)";
+  }
+  throw InvalidArgument("DistributedDataParallel: the replicas' parameters differ across ranks" +
+                        named + ": " + what);
+}
+
+}  // namespace
+
+void DdpOptions::validate() const {
+  if (!(bucket_cap_mb > 0) || !std::isfinite(bucket_cap_mb))
+    throw InvalidArgument("DdpOptions: bucket_cap_mb must be > 0, got " +
+                          std::to_string(bucket_cap_mb));
+  if (!(first_bucket_mb > 0) || !std::isfinite(first_bucket_mb))
+    throw InvalidArgument("DdpOptions: first_bucket_mb must be > 0, got " +
+                          std::to_string(first_bucket_mb));
+  if (timeout.count() < 0) throw InvalidArgument("DdpOptions: timeout must not be negative");
+}
+
+NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)
+    : ddp_(ddp), previous_(ddp.reducer_->require_sync()) {
+  ddp_.reducer_->set_require_sync(false);
+}
+
+NoSyncGuard::~NoSyncGuard() {
+  ddp_.reducer_->set_require_sync(previous_);
+}
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 std::shared_ptr<c10d::ProcessGroup> group,
+                                                 DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  options_.validate();
+  if (!module_) throw InvalidArgument("DistributedDataParallel: the module is null");
+  if (!group_) throw InvalidArgument("DistributedDataParallel: the process group is null");
+  std::vector<std::string> names;
+  for (const auto& [name, tensor] : module_->named_parameters()) {
+    if (!tensor.requires_grad()) continue;
+    names.push_back(name);
+    params_.push_back(tensor);
+  }
+  if (params_.empty())
+    throw InvalidArgument(
+        "DistributedDataParallel: the module has no parameter that requires grad");
+  buffers_ = module_->buffers();
+  try {
+    c10d::verify_params_across_ranks(*group_, params_, options_.timeout);
+  } catch (const InvalidArgument& e) {
+    rethrow_named(e, names);
+  }
+  {
+    autograd::NoGradGuard no_grad;
+    std::vector<Tensor> state;
+    for (const Tensor& p : params_)
+      state.push_back(p.detach());
+    for (const Tensor& b : buffers_)
+      state.push_back(b.detach());
+    group_->broadcast_coalesced(state, {.root = 0, .timeout = options_.timeout})
+        .wait(wait_timeout());
+  }
+  ReducerOptions ro;
+  ro.bucket_bytes = mebibytes(options_.bucket_cap_mb);
+  ro.first_bucket_bytes = mebibytes(options_.first_bucket_mb);
+  ro.find_unused_parameters = options_.find_unused_parameters;
+  ro.static_graph = options_.static_graph;
+  ro.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  ro.timeout = options_.timeout;
+  reducer_ = std::make_unique<Reducer>(params_, std::move(names), group_, ro);
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+std::chrono::milliseconds DistributedDataParallel::wait_timeout() const {
+  return (options_.timeout.count() > 0 ? options_.timeout : group_->timeout()) +
+         c10d::kFailureReportGrace;
+}
+
+void DistributedDataParallel::broadcast_buffers(int root) {
+  if (!options_.broadcast_buffers || buffers_.empty() || group_->size() == 1) return;
+  autograd::NoGradGuard no_grad;
+  std::vector<Tensor> state;
+  for (const Tensor& b : buffers_)
+    state.push_back(b.detach());
+  group_->broadcast_coalesced(state, {.root = root, .timeout = options_.timeout})
+      .wait(wait_timeout());
+}
+
+void DistributedDataParallel::before_forward() {
+  int root = 0;
+  if (join_ != nullptr) {
+    if (!reducer_->require_sync())
+      throw InvalidArgument(
+          "DistributedDataParallel: no_sync() cannot be used under a Join (the ranks that "
+          "ran out of data cannot tell which steps are synchronised)");
+    reducer_->set_divisor(join_->announce(root));
+  } else {
+    reducer_->set_divisor(group_->size());
+  }
+  reducer_->prepare_for_forward(root);
+  broadcast_buffers(root);
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  auto* unary = dynamic_cast<nn::UnaryModule*>(module_.get());
+  if (unary == nullptr)
+    throw InvalidArgument("DistributedDataParallel::forward: the module (" + module_->type_name() +
+                          ") is not an nn::UnaryModule; call forward_with instead");
+  before_forward();
+  Tensor out = unary->forward(input);
+  reducer_->prepare_for_backward({out});
+  return out;
+}
+
+std::vector<Tensor> DistributedDataParallel::forward_with(
+    const std::function<std::vector<Tensor>(nn::Module&)>& fn) {
+  before_forward();
+  std::vector<Tensor> outs = fn(*module_);
+  reducer_->prepare_for_backward(outs);
+  return outs;
+}
+
+void DistributedDataParallel::set_join(Join* join) {
+  if (join != nullptr && join_ != nullptr && join_ != join)
+    throw InvalidArgument("DistributedDataParallel: already under another Join");
+  join_ = join;
+  if (join == nullptr) reducer_->set_divisor(group_->size());
+}
+
+void DistributedDataParallel::join_shadow_step(int participants, int root) {
+  reducer_->set_divisor(participants);
+  reducer_->prepare_for_forward(root);
+  broadcast_buffers(root);
+  reducer_->shadow_iteration();
+}
+
+void DistributedDataParallel::join_finish(int root) {
+  autograd::NoGradGuard no_grad;
+  std::vector<Tensor> state;
+  for (const Tensor& p : params_)
+    state.push_back(p.detach());
+  for (const Tensor& b : buffers_)
+    state.push_back(b.detach());
+  group_->broadcast_coalesced(state, {.root = root, .timeout = options_.timeout})
+      .wait(wait_timeout());
+}
+
+}  // namespace gradwire::ddp

@@ -1,0 +1,395 @@
+#include "gradwire/ddp/reducer.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+
+#include "gradwire/autograd/grad_mode.h"
+#include "gradwire/autograd/graph_task.h"
+#include "gradwire/autograd/variable.h"
+#include "gradwire/core/error.h"
+#include "gradwire/core/thread_pool.h"
+#include "gradwire/ddp/comm_hooks.h"
+#include "gradwire/tensor/factory.h"
+
+namespace gradwire::ddp {
+namespace {
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.storage().data() == b.storage().data() &&
+         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides();
+}
+
+std::string join_names(const std::vector<std::string>& names, const std::vector<size_t>& idx) {
+  std::ostringstream out;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    if (i) out << ", ";
+    out << "'" << names[idx[i]] << "'";
+  }
+  return out.str();
+}
+
+}  // namespace
+
+void ReducerOptions::validate() const {
+  if (bucket_bytes == 0) throw InvalidArgument("ddp: bucket_bytes (bucket_cap_mb) must be > 0");
+  if (first_bucket_bytes == 0) throw InvalidArgument("ddp: first_bucket_bytes must be > 0");
+  if (timeout.count() < 0) throw InvalidArgument("ddp: the timeout must not be negative");
+}
+
+Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
+                 std::shared_ptr<c10d::ProcessGroup> group, ReducerOptions options)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(options) {
+  options_.validate();
+  if (!group_) throw InvalidArgument("ddp::Reducer: the process group is null");
+  if (names_.size() != params_.size())
+    throw InvalidArgument("ddp::Reducer: " + std::to_string(names_.size()) + " names for " +
+                          std::to_string(params_.size()) + " parameters");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    if (!p.defined() || !p.requires_grad() || !p.is_leaf() || !p.is_contiguous())
+      throw InvalidArgument("ddp::Reducer: parameter '" + names_[i] +
+                            "' must be a defined, contiguous leaf that requires grad");
+  }
+  divisor_ = group_->size();
+  executor_ = std::make_shared<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "ddp"});
+  comm_hook_ = allreduce_hook;
+  ready_.assign(params_.size(), 0);
+  local_used_.assign(params_.size(), 0);
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = order.size() - 1 - i;
+  build(assign(order));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hook_handles_.push_back(autograd::register_leaf_gradient_hook(
+        params_[i], [this, i](autograd::LeafGradient& g) { hook(i, g); }));
+  }
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < hook_handles_.size(); ++i)
+    params_[i].remove_hook(hook_handles_[i]);
+}
+
+void Reducer::register_comm_hook(CommHook hook) {
+  if (!hook) throw InvalidArgument("ddp: register_comm_hook: the hook is empty");
+  if (iterations_ > 0)
+    throw InvalidArgument("ddp: register_comm_hook must be called before the first backward pass");
+  comm_hook_ = std::move(hook);
+}
+
+void Reducer::set_divisor(int divisor) {
+  if (divisor < 1) throw InvalidArgument("ddp: the divisor must be >= 1");
+  divisor_ = divisor;
+}
+
+std::chrono::milliseconds Reducer::wait_timeout() const {
+  return options_.timeout.count() > 0 ? options_.timeout
+                                      : group_->timeout() + c10d::kFailureReportGrace;
+}
+
+// Greedy packing per (dtype, device), in `order`: the first bucket of a kind closes once it
+// reaches first_bucket_bytes, later ones at bucket_bytes. Buckets are then ordered by
+// where their first parameter sits in `order`.
+std::vector<std::vector<size_t>> Reducer::assign(const std::vector<size_t>& order) const {
+  struct Open {
+    std::vector<size_t> params;
+    size_t bytes{0};
+    int closed{0};
+  };
+  std::map<std::pair<int, std::string>, Open> open;
+  std::vector<std::vector<size_t>> out;
+  for (size_t idx : order) {
+    const Tensor& p = params_[idx];
+    Open& o = open[{static_cast<int>(p.dtype()), p.device().str()}];
+    o.params.push_back(idx);
+    o.bytes += p.nbytes();
+    const size_t limit = o.closed == 0 ? options_.first_bucket_bytes : options_.bucket_bytes;
+    if (o.bytes >= limit) {
+      out.push_back(std::move(o.params));
+      o.params.clear();
+      o.bytes = 0;
+      ++o.closed;
+    }
+  }
+  for (auto& [key, o] : open)
+    if (!o.params.empty()) out.push_back(std::move(o.params));
+  std::vector<size_t> position(params_.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    position[order[i]] = i;
+  std::sort(out.begin(), out.end(), [&](const auto& a, const auto& b) {
+    return position[a.front()] < position[b.front()];
+  });
+  return out;
+}
+
+void Reducer::build(const std::vector<std::vector<size_t>>& assignment) {
+  autograd::NoGradGuard no_grad;
+  std::vector<Bucket> buckets(assignment.size());
+  locator_.assign(params_.size(), {0, 0});
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.params = assignment[b];
+    int64_t total = 0;
+    for (size_t idx : bucket.params)
+      total += params_[idx].numel();
+    const Tensor& first = params_[bucket.params.front()];
+    bucket.buffer = zeros({total}, first.options());
+    int64_t offset = 0;
+    for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+      const Tensor& p = params_[bucket.params[slot]];
+      Tensor view = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      offset += p.numel();
+      // Carry an existing gradient over (a rebuild after the first pass).
+      Tensor grad = p.grad();
+      if (grad.defined()) view.copy_(grad);
+      if (options_.gradient_as_bucket_view && grad.defined()) p.set_grad(view);
+      bucket.views.push_back(view);
+      locator_[bucket.params[slot]] = {b, slot};
+    }
+    bucket.pending = bucket.params.size();
+  }
+  buckets_ = std::move(buckets);
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
+  std::vector<std::vector<size_t>> out;
+  for (const Bucket& b : buckets_)
+    out.push_back(b.params);
+  return out;
+}
+
+void Reducer::prepare_for_forward(int root) {
+  if (!rebuild_pending_) return;
+  rebuild_pending_ = false;
+  // Rank `root`'s arrival order decides; -1 in front means it has none (nothing rebuilt).
+  const int64_t n = static_cast<int64_t>(params_.size());
+  Tensor order = full({n}, Scalar(int64_t{-1}), kInt64);
+  if (group_->rank() == root && arrival_.size() == params_.size()) {
+    int64_t* d = order.data<int64_t>();
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = static_cast<int64_t>(arrival_[i]);
+  }
+  if (n > 0) group_->broadcast(order, {.root = root}).wait(wait_timeout());
+  rebuilt_ = true;
+  arrival_.clear();
+  if (n == 0 || order.data<int64_t>()[0] < 0) return;
+  std::vector<size_t> seq(params_.size());
+  const int64_t* d = order.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    seq[i] = static_cast<size_t>(d[i]);
+  build(assign(seq));
+}
+
+std::vector<size_t> Reducer::unused_from_graph(const std::vector<Tensor>& outputs) const {
+  std::unordered_set<const autograd::Node*> seen;
+  std::vector<std::shared_ptr<autograd::Node>> stack;
+  for (const Tensor& t : outputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    autograd::Edge e = autograd::gradient_edge(t);
+    if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function);
+  }
+  while (!stack.empty()) {
+    auto node = std::move(stack.back());
+    stack.pop_back();
+    for (const autograd::Edge& e : node->next_edges())
+      if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function);
+  }
+  std::vector<size_t> unused;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto acc = autograd::grad_accumulator(params_[i]);
+    if (!seen.count(acc.get())) unused.push_back(i);
+  }
+  return unused;
+}
+
+void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
+  reset_pass();
+  if (!require_sync_) {
+    expect_hooks_ = false;
+    return;
+  }
+  expect_hooks_ = true;
+  unused_.clear();
+  if (options_.static_graph && iterations_ > 0) {
+    unused_ = static_unused_;
+  } else if (options_.find_unused_parameters || options_.static_graph) {
+    unused_ = unused_from_graph(outputs);
+  }
+}
+
+void Reducer::reset_pass() {
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(local_used_.begin(), local_used_.end(), 0);
+  for (Bucket& b : buckets_) {
+    b.pending = b.params.size();
+    b.launched = false;
+    b.result = Future<Tensor>();
+  }
+  next_bucket_ = 0;
+  first_hook_seen_ = false;
+}
+
+void Reducer::hook(size_t index, autograd::LeafGradient& g) {
+  if (!expect_hooks_) return;
+  autograd::NoGradGuard no_grad;
+  if (!first_hook_seen_) {
+    first_hook_seen_ = true;
+    autograd::queue_callback([this] { finalize(); });
+    for (size_t u : unused_)
+      mark_ready(u, nullptr);
+  }
+  mark_ready(index, &g);
+}
+
+void Reducer::mark_ready(size_t index, autograd::LeafGradient* g) {
+  if (ready_[index]) {
+    expect_hooks_ = false;
+    throw InvalidArgument(
+        "ddp: parameter '" + names_[index] +
+        "' was marked ready twice in one backward pass. Either it took part in the pass "
+        "although find_unused_parameters found it unused in the forward's outputs (its "
+        "gradient flowed through a tensor the forward did not return), or several "
+        "backward passes ran over one forward; run one backward per forward, or return "
+        "every tensor the loss is computed from");
+  }
+  ready_[index] = 1;
+  if (!rebuilt_) arrival_.push_back(index);
+  auto [b, slot] = locator_[index];
+  Bucket& bucket = buckets_[b];
+  Tensor& view = bucket.views[slot];
+  Tensor grad = g ? g->grad : params_[index].grad();
+  if (g && g->produced) local_used_[index] = 1;
+  if (grad.defined()) {
+    if (!same_view(grad, view)) view.copy_(grad);
+    if (g && options_.gradient_as_bucket_view) g->grad = view;
+  } else {
+    view.zero_();
+  }
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+GradBucket Reducer::make_grad_bucket(size_t b, const Tensor& buffer,
+                                     const std::vector<Tensor>& views) {
+  GradBucket gb;
+  gb.index = b;
+  gb.buffer = buffer;
+  gb.gradients = views;
+  for (size_t idx : buckets_[b].params) {
+    gb.parameters.push_back(params_[idx]);
+    gb.parameter_names.push_back(names_[idx]);
+  }
+  gb.group = group_;
+  gb.divisor = divisor_;
+  gb.executor = executor_;
+  gb.is_last = b + 1 == buckets_.size();
+  return gb;
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    GradBucket gb = make_grad_bucket(next_bucket_, bucket.buffer, bucket.views);
+    bucket.result = comm_hook_(gb);
+    bucket.launched = true;
+    ++next_bucket_;
+  }
+}
+
+void Reducer::finalize() {
+  autograd::NoGradGuard no_grad;
+  expect_hooks_ = false;
+  if (next_bucket_ < buckets_.size()) {
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!ready_[i]) missing.push_back(i);
+    reset_pass();
+    throw Error("ddp (rank " + std::to_string(group_->rank()) +
+                "): the backward pass ended before every gradient bucket was reduced; parameters "
+                "that received no gradient: [" +
+                join_names(names_, missing) +
+                "]. This happens when the forward's outputs do not depend on some parameters. "
+                "Construct DistributedDataParallel with find_unused_parameters = true, or make "
+                "sure every parameter takes part in producing the loss (and the loss in the "
+                "forward's outputs)");
+  }
+  // Which parameters some rank used: unused everywhere keep an undefined gradient.
+  std::vector<char> used_somewhere(params_.size(), 1);
+  if (options_.find_unused_parameters || options_.static_graph) {
+    Tensor used = zeros({static_cast<int64_t>(params_.size())}, kInt32);
+    std::copy(local_used_.begin(), local_used_.end(), used.data<int32_t>());
+    if (!params_.empty()) group_->all_reduce(used).wait(wait_timeout());
+    const int32_t* u = used.data<int32_t>();
+    for (size_t i = 0; i < params_.size(); ++i)
+      used_somewhere[i] = u[i] > 0;
+    if (options_.static_graph && iterations_ == 0) {
+      static_unused_.clear();
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (!local_used_[i]) static_unused_.push_back(i);
+    }
+  }
+  std::exception_ptr failure;
+  for (Bucket& bucket : buckets_) {
+    try {
+      Tensor result = bucket.result.get(wait_timeout());
+      if (!result.is_same(bucket.buffer)) bucket.buffer.copy_(result.view({-1}));
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) {
+    reset_pass();
+    std::rethrow_exception(failure);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    auto [b, slot] = locator_[i];
+    const Tensor& view = buckets_[b].views[slot];
+    Tensor grad = p.grad();
+    if (!used_somewhere[i]) continue;
+    if (options_.gradient_as_bucket_view) {
+      if (!same_view(grad, view)) p.set_grad(view);
+    } else if (grad.defined()) {
+      grad.copy_(view);
+    } else {
+      p.set_grad(view.clone());
+    }
+  }
+  ++iterations_;
+  if (!rebuilt_ && iterations_ == 1) rebuild_pending_ = true;
+  reset_pass();
+}
+
+void Reducer::shadow_iteration() {
+  autograd::NoGradGuard no_grad;
+  std::vector<Future<Tensor>> results;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Tensor zero = zeros_like(buckets_[b].buffer);
+    std::vector<Tensor> views;
+    int64_t offset = 0;
+    for (size_t idx : buckets_[b].params) {
+      views.push_back(zero.narrow(0, offset, params_[idx].numel()).view(params_[idx].sizes()));
+      offset += params_[idx].numel();
+    }
+    GradBucket gb = make_grad_bucket(b, zero, views);
+    results.push_back(comm_hook_(gb));
+  }
+  if ((options_.find_unused_parameters || options_.static_graph) && !params_.empty()) {
+    Tensor used = zeros({static_cast<int64_t>(params_.size())}, kInt32);
+    group_->all_reduce(used).wait(wait_timeout());
+  }
+  for (auto& r : results)
+    r.get(wait_timeout());
+  ++iterations_;
+  // A rank that ran out of data still rebuilds with the others (rank `root`'s order).
+  if (!rebuilt_ && iterations_ == 1) rebuild_pending_ = true;
+}
+
+}  // namespace gradwire::ddp
