@@ -115,6 +115,15 @@ std::shared_ptr<RRefCore> create(rpc::RpcAgent& agent, const rpc::Destination& t
                                 options);
 }
 
+std::shared_ptr<RRefCore> own_value(rpc::RpcAgent& agent, std::string type_name, Value value) {
+  return RRefContext::of(agent)->own(std::move(type_name), std::move(value), nullptr);
+}
+
+std::shared_ptr<RRefCore> own_object(rpc::RpcAgent& agent, std::string class_name,
+                                     std::shared_ptr<void> object) {
+  return RRefContext::of(agent)->own(std::move(class_name), Value(), std::move(object));
+}
+
 std::shared_ptr<RRefCore> receive(const Value& value, const rpc::Where& where,
                                   const CallContext& ctx, const std::string& expected_type) {
   if (value.type() != rpc::ValueType::kRRef) {
@@ -287,6 +296,20 @@ std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, st
     }
   });
   return user;
+}
+
+std::shared_ptr<OwnerRRef> RRefContext::own(std::string type_name, Value value,
+                                            std::shared_ptr<void> object) {
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  auto owner = std::make_shared<OwnerRRef>(shared_from_this(), mint(), type_name);
+  register_owner(owner);
+  owner->begin_creation(type_name);
+  if (object != nullptr) {
+    owner->hold_object(agent->registry().class_info(type_name), std::move(object));
+  } else {
+    owner->adopt(make_ready_future(std::move(value)));
+  }
+  return owner;
 }
 
 std::shared_ptr<OwnerRRef> RRefContext::create_local(std::string name, std::string type_name,

@@ -67,6 +67,10 @@ class RRefContext : public rpc::Interceptor,
   std::shared_ptr<UserRRef> create_remote(const rpc::WorkerInfo& owner, std::string name,
                                           std::string type_name, std::vector<rpc::Value> args,
                                           rpc::CallOptions options);
+  // An owner reference to what this worker holds already: `object` of registered class
+  // `type_name`, or else `value`.
+  std::shared_ptr<OwnerRRef> own(std::string type_name, rpc::Value value,
+                                 std::shared_ptr<void> object);
   std::shared_ptr<OwnerRRef> create_local(std::string name, std::string type_name,
                                           std::vector<rpc::Value> args);
   // A new fork of an owned value, counted until it is bound to a destination.
@@ -218,6 +222,8 @@ class OwnerRRef : public detail::RRefCore, public std::enable_shared_from_this<O
   // Keeps what `result` completes with (a value of type type_name()).
   void adopt(Future<rpc::Value> result, std::shared_ptr<void> keep = nullptr);
   void fail(std::exception_ptr error);
+  // Keeps `object` of class `info` as the created value.
+  void hold_object(const rpc::Registry::ClassInfo& info, std::shared_ptr<void> object);
   // The value as a Value for a caller expecting `type_name`, once it exists.
   Future<rpc::Value> serialise(const rpc::CallContext& ctx, const std::string& type_name);
   // Calls `method` on the object, once it exists; with `expected_result`, refuses a method

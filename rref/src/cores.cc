@@ -98,6 +98,17 @@ void OwnerRRef::fail(std::exception_ptr error) {
   ready_.try_set_error(error_);
 }
 
+void OwnerRRef::hold_object(const rpc::Registry::ClassInfo& info, std::shared_ptr<void> object) {
+  {
+    MutexLock lock(mutex_);
+    object_ = std::move(object);
+    object_type_ = info.type;
+  }
+  class_name_ = info.name;
+  serialised_ = info.serialised;
+  ready_.try_set_value();
+}
+
 void OwnerRRef::create(const CallContext& ctx, const std::string& name,
                        const std::vector<Value>& args) {
   try {
@@ -109,15 +120,7 @@ void OwnerRRef::create(const CallContext& ctx, const std::string& name,
                            context_->self().describe() + ": '" + name + "' constructs a " + name +
                            ", not a " + type_name_);
       }
-      std::shared_ptr<void> object = registry.construct(ctx, name, args);
-      {
-        MutexLock lock(mutex_);
-        object_ = std::move(object);
-        object_type_ = info.type;
-      }
-      class_name_ = name;
-      serialised_ = info.serialised;
-      ready_.try_set_value();
+      hold_object(info, registry.construct(ctx, name, args));
       return;
     }
     std::shared_ptr<const rpc::RegisteredFunction> fn = registry.find(name);

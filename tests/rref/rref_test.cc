@@ -533,6 +533,30 @@ TEST_F(RRefThreads, MalformedProtocolMessagesAreRefusedAndTheWorkerCarriesOn) {
   expect_settled(1);
 }
 
+TEST_F(RRefThreads, MakeLocalSharesWhatTheOwnerHolds) {
+  Tensor weight = make_tensor(2);
+  RRef<Tensor> w_ref = rref::make_local(w(1), weight);
+  EXPECT_TRUE(w_ref.is_owner());
+  // Another worker reads it; the owner's in-place change is seen: the reference is the
+  // tensor itself, not a copy.
+  EXPECT_DOUBLE_EQ(w(1).rpc_sync<double>("w2", "sum_of", w_ref), 2 + 3 + 4 + 5);
+  weight.fill_(1.0);
+  EXPECT_DOUBLE_EQ(w(1).rpc_sync<double>("w2", "sum_of", w_ref), 4);
+  // A reference belongs to its agent: another agent of this process may not send it.
+  EXPECT_THROW(w(0).rpc_sync<double>("w2", "sum_of", w_ref), InvalidArgument);
+  auto counter = std::make_shared<Counter>(5);
+  RRef<Counter> c = rref::make_local(w(1), counter);
+  RRef<Counter> there = w(1).rpc_sync<RRef<Counter>>("w0", "echo_rref", c);
+  EXPECT_TRUE(there.is_owner());
+  EXPECT_EQ(there.rpc_sync<int64_t>("add", int64_t{1}), 6);
+  EXPECT_EQ(counter->get(), 6);
+  EXPECT_THROW(rref::make_local<Counter>(w(1), nullptr), InvalidArgument);
+  w_ref = {};
+  c = {};
+  there = {};
+  expect_settled(1);
+}
+
 TEST(RRefEmpty, AnEmptyReferenceIsAnError) {
   RRef<Tensor> r;
   EXPECT_FALSE(r.valid());

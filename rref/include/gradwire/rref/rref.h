@@ -140,6 +140,10 @@ class RRefCore {
 std::shared_ptr<RRefCore> create(rpc::RpcAgent& agent, const rpc::Destination& to, std::string name,
                                  std::string type_name, std::vector<rpc::Value> args,
                                  rpc::CallOptions options);
+// An owner reference to a value (held as `value`) or an object made here.
+std::shared_ptr<RRefCore> own_value(rpc::RpcAgent& agent, std::string type_name, rpc::Value value);
+std::shared_ptr<RRefCore> own_object(rpc::RpcAgent& agent, std::string class_name,
+                                     std::shared_ptr<void> object);
 // A received rpc::Value of kind kRRef, as the reference it names on the agent serving
 // `ctx`; InvalidArgument (starting with `where`) for another kind, another type, or outside
 // an agent.
@@ -377,6 +381,31 @@ RRef<T> remote(rpc::RpcAgent& agent, const rpc::Destination& to, std::string nam
 template <typename T, typename... Args>
 RRef<T> remote(const rpc::Destination& to, std::string name, Args&&... args) {
   return remote<T>(*rpc::default_agent(), to, std::move(name), std::forward<Args>(args)...);
+}
+
+// An owner reference to `value`, which this worker already holds (PyTorch's RRef(value)):
+// for a class registered with def_class, the object itself (pass a shared_ptr; it is held,
+// not copied); for a value type, the value (tensors share storage, so a parameter stays the
+// parameter). Hand it to other workers in calls; it lives while any reference does.
+template <typename T>
+RRef<T> make_local(rpc::RpcAgent& agent, std::shared_ptr<T> object) {
+  if (object == nullptr) throw InvalidArgument("rref::make_local: a null object");
+  std::string cls = agent.registry().template class_name_of<T>();
+  if (cls.empty()) {
+    if constexpr (detail::HasValueConverter<T>) {
+      return make_local<T>(agent, T(*object));
+    } else {
+      detail::throw_unnamed_type(detail::demangle(typeid(T).name()));
+    }
+  }
+  return RRef<T>(detail::own_object(agent, std::move(cls), std::static_pointer_cast<void>(object)));
+}
+template <typename T>
+requires(!std::is_pointer_v<T>) RRef<T> make_local(rpc::RpcAgent& agent, const T& value) {
+  static_assert(detail::HasValueConverter<T>,
+                "make_local(agent, value) holds a value type: pass a shared_ptr for an object");
+  return RRef<T>(detail::own_value(agent, detail::type_name_in<T>(agent.registry()),
+                                   rpc::to_value(value, detail::sending_context(agent))));
 }
 
 // This worker's reference bookkeeping. Error when rref/ is not installed on `agent`.
