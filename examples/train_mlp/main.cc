@@ -20,6 +20,8 @@
 //   gradwire-train-mlp [--steps N] [--shards K | --processes P] [--save PATH]
 #include <gradwire/gradwire.h>
 
+#include "../common/spiral.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +36,7 @@
 #include <vector>
 
 using namespace gradwire;
+using examples::spiral;
 
 namespace {
 
@@ -77,24 +80,6 @@ std::string make_temp_dir(const std::string& what) {
     throw Error("cannot create a temporary directory in " + where + ": " + std::strerror(errno));
   }
   return dir_template;
-}
-
-// `per_class` points on each of three spiral arms, with angular noise.
-std::pair<Tensor, Tensor> spiral(int64_t per_class, Generator& gen) {
-  const std::vector<float> noise = (randn({3 * per_class}, &gen) * 0.2).to_vector<float>();
-  std::vector<float> points;
-  std::vector<int64_t> labels;
-  for (int64_t k = 0; k < 3; ++k) {
-    for (int64_t i = 0; i < per_class; ++i) {
-      const double t = static_cast<double>(i) / static_cast<double>(per_class - 1);
-      const double r = 0.05 + 0.95 * t;
-      const double theta = 4.0 * (static_cast<double>(k) + t) + noise[k * per_class + i];
-      points.push_back(static_cast<float>(r * std::sin(theta)));
-      points.push_back(static_cast<float>(r * std::cos(theta)));
-      labels.push_back(k);
-    }
-  }
-  return {tensor<float>(points, {3 * per_class, 2}), tensor<int64_t>(labels)};
 }
 
 double accuracy(nn::Module& net, const Tensor& x, const Tensor& y) {

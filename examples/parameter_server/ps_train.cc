@@ -1,0 +1,201 @@
+// ps_train: parameter-server training. One server holds the model as an object behind an
+// RRef; T trainers run their forward passes through its method proxy inside dist_autograd
+// contexts, call backward once, and step a DistributedOptimizer whose optimizer lives on
+// the server. The trainers run asynchronously against the shared parameters (the classic
+// parameter-server design, as in PyTorch's RPC tutorial).
+//
+// Started by the launcher, which gives every process its rank and the rendezvous address:
+//   gradwire-run --nproc-per-node 3 gradwire-ps-train [--epochs N] [--batch B] [--lr LR]
+//                                                     [--min-accuracy A]
+// Rank 0 is the server "ps0"; ranks 1..T are "trainer1".."trainerT". The task is the
+// built-in three-arm spiral (examples/common/spiral.h); each trainer trains on its own
+// share of it and prints one line per epoch. The run fails (exit 1) when a trainer's final
+// held-out accuracy is below --min-accuracy.
+#include <gradwire/gradwire.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common/spiral.h"
+
+using namespace gradwire;
+using rref::RRef;
+
+namespace {
+
+struct Options {
+  int epochs = 12;
+  int64_t batch = 32;
+  double lr = 0.01;
+  double min_accuracy = 0.85;
+};
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw InvalidArgument("missing value after " + arg);
+      return argv[++i];
+    };
+    if (arg == "--epochs") {
+      o.epochs = static_cast<int>(parse_int("--epochs", next(), 1, 100000));
+    } else if (arg == "--batch") {
+      o.batch = parse_int("--batch", next(), 1, 1 << 20);
+    } else if (arg == "--lr") {
+      o.lr = std::stod(next());
+    } else if (arg == "--min-accuracy") {
+      o.min_accuracy = std::stod(next());
+    } else {
+      throw InvalidArgument("unknown argument '" + arg +
+                            "' (expected --epochs N, --batch B, --lr LR, --min-accuracy A)");
+    }
+  }
+  return o;
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) {
+    throw InvalidArgument(std::string(name) +
+                          " is not set: start ps_train with gradwire-run "
+                          "(gradwire-run --nproc-per-node 3 gradwire-ps-train)");
+  }
+  return static_cast<int>(parse_int(name, v, 0, 1 << 20));
+}
+
+// The model, on the server. Forward passes from many trainers run concurrently (they only
+// read the parameters); the DistributedOptimizer's steps on this worker run one at a time.
+class ParameterServer {
+ public:
+  explicit ParameterServer(int64_t seed)
+      : gen_(static_cast<uint64_t>(seed)),
+        net_(nn::MLPOptions{.sizes = {2, 64, 64, 3}, .generator = &gen_}) {}
+
+  Tensor forward(const Tensor& x) { return net_(x); }
+
+  // References to the parameters themselves (the optimizer updates them in place).
+  std::vector<RRef<Tensor>> parameter_rrefs(const rpc::CallContext& ctx) {
+    std::vector<RRef<Tensor>> refs;
+    for (const Tensor& p : net_.parameters())
+      refs.push_back(rref::make_local(*ctx.agent(), p));
+    return refs;
+  }
+
+ private:
+  Generator gen_;
+  nn::MLP net_;
+};
+
+// The server's one ParameterServer, handed to every trainer that asks. Set once the
+// server's agent is up; a request that comes before waits for it.
+struct ServerSlot {
+  Future<RRef<ParameterServer>> ps;
+};
+
+void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
+  reg.def_class<ParameterServer>("ParameterServer")
+      .ctor<int64_t>()
+      .method("forward", &ParameterServer::forward)
+      .method("parameter_rrefs", &ParameterServer::parameter_rrefs);
+  reg.def("parameter_server", [slot] { return slot->ps; });
+}
+
+int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& opt) {
+  const std::string me = agent.worker_info().name;
+  // The same data on every trainer; each takes every trainers-th sample.
+  Generator data_gen(7);
+  auto [all_x, all_y] = examples::spiral(300, data_gen);
+  auto [test_x, test_y] = examples::spiral(100, data_gen);
+  std::vector<int64_t> mine;
+  for (int64_t i = trainer - 1; i < all_x.size(0); i += trainers)
+    mine.push_back(i);
+  const Tensor index = tensor<int64_t>(mine);
+  const Tensor x = index_select(all_x, 0, index), y = index_select(all_y, 0, index);
+
+  // The server object (created by trainer1, handed to the others through the server).
+  RRef<ParameterServer> ps = agent.rpc_sync<RRef<ParameterServer>>("ps0", "parameter_server");
+  auto params = ps.rpc_sync<std::vector<RRef<Tensor>>>("parameter_rrefs");
+  dist_optim::DistributedOptimizer optimizer(agent, optim::AdamOptions{.lr = opt.lr}, params);
+
+  Generator order_gen(static_cast<uint64_t>(100 + trainer));
+  const auto start = std::chrono::steady_clock::now();
+  double test_accuracy = 0;
+  for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
+    const auto epoch_start = std::chrono::steady_clock::now();
+    const Tensor order = randperm(x.size(0), &order_gen);
+    double loss_sum = 0;
+    int64_t seen = 0, correct_batches = 0;
+    double train_correct = 0;
+    for (int64_t b = 0; b < x.size(0); b += opt.batch) {
+      const Tensor rows = order.slice(0, b, b + opt.batch);
+      const Tensor xb = index_select(x, 0, rows), yb = index_select(y, 0, rows);
+      dist_autograd::Context ctx(agent);
+      Tensor logits = ps.rpc_sync<Tensor>("forward", xb);
+      Tensor loss = nn::cross_entropy(logits, yb);
+      dist_autograd::backward(agent, ctx.id(), {loss});
+      optimizer.step(ctx.id());
+      loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
+      train_correct += examples::accuracy_of(logits.detach(), yb) * static_cast<double>(xb.size(0));
+      seen += xb.size(0);
+      ++correct_batches;
+    }
+    test_accuracy = examples::accuracy_of(ps.rpc_sync<Tensor>("forward", test_x), test_y);
+    const double epoch_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s epoch %2d/%d  loss %.4f  train accuracy %.3f  test accuracy %.3f  "
+                "%.0f samples/s  %.2f s\n",
+                me.c_str(), epoch, opt.epochs, loss_sum / static_cast<double>(seen),
+                train_correct / static_cast<double>(seen), test_accuracy,
+                static_cast<double>(seen) / epoch_s, elapsed);
+    std::fflush(stdout);
+  }
+  std::printf("%s done: held-out accuracy %.3f after %d epochs\n", me.c_str(), test_accuracy,
+              opt.epochs);
+  if (test_accuracy < opt.min_accuracy) {
+    std::fprintf(stderr, "%s: held-out accuracy %.3f is below %.3f\n", me.c_str(), test_accuracy,
+                 opt.min_accuracy);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opt = parse_args(argc, argv);
+    const int rank = env_int("RANK");
+    const int world = env_int("WORLD_SIZE");
+    if (world < 2) throw InvalidArgument("ps_train needs a server and at least one trainer");
+    auto slot = std::make_shared<ServerSlot>();
+    register_all(rpc::registry(), slot);
+    set_num_threads(1);  // several processes share this machine's cores
+    const std::string name = rank == 0 ? "ps0" : "trainer" + std::to_string(rank);
+    rpc::AgentOptions options;
+    options.rpc_timeout = std::chrono::seconds(60);
+    auto agent = rpc::init_rpc(name, rank, world, options);
+    int status = 0;
+    if (rank == 0) {
+      // The one server object, handed to every trainer that asks.
+      slot->ps.set_value(rref::make_local(*agent, std::make_shared<ParameterServer>(int64_t{1})));
+      std::printf("ps0 serving %d trainers\n", world - 1);
+      std::fflush(stdout);
+      // Graceful: waits until every trainer has finished and shut down too.
+      rpc::shutdown();
+      return 0;
+    }
+    status = run_trainer(*agent, rank, world - 1, opt);
+    rpc::shutdown();
+    return status;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ps_train: %s\n", e.what());
+    return 1;
+  }
+}
