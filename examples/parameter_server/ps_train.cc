@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <gradwire/tensor/parallel.h>
+
 #include "../common/spiral.h"
 
 using namespace gradwire;
