@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and runs the most complete demo there is
-# (examples/train_mlp, until the parameter-server example exists): an MLP trained
-# data-parallel, first over threads with concurrent backward passes, then over two rank
-# processes whose gradients are summed by a Gloo all_reduce; each run is checked, saved
-# and reloaded, and the processes check that they hold identical parameters.
+# The main job: installs what is missing, builds, and runs the parameter-server example
+# (examples/parameter_server/ps_train under gradwire-run: one server holding the model
+# behind an RRef, two trainers training it through dist_autograd and a
+# DistributedOptimizer, each checking its held-out accuracy), then examples/train_mlp: an
+# MLP trained data-parallel, over threads and over two rank processes whose gradients a
+# Gloo all_reduce sums; each run is checked, saved and reloaded.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GRADWIRE_BUILD_DIR:-$root/build}
 "$root/scripts/build.sh"
+# Parameter-server training: one server, two trainers, started by the launcher.
+"$build/tools/gradwire-run" --nproc-per-node 3 "$build/examples/parameter_server/gradwire-ps-train"
 bin="$build/examples/train_mlp/gradwire-train-mlp"
 "$bin" --save "$build/spiral_model.gw" "$@"
 "$bin" --processes 2 --save "$build/spiral_model_processes.gw" "$@"

@@ -70,15 +70,31 @@ int env_int(const char* name) {
   return static_cast<int>(parse_int(name, v, 0, 1 << 20));
 }
 
-// The model, on the server. Forward passes from many trainers run concurrently (they only
-// read the parameters); the DistributedOptimizer's steps on this worker run one at a time.
+// The model, on the server: a 2-64-64-3 ReLU MLP. Forward passes from many trainers run
+// concurrently while the DistributedOptimizer updates the parameters in place (its steps on
+// this worker run one at a time). So that an update between a trainer's forward and its
+// backward cannot invalidate what the backward needs, each forward computes with a copy of
+// the parameters taken at its start (the gradient still reaches the parameters, through the
+// copy): every trainer's gradient is the gradient at the values its forward used, the
+// asynchronous parameter server's usual staleness. (A copy taken while an update runs may
+// mix old and new values, as Hogwild-style training accepts.)
 class ParameterServer {
  public:
   explicit ParameterServer(int64_t seed)
       : gen_(static_cast<uint64_t>(seed)),
         net_(nn::MLPOptions{.sizes = {2, 64, 64, 3}, .generator = &gen_}) {}
 
-  Tensor forward(const Tensor& x) { return net_(x); }
+  Tensor forward(const Tensor& x) {
+    std::vector<Tensor> p;
+    for (const Tensor& param : net_.parameters())
+      p.push_back(param.clone());
+    Tensor h = x;
+    for (size_t layer = 0; layer < p.size(); layer += 2) {
+      h = add(matmul(h, p[layer].transpose(0, 1)), p[layer + 1]);
+      if (layer + 2 < p.size()) h = relu(h);
+    }
+    return h;
+  }
 
   // References to the parameters themselves (the optimizer updates them in place).
   std::vector<RRef<Tensor>> parameter_rrefs(const rpc::CallContext& ctx) {
@@ -151,11 +167,12 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s epoch %2d/%d  loss %.4f  train accuracy %.3f  test accuracy %.3f  "
-                "%.0f samples/s  %.2f s\n",
-                me.c_str(), epoch, opt.epochs, loss_sum / static_cast<double>(seen),
-                train_correct / static_cast<double>(seen), test_accuracy,
-                static_cast<double>(seen) / epoch_s, elapsed);
+    std::printf(
+        "%s epoch %2d/%d  loss %.4f  train accuracy %.3f  test accuracy %.3f  "
+        "%.0f samples/s  %.2f s\n",
+        me.c_str(), epoch, opt.epochs, loss_sum / static_cast<double>(seen),
+        train_correct / static_cast<double>(seen), test_accuracy,
+        static_cast<double>(seen) / epoch_s, elapsed);
     std::fflush(stdout);
   }
   std::printf("%s done: held-out accuracy %.3f after %d epochs\n", me.c_str(), test_accuracy,
