@@ -271,36 +271,26 @@ TEST(DistAutogradProcesses, AWorkerKilledMidBackwardFailsThePassNamingIt) {
     y.register_hook([](const Tensor&) -> Tensor { ::_exit(0); });
     return y;
   });
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("gradwire-da-kill-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / "store").string();
-  test::RankResults results = test::run_ranks_as_processes(
-      2,
-      [&](int rank) {
-        auto store = std::make_shared<c10d::FileStore>(
-            c10d::FileStoreOptions{.path = path, .num_workers = 2, .timeout = 30s});
-        auto agent = rpc::make_tensorpipe_agent(test::worker_name(rank), rank, 2, store,
-                                                test::agent_options(reg));
+  test::RankResults results = test::run_agent_processes(
+      "dist-autograd-kill", 2, test::agent_options(reg),
+      [&](int rank, c10d::Store& store, RpcAgent& agent) {
         if (rank == 1) {
-          store->wait({"never"}, 40s);
+          store.wait({"never"}, 40s);
           return;
         }
-        da::Context ctx(*agent);
+        da::Context ctx(agent);
         Tensor x = leaf({1.0, 2.0});
-        Tensor y = agent->rpc_sync<Tensor>("w1", "dies_in_backward", x);
+        Tensor y = agent.rpc_sync<Tensor>("w1", "dies_in_backward", x);
         const auto t0 = std::chrono::steady_clock::now();
         try {
-          da::backward(*agent, ctx.id(), {sum(y)});
+          da::backward(agent, ctx.id(), {sum(y)});
           ADD_FAILURE() << "no error";
         } catch (const NetworkError& e) {
           EXPECT_NE(std::string(e.what()).find("w1"), std::string::npos) << e.what();
         }
         EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
-        agent->shutdown(false);
-      },
-      60s);
-  std::filesystem::remove_all(dir);
+        agent.shutdown(false);
+      });
   EXPECT_TRUE(results.ranks[0].ok) << results.summary();
   EXPECT_EQ(results.ranks[1].exit_code, 0) << results.summary();
 }

@@ -234,27 +234,18 @@ TEST(DistOptimProcesses, TrainingAcrossProcessesEqualsTheLocalRun) {
   }
   const std::vector<double> want1(l1.data<double>(), l1.data<double>() + 4);
   const std::vector<double> want2(l2.data<double>(), l2.data<double>() + 4);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("gradwire-dist-optim-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / "store").string();
-  test::RankResults results = test::run_ranks_as_processes(
-      3,
-      [&](int rank) {
-        auto store = std::make_shared<c10d::FileStore>(
-            c10d::FileStoreOptions{.path = path, .num_workers = 3, .timeout = 30s});
-        auto agent = rpc::make_tensorpipe_agent(test::worker_name(rank), rank, 3, store,
-                                                test::agent_options(reg));
+  test::RankResults results = test::run_agent_processes(
+      "dist-optim", 3, test::agent_options(reg), [&](int rank, c10d::Store&, RpcAgent& agent) {
         if (rank == 0) {
-          RRef<Tensor> p1 = rref::remote<Tensor>(*agent, "w1", "make_param", int64_t{1});
-          RRef<Tensor> p2 = rref::remote<Tensor>(*agent, "w2", "make_param", int64_t{2});
-          dist_optim::DistributedOptimizer opt(*agent, optim::AdamOptions{.lr = 0.02}, {p1, p2});
+          RRef<Tensor> p1 = rref::remote<Tensor>(agent, "w1", "make_param", int64_t{1});
+          RRef<Tensor> p2 = rref::remote<Tensor>(agent, "w2", "make_param", int64_t{2});
+          dist_optim::DistributedOptimizer opt(agent, optim::AdamOptions{.lr = 0.02}, {p1, p2});
           for (int s = 0; s < 4; ++s) {
-            da::Context ctx(*agent);
+            da::Context ctx(agent);
             Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
-            Tensor a = agent->rpc_sync<Tensor>("w1", "scaled", p1, x);
-            Tensor b = agent->rpc_sync<Tensor>("w2", "scaled", p2, x);
-            da::backward(*agent, ctx.id(), {add(sum(mul(a, a)), sum(b))});
+            Tensor a = agent.rpc_sync<Tensor>("w1", "scaled", p1, x);
+            Tensor b = agent.rpc_sync<Tensor>("w2", "scaled", p2, x);
+            da::backward(agent, ctx.id(), {add(sum(mul(a, a)), sum(b))});
             opt.step(ctx.id());
           }
           Tensor got1 = p1.to_here(), got2 = p2.to_here();
@@ -263,10 +254,8 @@ TEST(DistOptimProcesses, TrainingAcrossProcessesEqualsTheLocalRun) {
             EXPECT_NEAR(got2.data<double>()[i], want2[static_cast<size_t>(i)], 1e-12);
           }
         }
-        agent->shutdown();
-      },
-      60s);
-  std::filesystem::remove_all(dir);
+        agent.shutdown();
+      });
   EXPECT_ALL_RANKS_OK(results);
 }
 

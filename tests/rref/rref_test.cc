@@ -25,6 +25,7 @@
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "support/agents.h"
 #include "support/harness.h"
 #include "support/sync.h"
 
@@ -37,61 +38,17 @@ using rpc::CallOptions;
 using rpc::Registry;
 using rpc::RpcAgent;
 using rref::RRef;
-using Agents = std::vector<std::shared_ptr<RpcAgent>>;
+using test::Agents;
+using test::worker_name;
 
-std::string worker_name(int rank) {
-  return "w" + std::to_string(rank);
+Agents start_agents(int n, Registry& reg) {
+  return test::start_agents(n, test::agent_options(reg));
 }
-
-rpc::AgentOptions test_options(Registry& reg) {
-  rpc::AgentOptions o;
-  o.registry = &reg;
-  o.rpc_timeout = 20s;
-  o.join_timeout = 20s;
-  o.num_worker_threads = 4;
-  o.mpt_lanes = 1;
-  return o;
-}
-
-Agents start_agents(int n, Registry& reg,
-                    std::shared_ptr<c10d::Store> store = std::make_shared<c10d::HashStore>(20s)) {
-  Agents agents(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        agents[static_cast<size_t>(r)] =
-            rpc::make_tensorpipe_agent(worker_name(r), r, n, store, test_options(reg));
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads)
-    t.join();
-  for (const auto& e : errors) {
-    if (!e.empty()) throw std::runtime_error(e);
-  }
-  return agents;
-}
-
 void shutdown_all(const Agents& agents) {
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(agents.size());
-  for (size_t r = 0; r < agents.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        agents[r]->shutdown();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads)
-    t.join();
-  for (const auto& e : errors)
-    EXPECT_EQ(e, "");
+  test::shutdown_agents(agents);
+}
+rpc::AgentOptions test_options(Registry& reg) {
+  return test::agent_options(reg);
 }
 
 template <typename E, typename F>
@@ -570,22 +527,7 @@ TEST(RRefEmpty, AnEmptyReferenceIsAnError) {
 test::RankResults run_three_processes(
     const std::string& tag, Registry& reg,
     const std::function<void(int rank, c10d::Store& store, RpcAgent& agent)>& body) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("gradwire-rref-" + tag + "-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / "store").string();
-  test::RankResults results = test::run_ranks_as_processes(
-      3,
-      [&](int rank) {
-        auto store = std::make_shared<c10d::FileStore>(
-            c10d::FileStoreOptions{.path = path, .num_workers = 3, .timeout = 30s});
-        auto agent =
-            rpc::make_tensorpipe_agent(worker_name(rank), rank, 3, store, test_options(reg));
-        body(rank, *store, *agent);
-      },
-      60s);
-  std::filesystem::remove_all(dir);
-  return results;
+  return test::run_agent_processes("rref-" + tag, 3, test_options(reg), body);
 }
 
 TEST(RRefProcesses, EveryPatternLeavesTheOwnerWithNothing) {

@@ -14,8 +14,15 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "gradwire/c10d/file_store.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
+#include "support/harness.h"
 
 namespace gradwire::test {
 
@@ -81,6 +88,30 @@ inline void shutdown_agents(const Agents& agents) {
     t.join();
   for (const std::string& e : errors)
     EXPECT_EQ(e, "");
+}
+
+// Runs `body` in `n` worker processes ("w0" ...) that meet through a FileStore in a fresh
+// directory, each with an agent made with `options` (call before the test starts any
+// thread: see run_ranks_as_processes).
+inline RankResults run_agent_processes(
+    const std::string& tag, int n, const rpc::AgentOptions& options,
+    const std::function<void(int rank, c10d::Store& store, rpc::RpcAgent& agent)>& body) {
+  using namespace std::chrono_literals;
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("gradwire-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "store").string();
+  RankResults results = run_ranks_as_processes(
+      n,
+      [&](int rank) {
+        auto store = std::make_shared<c10d::FileStore>(
+            c10d::FileStoreOptions{.path = path, .num_workers = n, .timeout = 30s});
+        auto agent = rpc::make_tensorpipe_agent(worker_name(rank), rank, n, store, options);
+        body(rank, *store, *agent);
+      },
+      60s);
+  std::filesystem::remove_all(dir);
+  return results;
 }
 
 }  // namespace gradwire::test
