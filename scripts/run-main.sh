@@ -2,7 +2,9 @@
 # The main job: installs what is missing, builds, and runs the parameter-server example
 # (examples/parameter_server/ps_train under gradwire-run: one server holding the model
 # behind an RRef, two trainers training it through dist_autograd and a
-# DistributedOptimizer, each checking its held-out accuracy), then examples/train_mlp: an
+# DistributedOptimizer, each checking its held-out accuracy), then hybrid_train (an embedding
+# table on the server, dense layers replicated under DDP on the trainers, one backward for
+# both), then examples/train_mlp: an
 # MLP trained data-parallel, over threads and over two rank processes whose gradients a
 # Gloo all_reduce sums; each run is checked, saved and reloaded.
 set -euo pipefail
@@ -11,6 +13,8 @@ build=${GRADWIRE_BUILD_DIR:-$root/build}
 "$root/scripts/build.sh"
 # Parameter-server training: one server, two trainers, started by the launcher.
 "$build/tools/gradwire-run" --nproc-per-node 3 "$build/examples/parameter_server/gradwire-ps-train"
+# The hybrid: an embedding on the server, dense layers under DDP on the two trainers.
+"$build/tools/gradwire-run" --nproc-per-node 3 "$build/examples/parameter_server/gradwire-hybrid-train"
 bin="$build/examples/train_mlp/gradwire-train-mlp"
 "$bin" --save "$build/spiral_model.gw" "$@"
 "$bin" --processes 2 --save "$build/spiral_model_processes.gw" "$@"

@@ -127,7 +127,9 @@ class ContextSink : public autograd::GradientSink {
         return;
       }
     }
-    items_.emplace_back(leaf, grad.clone());
+    // Kept as given (the pass owns it; later sums are out of place): a DDP bucket view stays
+    // the view its all-reduce averages in place.
+    items_.emplace_back(leaf, grad);
   }
   std::vector<std::pair<Tensor, Tensor>> items() const {
     MutexLock lock(mutex_);

@@ -1,0 +1,223 @@
+// hybrid_train: a parameter server and data parallelism in one model — PyTorch's "combining
+// DDP with the RPC framework" design, in C++. An embedding table lives on the server, used
+// through an RRef; the dense layers are replicated on the trainers and kept in step by DDP
+// among them. One dist_autograd context and one backward carry gradients both to the
+// remote embedding (through the recorded remote call) and into DDP's all-reduce (through
+// its hooks, whose averaged bucket views the context keeps); one DistributedOptimizer then
+// steps the embedding on the server and each trainer's own dense replica.
+//
+//   gradwire-run --nproc-per-node 3 gradwire-hybrid-train [--epochs N] [--min-accuracy A]
+// Rank 0 is the server "ps0"; ranks 1..T are trainers, which form a Gloo group of their
+// own for DDP. The task: bags of 4 token ids out of 40; the label is the class whose
+// hidden per-token scores sum highest (an embedding and a linear layer can learn it). Each
+// trainer prints one line per epoch; at the end the trainers check that their dense
+// replicas are identical and that the held-out accuracy reaches --min-accuracy.
+#include <gradwire/gradwire.h>
+#include <gradwire/tensor/parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace gradwire;
+using rref::RRef;
+
+namespace {
+
+constexpr int64_t kVocabulary = 40;
+constexpr int64_t kBagLength = 4;
+constexpr int64_t kDim = 16;
+constexpr int64_t kClasses = 3;
+
+struct Options {
+  int epochs = 12;
+  int64_t batch = 32;
+  double min_accuracy = 0.85;
+};
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw InvalidArgument("missing value after " + arg);
+      return argv[++i];
+    };
+    if (arg == "--epochs") {
+      o.epochs = static_cast<int>(parse_int("--epochs", next(), 1, 100000));
+    } else if (arg == "--batch") {
+      o.batch = parse_int("--batch", next(), 1, 1 << 20);
+    } else if (arg == "--min-accuracy") {
+      o.min_accuracy = std::stod(next());
+    } else {
+      throw InvalidArgument("unknown argument '" + arg +
+                            "' (expected --epochs N, --batch B, --min-accuracy A)");
+    }
+  }
+  return o;
+}
+
+// `n` bags and their labels, from a fixed hidden score table (the same on every process).
+std::pair<Tensor, Tensor> bags(int64_t n, Generator& gen) {
+  Generator table_gen(11);
+  const Tensor scores = randn({kVocabulary, kClasses}, &table_gen);
+  const Tensor ids = randint(0, kVocabulary, {n, kBagLength}, &gen);
+  const Tensor total =
+      sum(index_select(scores, 0, ids.reshape({n * kBagLength})).reshape({n, kBagLength, kClasses}),
+          Shape{1});
+  auto [best, label] = max(total, 1);
+  return {ids, label};
+}
+
+// The embedding table, on the server. As in ps_train, each lookup uses a copy of the
+// table taken at its start, so an update between a trainer's forward and backward cannot
+// invalidate the backward.
+class EmbeddingServer {
+ public:
+  EmbeddingServer()
+      : gen_(3),
+        table_(nn::EmbeddingBagOptions{
+            .num_embeddings = kVocabulary, .embedding_dim = kDim, .generator = &gen_}) {}
+
+  // Mean of each bag's rows: ids [B, L] -> [B, kDim].
+  Tensor lookup(const Tensor& ids) {
+    const Tensor weight = table_.weight().clone();
+    const int64_t b = ids.size(0);
+    const Tensor rows = index_select(weight, 0, ids.reshape({b * kBagLength}));
+    return mul(sum(rows.reshape({b, kBagLength, kDim}), Shape{1}), 1.0 / kBagLength);
+  }
+
+  RRef<Tensor> table_rref(const rpc::CallContext& ctx) {
+    return rref::make_local(*ctx.agent(), table_.weight());
+  }
+
+ private:
+  Generator gen_;
+  nn::EmbeddingBag table_;
+};
+
+struct ServerSlot {
+  Future<RRef<EmbeddingServer>> server;
+};
+
+void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
+  reg.def_class<EmbeddingServer>("EmbeddingServer")
+      .method("lookup", &EmbeddingServer::lookup)
+      .method("table_rref", &EmbeddingServer::table_rref);
+  reg.def("embedding_server", [slot] { return slot->server; });
+}
+
+int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store, int trainer,
+                int trainers, const Options& opt) {
+  const std::string me = agent.worker_info().name;
+  // The trainers' own group, for DDP.
+  auto group = c10d::ProcessGroupGloo::create(
+      std::make_shared<c10d::PrefixStore>("hybrid/ddp", store), trainer - 1, trainers,
+      {.timeout = std::chrono::seconds(60), .name = "hybrid-ddp"}, {.host = "127.0.0.1"});
+  Generator init_gen(static_cast<uint64_t>(20 + trainer));  // different on purpose: DDP
+  auto dense = std::make_shared<nn::MLP>(                   // broadcasts rank 0's
+      nn::MLPOptions{.sizes = {kDim, 32, kClasses}, .generator = &init_gen});
+  ddp::DistributedDataParallel model(dense, group, {.gradient_as_bucket_view = true});
+
+  RRef<EmbeddingServer> server = agent.rpc_sync<RRef<EmbeddingServer>>("ps0", "embedding_server");
+  std::vector<RRef<Tensor>> params{server.rpc_sync<RRef<Tensor>>("table_rref")};
+  for (const Tensor& p : dense->parameters())
+    params.push_back(rref::make_local(agent, p));
+  dist_optim::DistributedOptimizer optimizer(agent, optim::AdamOptions{.lr = 0.02}, params);
+
+  Generator data_gen(5);
+  auto [all_x, all_y] = bags(1200, data_gen);
+  auto [test_x, test_y] = bags(400, data_gen);
+  // Each trainer's share, the same number of batches on each (DDP steps together).
+  ddp::DistributedSampler sampler({.dataset_size = all_x.size(0),
+                                   .world_size = trainers,
+                                   .rank = trainer - 1,
+                                   .shuffle = true,
+                                   .seed = 9});
+  const auto start = std::chrono::steady_clock::now();
+  double test_accuracy = 0;
+  for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
+    sampler.set_epoch(epoch);
+    const Tensor mine = tensor<int64_t>(sampler.indices());
+    double loss_sum = 0;
+    int64_t seen = 0;
+    for (int64_t b = 0; b < mine.size(0); b += opt.batch) {
+      const Tensor rows = mine.slice(0, b, b + opt.batch);
+      const Tensor xb = index_select(all_x, 0, rows), yb = index_select(all_y, 0, rows);
+      dist_autograd::Context ctx(agent);
+      Tensor embedded = server.rpc_sync<Tensor>("lookup", xb);
+      Tensor loss = nn::cross_entropy(model(embedded), yb);
+      dist_autograd::backward(agent, ctx.id(), {loss});
+      optimizer.step(ctx.id());
+      loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
+      seen += xb.size(0);
+    }
+    {
+      autograd::NoGradGuard no_grad;
+      Tensor logits = (*dense)(server.rpc_sync<Tensor>("lookup", test_x));
+      auto [best, predicted] = max(logits, 1);
+      test_accuracy = mean(eq(predicted, test_y).to(kFloat32)).item<double>();
+    }
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s epoch %2d/%d  loss %.4f  test accuracy %.3f  %.2f s\n", me.c_str(), epoch,
+                opt.epochs, loss_sum / static_cast<double>(seen), test_accuracy, elapsed);
+    std::fflush(stdout);
+  }
+  // The dense replicas must be identical: DDP averaged the same gradients on every trainer.
+  Tensor checksum = zeros({1}, kFloat64);
+  for (const Tensor& p : dense->parameters())
+    checksum.add_(sum(p.detach().to(kFloat64)).reshape({1}));
+  std::vector<Tensor> all;
+  for (int r = 0; r < trainers; ++r)
+    all.push_back(zeros({1}, kFloat64));
+  group->all_gather(all, checksum).wait();
+  for (int r = 1; r < trainers; ++r) {
+    if (!equal(all[static_cast<size_t>(r)], all[0])) {
+      std::fprintf(stderr, "%s: the dense replicas differ between trainers\n", me.c_str());
+      return 1;
+    }
+  }
+  std::printf("%s done: held-out accuracy %.3f; dense replicas identical on %d trainers\n",
+              me.c_str(), test_accuracy, trainers);
+  if (test_accuracy < opt.min_accuracy) {
+    std::fprintf(stderr, "%s: held-out accuracy %.3f is below %.3f\n", me.c_str(), test_accuracy,
+                 opt.min_accuracy);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opt = parse_args(argc, argv);
+    auto [store, rank, world] = c10d::rendezvous("env://");
+    if (world < 3) throw InvalidArgument("hybrid_train needs a server and at least two trainers");
+    auto slot = std::make_shared<ServerSlot>();
+    register_all(rpc::registry(), slot);
+    set_num_threads(1);  // several processes share this machine's cores
+    rpc::AgentOptions options;
+    options.rpc_timeout = std::chrono::seconds(60);
+    options.store = std::make_shared<c10d::PrefixStore>("hybrid/rpc", store);
+    const std::string name = rank == 0 ? "ps0" : "trainer" + std::to_string(rank);
+    auto agent = rpc::init_rpc(name, rank, world, options);
+    if (rank == 0) {
+      slot->server.set_value(rref::make_local(*agent, std::make_shared<EmbeddingServer>()));
+      std::printf("ps0 serving the embedding table to %d trainers\n", world - 1);
+      std::fflush(stdout);
+      rpc::shutdown();
+      return 0;
+    }
+    const int status = run_trainer(*agent, store, rank, world - 1, opt);
+    rpc::shutdown();
+    return status;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hybrid_train: %s\n", e.what());
+    return 1;
+  }
+}
