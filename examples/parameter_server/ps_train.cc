@@ -8,9 +8,11 @@
 //   gradwire-run --nproc-per-node 3 gradwire-ps-train [--epochs N] [--batch B] [--lr LR]
 //                                                     [--min-accuracy A]
 // Rank 0 is the server "ps0"; ranks 1..T are "trainer1".."trainerT". The task is the
-// built-in three-arm spiral (examples/common/spiral.h); each trainer trains on its own
-// share of it and prints one line per epoch. The run fails (exit 1) when a trainer's final
-// held-out accuracy is below --min-accuracy.
+// built-in three-arm spiral (examples/common/spiral.h), or --data FILE.csv (numeric
+// features, the label last; a header line allowed; --test-fraction held out), or
+// --mnist DIR (the IDX files). Each trainer trains on its own share and prints one line per
+// epoch. The run fails (exit 1) when a trainer's final held-out accuracy is below
+// --min-accuracy, or on bad data (the error names the file and line).
 #include <gradwire/gradwire.h>
 
 #include <chrono>
@@ -22,6 +24,7 @@
 
 #include <gradwire/tensor/parallel.h>
 
+#include "../common/data.h"
 #include "../common/spiral.h"
 
 using namespace gradwire;
@@ -34,6 +37,9 @@ struct Options {
   int64_t batch = 32;
   double lr = 0.01;
   double min_accuracy = 0.85;
+  std::string csv;    // --data FILE.csv
+  std::string mnist;  // --mnist DIR
+  double test_fraction = 0.2;
 };
 
 Options parse_args(int argc, char** argv) {
@@ -52,12 +58,33 @@ Options parse_args(int argc, char** argv) {
       o.lr = std::stod(next());
     } else if (arg == "--min-accuracy") {
       o.min_accuracy = std::stod(next());
+    } else if (arg == "--data") {
+      o.csv = next();
+    } else if (arg == "--mnist") {
+      o.mnist = next();
+    } else if (arg == "--test-fraction") {
+      o.test_fraction = std::stod(next());
     } else {
       throw InvalidArgument("unknown argument '" + arg +
-                            "' (expected --epochs N, --batch B, --lr LR, --min-accuracy A)");
+                            "' (expected --epochs N, --batch B, --lr LR, --min-accuracy A, "
+                            "--data FILE.csv, --test-fraction F, --mnist DIR)");
     }
   }
+  if (!o.csv.empty() && !o.mnist.empty()) throw InvalidArgument("give --data or --mnist, not both");
   return o;
+}
+
+// The training and held-out sets: the built-in spiral, a CSV file split by
+// --test-fraction, or MNIST's own two sets.
+std::pair<examples::Dataset, examples::Dataset> load_data(const Options& o) {
+  if (!o.csv.empty()) return examples::split(examples::load_csv(o.csv), o.test_fraction, 7);
+  if (!o.mnist.empty()) {
+    return {examples::load_mnist(o.mnist, true), examples::load_mnist(o.mnist, false)};
+  }
+  Generator gen(7);
+  auto [x, y] = examples::spiral(300, gen);
+  auto [tx, ty] = examples::spiral(100, gen);
+  return {examples::Dataset{x, y, 3}, examples::Dataset{tx, ty, 3}};
 }
 
 int env_int(const char* name) {
@@ -80,9 +107,9 @@ int env_int(const char* name) {
 // mix old and new values, as Hogwild-style training accepts.)
 class ParameterServer {
  public:
-  explicit ParameterServer(int64_t seed)
+  ParameterServer(int64_t features, int64_t classes, int64_t seed)
       : gen_(static_cast<uint64_t>(seed)),
-        net_(nn::MLPOptions{.sizes = {2, 64, 64, 3}, .generator = &gen_}) {}
+        net_(nn::MLPOptions{.sizes = {features, 64, 64, classes}, .generator = &gen_}) {}
 
   Tensor forward(const Tensor& x) {
     std::vector<Tensor> p;
@@ -117,18 +144,17 @@ struct ServerSlot {
 
 void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
   reg.def_class<ParameterServer>("ParameterServer")
-      .ctor<int64_t>()
+      .ctor<int64_t, int64_t, int64_t>()
       .method("forward", &ParameterServer::forward)
       .method("parameter_rrefs", &ParameterServer::parameter_rrefs);
   reg.def("parameter_server", [slot] { return slot->ps; });
 }
 
-int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& opt) {
+int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& opt,
+                const examples::Dataset& train, const examples::Dataset& test) {
   const std::string me = agent.worker_info().name;
   // The same data on every trainer; each takes every trainers-th sample.
-  Generator data_gen(7);
-  auto [all_x, all_y] = examples::spiral(300, data_gen);
-  auto [test_x, test_y] = examples::spiral(100, data_gen);
+  const Tensor &all_x = train.x, &all_y = train.y, &test_x = test.x, &test_y = test.y;
   std::vector<int64_t> mine;
   for (int64_t i = trainer - 1; i < all_x.size(0); i += trainers)
     mine.push_back(i);
@@ -193,6 +219,7 @@ int main(int argc, char** argv) {
     const int rank = env_int("RANK");
     const int world = env_int("WORLD_SIZE");
     if (world < 2) throw InvalidArgument("ps_train needs a server and at least one trainer");
+    const auto [train, test] = load_data(opt);
     auto slot = std::make_shared<ServerSlot>();
     register_all(rpc::registry(), slot);
     set_num_threads(1);  // several processes share this machine's cores
@@ -203,14 +230,15 @@ int main(int argc, char** argv) {
     int status = 0;
     if (rank == 0) {
       // The one server object, handed to every trainer that asks.
-      slot->ps.set_value(rref::make_local(*agent, std::make_shared<ParameterServer>(int64_t{1})));
+      slot->ps.set_value(rref::make_local(
+          *agent, std::make_shared<ParameterServer>(train.features(), train.classes, int64_t{1})));
       std::printf("ps0 serving %d trainers\n", world - 1);
       std::fflush(stdout);
       // Graceful: waits until every trainer has finished and shut down too.
       rpc::shutdown();
       return 0;
     }
-    status = run_trainer(*agent, rank, world - 1, opt);
+    status = run_trainer(*agent, rank, world - 1, opt, train, test);
     rpc::shutdown();
     return status;
   } catch (const std::exception& e) {
