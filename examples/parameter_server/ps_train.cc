@@ -12,7 +12,11 @@
 // features, the label last; a header line allowed; --test-fraction held out), or
 // --mnist DIR (the IDX files). Each trainer trains on its own share and prints one line per
 // epoch. The run fails (exit 1) when a trainer's final held-out accuracy is below
-// --min-accuracy, or on bad data (the error names the file and line).
+// --min-accuracy, or on bad data (the error names the file and line). --checkpoint DIR
+// saves the model, each trainer's optimizer state and progress after every epoch;
+// --resume continues from there (with one trainer, to the very parameters an uninterrupted
+// run reaches; with several, the trainers are asynchronous and the run continues from the
+// saved state).
 #include <gradwire/gradwire.h>
 
 #include <chrono>
@@ -40,6 +44,8 @@ struct Options {
   std::string csv;    // --data FILE.csv
   std::string mnist;  // --mnist DIR
   double test_fraction = 0.2;
+  std::string checkpoint;  // --checkpoint DIR: saved after every epoch
+  bool resume = false;     // --resume: continue from --checkpoint DIR
 };
 
 Options parse_args(int argc, char** argv) {
@@ -64,13 +70,19 @@ Options parse_args(int argc, char** argv) {
       o.mnist = next();
     } else if (arg == "--test-fraction") {
       o.test_fraction = std::stod(next());
+    } else if (arg == "--checkpoint") {
+      o.checkpoint = next();
+    } else if (arg == "--resume") {
+      o.resume = true;
     } else {
-      throw InvalidArgument("unknown argument '" + arg +
-                            "' (expected --epochs N, --batch B, --lr LR, --min-accuracy A, "
-                            "--data FILE.csv, --test-fraction F, --mnist DIR)");
+      throw InvalidArgument(
+          "unknown argument '" + arg +
+          "' (expected --epochs N, --batch B, --lr LR, --min-accuracy A, "
+          "--data FILE.csv, --test-fraction F, --mnist DIR, --checkpoint DIR, --resume)");
     }
   }
   if (!o.csv.empty() && !o.mnist.empty()) throw InvalidArgument("give --data or --mnist, not both");
+  if (o.resume && o.checkpoint.empty()) throw InvalidArgument("--resume needs --checkpoint DIR");
   return o;
 }
 
@@ -123,6 +135,10 @@ class ParameterServer {
     return h;
   }
 
+  // The model's parameters to and from a file (a checkpoint).
+  void save(const std::string& path) { nn::save(net_, path); }
+  void load(const std::string& path) { nn::load(net_, path); }
+
   // References to the parameters themselves (the optimizer updates them in place).
   std::vector<RRef<Tensor>> parameter_rrefs(const rpc::CallContext& ctx) {
     std::vector<RRef<Tensor>> refs;
@@ -146,7 +162,8 @@ void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
   reg.def_class<ParameterServer>("ParameterServer")
       .ctor<int64_t, int64_t, int64_t>()
       .method("forward", &ParameterServer::forward)
-      .method("parameter_rrefs", &ParameterServer::parameter_rrefs);
+      .method("parameter_rrefs", &ParameterServer::parameter_rrefs)
+      .method("save", &ParameterServer::save);
   reg.def("parameter_server", [slot] { return slot->ps; });
 }
 
@@ -167,9 +184,24 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
   dist_optim::DistributedOptimizer optimizer(agent, optim::AdamOptions{.lr = opt.lr}, params);
 
   Generator order_gen(static_cast<uint64_t>(100 + trainer));
+  // A checkpoint: the server's model (saved by trainer1, loaded by the server at start),
+  // each trainer's optimizer state and the epoch it finished.
+  const std::string optimizer_file =
+      opt.checkpoint + "/optimizer-" + std::to_string(trainer) + ".gw";
+  int first_epoch = 1;
+  if (opt.resume) {
+    optimizer.load_state_dict(nn::load(optimizer_file));
+    StateDict progress = nn::load(opt.checkpoint + "/progress-" + std::to_string(trainer) + ".gw");
+    first_epoch = static_cast<int>(progress.at(0).second.item<int64_t>()) + 1;
+    // The same batch orders as an uninterrupted run: skip the epochs already done.
+    for (int e = 1; e < first_epoch; ++e)
+      (void)randperm(x.size(0), &order_gen);
+    std::printf("%s resumed after epoch %d from %s\n", me.c_str(), first_epoch - 1,
+                opt.checkpoint.c_str());
+  }
   const auto start = std::chrono::steady_clock::now();
   double test_accuracy = 0;
-  for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
+  for (int epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     const Tensor order = randperm(x.size(0), &order_gen);
     double loss_sum = 0;
@@ -200,9 +232,20 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
         train_correct / static_cast<double>(seen), test_accuracy,
         static_cast<double>(seen) / epoch_s, elapsed);
     std::fflush(stdout);
+    if (!opt.checkpoint.empty()) {
+      if (trainer == 1) ps.rpc_sync<void>("save", opt.checkpoint + "/model.gw");
+      nn::save(optimizer.state_dict(), optimizer_file);
+      nn::save(StateDict{{"epoch", tensor<int64_t>({epoch})}},
+               opt.checkpoint + "/progress-" + std::to_string(trainer) + ".gw");
+    }
   }
-  std::printf("%s done: held-out accuracy %.3f after %d epochs\n", me.c_str(), test_accuracy,
-              opt.epochs);
+  // A fingerprint of the final parameters (a resumed run prints the same as an
+  // uninterrupted one when a single trainer runs).
+  double checksum = 0;
+  for (auto& p : params)
+    checksum += sum(p.to_here(), kFloat64).item<double>();
+  std::printf("%s done: held-out accuracy %.3f after %d epochs; parameter checksum %.17g\n",
+              me.c_str(), test_accuracy, opt.epochs, checksum);
   if (test_accuracy < opt.min_accuracy) {
     std::fprintf(stderr, "%s: held-out accuracy %.3f is below %.3f\n", me.c_str(), test_accuracy,
                  opt.min_accuracy);
@@ -230,8 +273,9 @@ int main(int argc, char** argv) {
     int status = 0;
     if (rank == 0) {
       // The one server object, handed to every trainer that asks.
-      slot->ps.set_value(rref::make_local(
-          *agent, std::make_shared<ParameterServer>(train.features(), train.classes, int64_t{1})));
+      auto server = std::make_shared<ParameterServer>(train.features(), train.classes, int64_t{1});
+      if (opt.resume) server->load(opt.checkpoint + "/model.gw");
+      slot->ps.set_value(rref::make_local(*agent, server));
       std::printf("ps0 serving %d trainers\n", world - 1);
       std::fflush(stdout);
       // Graceful: waits until every trainer has finished and shut down too.

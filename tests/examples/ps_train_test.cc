@@ -1,0 +1,61 @@
+// ps_train's checkpoints, run as a user runs them: one server and one trainer for four
+// epochs; then two epochs with --checkpoint DIR and two more with --resume, which must end
+// with the very same parameters.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+#ifdef GRADWIRE_PS_TRAIN_PATH
+// Runs `args` under the launcher; returns the output, and the exit status in `status`.
+std::string run(const std::string& args, int& status) {
+  const std::string command = std::string(GRADWIRE_RUN_PATH) + " --nproc-per-node 2 " +
+                              GRADWIRE_PS_TRAIN_PATH + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (pipe != nullptr && std::fgets(buf, sizeof(buf), pipe) != nullptr)
+    out += buf;
+  status = pipe == nullptr ? -1 : ::pclose(pipe);
+  return out;
+}
+
+std::string checksum_of(const std::string& out) {
+  const size_t at = out.find("parameter checksum ");
+  if (at == std::string::npos) return "(none)";
+  return out.substr(at + 19, out.find('\n', at) - at - 19);
+}
+#endif
+
+TEST(PsTrain, ResumingFromACheckpointEndsWhereAnUninterruptedRunDoes) {
+#ifndef GRADWIRE_PS_TRAIN_PATH
+  GTEST_SKIP() << "the examples are not built";
+#else
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("gradwire-ps-checkpoint-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  int status = 0;
+  const std::string straight = run("--epochs 4 --min-accuracy 0", status);
+  ASSERT_EQ(status, 0) << straight;
+  const std::string first = run("--epochs 2 --min-accuracy 0 --checkpoint " + dir.string(), status);
+  ASSERT_EQ(status, 0) << first;
+  EXPECT_TRUE(std::filesystem::exists(dir / "model.gw"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "optimizer-1.gw"));
+  const std::string resumed =
+      run("--epochs 4 --min-accuracy 0 --checkpoint " + dir.string() + " --resume", status);
+  ASSERT_EQ(status, 0) << resumed;
+  EXPECT_NE(resumed.find("resumed after epoch 2"), std::string::npos) << resumed;
+  EXPECT_EQ(checksum_of(resumed), checksum_of(straight)) << straight << resumed;
+  EXPECT_NE(checksum_of(first), checksum_of(straight));
+  const std::string bad = run("--resume", status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(bad.find("--resume needs --checkpoint DIR"), std::string::npos) << bad;
+  std::filesystem::remove_all(dir);
+#endif
+}
+
+}  // namespace
