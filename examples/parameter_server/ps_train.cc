@@ -7,7 +7,8 @@
 // Started by the launcher, which gives every process its rank and the rendezvous address:
 //   gradwire-run --nproc-per-node 3 gradwire-ps-train [--epochs N] [--batch B] [--lr LR]
 //                                                     [--min-accuracy A]
-// Rank 0 is the server "ps0"; ranks 1..T are "trainer1".."trainerT". The task is the
+// Ranks 0..P-1 are the servers "ps0".. (--servers P, default 1: the model's layers split
+// over them, each shard an object behind an RRef); the others are "trainer1"... The task is the
 // built-in three-arm spiral (examples/common/spiral.h), or --data FILE.csv (numeric
 // features, the label last; a header line allowed; --test-fraction held out), or
 // --mnist DIR (the IDX files). Each trainer trains on its own share and prints one line per
@@ -44,6 +45,7 @@ struct Options {
   std::string csv;    // --data FILE.csv
   std::string mnist;  // --mnist DIR
   double test_fraction = 0.2;
+  int servers = 1;         // --servers P: the model's layers split over P servers
   std::string checkpoint;  // --checkpoint DIR: saved after every epoch
   bool resume = false;     // --resume: continue from --checkpoint DIR
 };
@@ -70,6 +72,8 @@ Options parse_args(int argc, char** argv) {
       o.mnist = next();
     } else if (arg == "--test-fraction") {
       o.test_fraction = std::stod(next());
+    } else if (arg == "--servers") {
+      o.servers = static_cast<int>(parse_int("--servers", next(), 1, 3));
     } else if (arg == "--checkpoint") {
       o.checkpoint = next();
     } else if (arg == "--resume") {
@@ -78,7 +82,8 @@ Options parse_args(int argc, char** argv) {
       throw InvalidArgument(
           "unknown argument '" + arg +
           "' (expected --epochs N, --batch B, --lr LR, --min-accuracy A, "
-          "--data FILE.csv, --test-fraction F, --mnist DIR, --checkpoint DIR, --resume)");
+          "--data FILE.csv, --test-fraction F, --mnist DIR, --servers P, --checkpoint DIR, "
+          "--resume)");
     }
   }
   if (!o.csv.empty() && !o.mnist.empty()) throw InvalidArgument("give --data or --mnist, not both");
@@ -109,9 +114,10 @@ int env_int(const char* name) {
   return static_cast<int>(parse_int(name, v, 0, 1 << 20));
 }
 
-// The model, on the server: a 2-64-64-3 ReLU MLP. Forward passes from many trainers run
+// The model is an F-64-64-C ReLU MLP; with --servers P its three layers are split over P
+// servers, each shard an object on its server. Forward passes from many trainers run
 // concurrently while the DistributedOptimizer updates the parameters in place (its steps on
-// this worker run one at a time). So that an update between a trainer's forward and its
+// one server run one at a time). So that an update between a trainer's forward and its
 // backward cannot invalidate what the backward needs, each forward computes with a copy of
 // the parameters taken at its start (the gradient still reaches the parameters, through the
 // copy): every trainer's gradient is the gradient at the values its forward used, the
@@ -119,9 +125,12 @@ int env_int(const char* name) {
 // mix old and new values, as Hogwild-style training accepts.)
 class ParameterServer {
  public:
-  ParameterServer(int64_t features, int64_t classes, int64_t seed)
+  // Layers of sizes[0] -> sizes[1] -> ...; a ReLU after each but the last, and after the
+  // last too when `relu_last` (the shard is not the model's end).
+  ParameterServer(std::vector<int64_t> sizes, bool relu_last, int64_t seed)
       : gen_(static_cast<uint64_t>(seed)),
-        net_(nn::MLPOptions{.sizes = {features, 64, 64, classes}, .generator = &gen_}) {}
+        net_(nn::MLPOptions{.sizes = std::move(sizes), .generator = &gen_}),
+        relu_last_(relu_last) {}
 
   Tensor forward(const Tensor& x) {
     std::vector<Tensor> p;
@@ -130,7 +139,7 @@ class ParameterServer {
     Tensor h = x;
     for (size_t layer = 0; layer < p.size(); layer += 2) {
       h = add(matmul(h, p[layer].transpose(0, 1)), p[layer + 1]);
-      if (layer + 2 < p.size()) h = relu(h);
+      if (layer + 2 < p.size() || relu_last_) h = relu(h);
     }
     return h;
   }
@@ -150,7 +159,17 @@ class ParameterServer {
  private:
   Generator gen_;
   nn::MLP net_;
+  bool relu_last_;
 };
+
+// Server `s` of `servers`: its layers of the F-64-64-C model.
+std::shared_ptr<ParameterServer> make_shard(int s, int servers, int64_t features, int64_t classes) {
+  const std::vector<int64_t> all{features, 64, 64, classes};
+  const int layers = static_cast<int>(all.size()) - 1;
+  const int first = s * layers / servers, last = (s + 1) * layers / servers;
+  std::vector<int64_t> sizes(all.begin() + first, all.begin() + last + 1);
+  return std::make_shared<ParameterServer>(std::move(sizes), last < layers, int64_t{1 + s});
+}
 
 // The server's one ParameterServer, handed to every trainer that asks. Set once the
 // server's agent is up; a request that comes before waits for it.
@@ -160,7 +179,7 @@ struct ServerSlot {
 
 void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
   reg.def_class<ParameterServer>("ParameterServer")
-      .ctor<int64_t, int64_t, int64_t>()
+      .ctor<std::vector<int64_t>, bool, int64_t>()
       .method("forward", &ParameterServer::forward)
       .method("parameter_rrefs", &ParameterServer::parameter_rrefs)
       .method("save", &ParameterServer::save);
@@ -178,9 +197,21 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
   const Tensor index = tensor<int64_t>(mine);
   const Tensor x = index_select(all_x, 0, index), y = index_select(all_y, 0, index);
 
-  // The server object (created by trainer1, handed to the others through the server).
-  RRef<ParameterServer> ps = agent.rpc_sync<RRef<ParameterServer>>("ps0", "parameter_server");
-  auto params = ps.rpc_sync<std::vector<RRef<Tensor>>>("parameter_rrefs");
+  // Each server's shard, and every parameter of the model.
+  std::vector<RRef<ParameterServer>> shards;
+  std::vector<RRef<Tensor>> params;
+  for (int s = 0; s < opt.servers; ++s) {
+    shards.push_back(
+        agent.rpc_sync<RRef<ParameterServer>>("ps" + std::to_string(s), "parameter_server"));
+    for (auto& p : shards.back().rpc_sync<std::vector<RRef<Tensor>>>("parameter_rrefs"))
+      params.push_back(std::move(p));
+  }
+  auto forward = [&shards](const Tensor& input) {
+    Tensor h = input;
+    for (auto& shard : shards)
+      h = shard.rpc_sync<Tensor>("forward", h);
+    return h;
+  };
   dist_optim::DistributedOptimizer optimizer(agent, optim::AdamOptions{.lr = opt.lr}, params);
 
   Generator order_gen(static_cast<uint64_t>(100 + trainer));
@@ -211,7 +242,7 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
       const Tensor rows = order.slice(0, b, b + opt.batch);
       const Tensor xb = index_select(x, 0, rows), yb = index_select(y, 0, rows);
       dist_autograd::Context ctx(agent);
-      Tensor logits = ps.rpc_sync<Tensor>("forward", xb);
+      Tensor logits = forward(xb);
       Tensor loss = nn::cross_entropy(logits, yb);
       dist_autograd::backward(agent, ctx.id(), {loss});
       optimizer.step(ctx.id());
@@ -220,7 +251,7 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
       seen += xb.size(0);
       ++correct_batches;
     }
-    test_accuracy = examples::accuracy_of(ps.rpc_sync<Tensor>("forward", test_x), test_y);
+    test_accuracy = examples::accuracy_of(forward(test_x), test_y);
     const double epoch_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     const double elapsed =
@@ -233,7 +264,10 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
         static_cast<double>(seen) / epoch_s, elapsed);
     std::fflush(stdout);
     if (!opt.checkpoint.empty()) {
-      if (trainer == 1) ps.rpc_sync<void>("save", opt.checkpoint + "/model.gw");
+      for (int sh = 0; trainer == 1 && sh < opt.servers; ++sh) {
+        shards[static_cast<size_t>(sh)].rpc_sync<void>(
+            "save", opt.checkpoint + "/model-" + std::to_string(sh) + ".gw");
+      }
       nn::save(optimizer.state_dict(), optimizer_file);
       nn::save(StateDict{{"epoch", tensor<int64_t>({epoch})}},
                opt.checkpoint + "/progress-" + std::to_string(trainer) + ".gw");
@@ -261,28 +295,36 @@ int main(int argc, char** argv) {
     const Options opt = parse_args(argc, argv);
     const int rank = env_int("RANK");
     const int world = env_int("WORLD_SIZE");
-    if (world < 2) throw InvalidArgument("ps_train needs a server and at least one trainer");
+    if (world <= opt.servers) {
+      throw InvalidArgument("ps_train needs " + std::to_string(opt.servers) +
+                            " server(s) and at least one trainer: start it with "
+                            "gradwire-run --nproc-per-node " +
+                            std::to_string(opt.servers + 1) + " or more");
+    }
     const auto [train, test] = load_data(opt);
     auto slot = std::make_shared<ServerSlot>();
     register_all(rpc::registry(), slot);
     set_num_threads(1);  // several processes share this machine's cores
-    const std::string name = rank == 0 ? "ps0" : "trainer" + std::to_string(rank);
+    const bool server = rank < opt.servers;
+    const std::string name =
+        server ? "ps" + std::to_string(rank) : "trainer" + std::to_string(rank - opt.servers + 1);
     rpc::AgentOptions options;
     options.rpc_timeout = std::chrono::seconds(60);
     auto agent = rpc::init_rpc(name, rank, world, options);
-    int status = 0;
-    if (rank == 0) {
-      // The one server object, handed to every trainer that asks.
-      auto server = std::make_shared<ParameterServer>(train.features(), train.classes, int64_t{1});
-      if (opt.resume) server->load(opt.checkpoint + "/model.gw");
-      slot->ps.set_value(rref::make_local(*agent, server));
-      std::printf("ps0 serving %d trainers\n", world - 1);
+    if (server) {
+      // This server's shard, handed to every trainer that asks.
+      auto shard = make_shard(rank, opt.servers, train.features(), train.classes);
+      if (opt.resume) shard->load(opt.checkpoint + "/model-" + std::to_string(rank) + ".gw");
+      slot->ps.set_value(rref::make_local(*agent, shard));
+      std::printf("%s serving shard %d of %d to %d trainers\n", name.c_str(), rank + 1, opt.servers,
+                  world - opt.servers);
       std::fflush(stdout);
       // Graceful: waits until every trainer has finished and shut down too.
       rpc::shutdown();
       return 0;
     }
-    status = run_trainer(*agent, rank, world - 1, opt, train, test);
+    const int status =
+        run_trainer(*agent, rank - opt.servers + 1, world - opt.servers, opt, train, test);
     rpc::shutdown();
     return status;
   } catch (const std::exception& e) {

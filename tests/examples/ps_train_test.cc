@@ -43,7 +43,7 @@ TEST(PsTrain, ResumingFromACheckpointEndsWhereAnUninterruptedRunDoes) {
   ASSERT_EQ(status, 0) << straight;
   const std::string first = run("--epochs 2 --min-accuracy 0 --checkpoint " + dir.string(), status);
   ASSERT_EQ(status, 0) << first;
-  EXPECT_TRUE(std::filesystem::exists(dir / "model.gw"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "model-0.gw"));
   EXPECT_TRUE(std::filesystem::exists(dir / "optimizer-1.gw"));
   const std::string resumed =
       run("--epochs 4 --min-accuracy 0 --checkpoint " + dir.string() + " --resume", status);
