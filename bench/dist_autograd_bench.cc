@@ -1,0 +1,361 @@
+// dist_autograd/ and dist_optim/ figures: PyTorch's distributed-autograd tutorial pattern
+// between two workers as two processes on this machine (they meet through a TCPStore served
+// here), against PyTorch 1.13 doing the same (bench/pytorch/dist_autograd_peer.py) and
+// against the same computation in one process, all in the same run. The trainer w0 holds
+// x (256x256 float32, requires grad); w1 holds a weight W (256x256 float32, requires grad).
+//   dist_autograd.step_ms  one step on w0: a dist_autograd::Context; y = rpc_sync "mm"(x)
+//                          on w1, which returns matmul(x, W); loss = sum(y);
+//                          dist_autograd::backward; get_gradients (x's gradient); the
+//                          context released on both workers. Baselines: the same matmul,
+//                          sum and autograd backward in one process with a local weight,
+//                          x's gradient read and both gradients reset (params.local_ms);
+//                          PyTorch's dist_autograd doing the same (params.pytorch_ms)
+//   dist_optim.step_ms     the same with W owned by w1 behind an RRef<Tensor> (made by
+//                          rref::remote<Tensor> "make_weight" on w1; the remote function
+//                          "mm_rref"(w, x) multiplies by *w.local_value()), plus a
+//                          DistributedOptimizer(SGD lr 0.01) step over that RRef inside the
+//                          context. Baselines: the local step with optim::SGD over W
+//                          (params.local_ms); PyTorch's DistributedOptimizer(optim.SGD)
+//                          (params.pytorch_ms)
+// Diagnostics: rpc_mm_ms, a plain rpc_sync of "mm" on a tensor that does not require grad
+// (no context): the forward call's transfers and matmul without dist_autograd; and, in
+// dist_autograd.step_ms, the medians of the step's phases on w0 (forward_ms: context and
+// forward call; backward_ms: sum and backward; get_gradients_ms; release_ms: the context's
+// end, released on both workers). The agents keep their defaults otherwise: x, y and the
+// gradients of y and x (256 KiB each) are at direct_copy_min_bytes, so they are lent
+// (the receiver copies them with process_vm_readv).
+//
+// Threads: every process uses kThreads intra-op threads (gradwire::set_num_threads in the
+// ranks and for the local steps; torch.set_num_threads + OMP_NUM_THREADS +
+// OPENBLAS_NUM_THREADS in the PyTorch ranks). Both agents have 8 pool threads.
+//
+// Within a run the two steps (and the plain call) alternate in blocks; our ranks, the
+// PyTorch peer and the local steps then run one after the other, kRounds times, and each
+// side keeps its best round's median, so that drift on a shared machine favours none.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench.h"
+#include "gradwire/c10d/store.h"
+#include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/dist_optim/distributed_optimizer.h"
+#include "gradwire/optim/sgd.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+#include "gradwire/rref/rref.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+#include "gradwire/tensor/parallel.h"
+#include "gradwire/tensor/zero_grad.h"
+#include "ranks.h"
+
+namespace gradwire::bench {
+namespace {
+
+using namespace std::chrono_literals;
+namespace da = dist_autograd;
+
+constexpr int kWorld = 2;
+constexpr int kThreads = 1;  // intra-op threads per process, every side
+constexpr int kPoolThreads = 8;
+constexpr int64_t kN = 256;
+constexpr double kLr = 0.01;
+constexpr int kWarmup = 20;  // untimed steps of each kind before the timed blocks
+constexpr int kSteps = 240;  // timed steps of each kind per round
+constexpr int kBlocks = 4;   // the kinds alternate in blocks of kSteps / kBlocks
+constexpr int kRounds = 3;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("dist_autograd bench: " + what);
+}
+
+// x on the trainer and W on the other worker (and their local twins): fixed seeds.
+Tensor make_x() {
+  Generator gen(1);
+  Tensor x = randn({kN, kN}, &gen);
+  x.set_requires_grad(true);
+  return x;
+}
+Tensor make_weight() {
+  Generator gen(2);
+  Tensor w = randn({kN, kN}, &gen);
+  w.set_requires_grad(true);
+  return w;
+}
+
+// d sum(x W) / dx = 1 W^T.
+Tensor expected_grad_x(const Tensor& w) {
+  return matmul(ones({kN, kN}), w.detach().transpose(0, 1));
+}
+
+// Rank 0's figures, in this order.
+// kForward..kRelease: the phases of the timed dist_autograd steps (context + forward call,
+// sum + backward, get_gradients, the context's release), each a median over those steps.
+enum Figures : size_t {
+  kAutograd,
+  kOptim,
+  kRpcMm,
+  kForward,
+  kBackward,
+  kGetGradients,
+  kRelease,
+  kCount
+};
+// What the PyTorch peer prints: the first three.
+constexpr size_t kPeerCount = kForward;
+
+std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
+  set_num_threads(kThreads);
+  Tensor weight;  // w1's weight for "mm"
+  if (rank == 1) weight = make_weight();
+  rpc::Registry reg;
+  reg.def("mm", [&weight](const Tensor& x) { return matmul(x, weight); });
+  reg.def("make_weight", [] { return make_weight(); });
+  reg.def("mm_rref",
+          [](const rref::RRef<Tensor>& w, const Tensor& x) { return matmul(x, *w.local_value()); });
+  rpc::AgentOptions options;
+  options.registry = &reg;
+  options.host = "127.0.0.1";
+  options.rpc_timeout = 120s;
+  options.num_worker_threads = kPoolThreads;
+  auto agent = rpc::make_tensorpipe_agent("w" + std::to_string(rank), rank, kWorld, store, options);
+  std::vector<double> out(kCount);
+  if (rank == 0) {
+    const Tensor x = make_x();
+    const Tensor x_plain = x.detach();
+    int64_t optim_steps = 0;
+    {
+      rref::RRef<Tensor> w = rref::remote<Tensor>(*agent, "w1", "make_weight");
+      dist_optim::DistributedOptimizer opt(*agent, optim::SGDOptions{.lr = kLr}, {w});
+      std::vector<double> times[kCount];
+      bool record_phases = false;
+      auto autograd_step = [&] {
+        using Clock = std::chrono::steady_clock;
+        const Clock::time_point t0 = Clock::now();
+        Clock::time_point t1, t2, t3;
+        Tensor g;
+        {
+          da::Context ctx(*agent);
+          Tensor y = agent->rpc_sync<Tensor>("w1", "mm", x);
+          t1 = Clock::now();
+          Tensor loss = sum(y);
+          da::backward(*agent, ctx.id(), {loss});
+          t2 = Clock::now();
+          g = da::get_gradients(*agent, ctx.id()).at(x);
+          t3 = Clock::now();
+        }
+        if (record_phases) {
+          const Clock::time_point t4 = Clock::now();
+          auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+          times[kForward].push_back(seconds(t1 - t0));
+          times[kBackward].push_back(seconds(t2 - t1));
+          times[kGetGradients].push_back(seconds(t3 - t2));
+          times[kRelease].push_back(seconds(t4 - t3));
+        }
+        return g;
+      };
+      auto optim_step = [&] {
+        da::Context ctx(*agent);
+        Tensor y = agent->rpc_sync<Tensor>("w1", "mm_rref", w, x);
+        Tensor loss = sum(y);
+        da::backward(*agent, ctx.id(), {loss});
+        Tensor g = da::get_gradients(*agent, ctx.id()).at(x);
+        opt.step(ctx.id());
+        ++optim_steps;
+        return g;
+      };
+      auto rpc_mm = [&] { return agent->rpc_sync<Tensor>("w1", "mm", x_plain); };
+      const Tensor want = expected_grad_x(make_weight());
+      for (int i = 0; i < kWarmup; ++i) {
+        autograd_step();
+        optim_step();
+        rpc_mm();
+      }
+      expect(allclose(autograd_step(), want, 1e-4, 1e-3), "wrong gradient of x");
+      record_phases = true;
+      for (int b = 0; b < kBlocks; ++b) {
+        for (int i = 0; i < kSteps / kBlocks; ++i)
+          times[kAutograd].push_back(time_once(autograd_step));
+        for (int i = 0; i < kSteps / kBlocks; ++i)
+          times[kOptim].push_back(time_once(optim_step));
+        for (int i = 0; i < kSteps / kBlocks; ++i)
+          times[kRpcMm].push_back(time_once(rpc_mm));
+      }
+      for (size_t k = 0; k < kCount; ++k)
+        out[k] = median(times[k]);
+      // grad W = x^T 1 whatever W is, so plain SGD moved W by -lr * steps * x^T 1.
+      const Tensor moved =
+          sub(make_weight().detach(), mul(matmul(x_plain.transpose(0, 1), ones({kN, kN})),
+                                          kLr * static_cast<double>(optim_steps)));
+      expect(allclose(w.to_here(), moved, 1e-4, 1e-2),
+             "the remote weight is not where " + std::to_string(optim_steps) + " SGD steps put it");
+    }
+    rref::wait_idle(*agent, 60s);
+    store->set("rank0_idle", "1");
+  } else {
+    store->wait({"rank0_idle"}, 120s);
+    expect(rref::wait_owned_values(*agent, 0, 60s), "references left on the owner");
+  }
+  agent->shutdown();
+  return out;
+}
+
+// The same two steps in this process with a local weight (median seconds of each).
+std::pair<double, double> local_steps() {
+  const int saved = get_num_threads();
+  set_num_threads(kThreads);
+  const Tensor x = make_x();
+  const Tensor w = make_weight();
+  optim::SGD sgd({w}, optim::SGDOptions{.lr = kLr});
+  Tensor g;
+  auto autograd_step = [&] {
+    sum(matmul(x, w)).backward();
+    g = x.grad();
+    zero_grad({x, w});
+  };
+  auto optim_step = [&] {
+    zero_grad({x});
+    sgd.zero_grad();
+    sum(matmul(x, w)).backward();
+    g = x.grad();
+    sgd.step();
+  };
+  const Tensor want = expected_grad_x(w);
+  for (int i = 0; i < kWarmup; ++i)
+    autograd_step();
+  expect(allclose(g, want, 1e-4, 1e-3), "wrong local gradient of x");
+  for (int i = 0; i < kWarmup; ++i)
+    optim_step();
+  std::vector<double> autograd_times, optim_times;
+  for (int b = 0; b < kBlocks; ++b) {
+    for (int i = 0; i < kSteps / kBlocks; ++i)
+      autograd_times.push_back(time_once(autograd_step));
+    for (int i = 0; i < kSteps / kBlocks; ++i)
+      optim_times.push_back(time_once(optim_step));
+  }
+  set_num_threads(saved);
+  return {median(autograd_times), median(optim_times)};
+}
+
+const Register dist_autograd_bench({"dist_autograd.step_ms", "dist_optim.step_ms"}, [](const auto&
+                                                                                           emit) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  std::vector<double> ours(kCount, inf);
+  std::vector<double> theirs(kPeerCount, inf);
+  double local_autograd = inf, local_optim = inf;
+  std::string why, version;
+  bool have_theirs = true;
+  const std::string n = std::to_string(kThreads);
+  for (int r = 0; r < kRounds; ++r) {
+    const std::vector<double> mine = run_rank_processes(
+        server.port(), "dist_autograd" + std::to_string(r), kWorld, rank_body, "dist_autograd");
+    expect(mine.size() == kCount, "the ranks returned " + std::to_string(mine.size()) + " figures");
+    // Each figure from its best round; the phases from the autograd step's best round.
+    if (mine[kAutograd] < ours[kAutograd]) {
+      for (size_t k = kForward; k < kCount; ++k)
+        ours[k] = mine[k];
+    }
+    for (size_t k = 0; k < kForward; ++k)
+      ours[k] = std::min(ours[k], mine[k]);
+    if (have_theirs) {
+      auto peer = run_pytorch_peer("dist_autograd_peer.py",
+                                   n + " " + std::to_string(kWarmup) + " " +
+                                       std::to_string(kSteps) + " " + std::to_string(kBlocks),
+                                   "OMP_NUM_THREADS=" + n + " OPENBLAS_NUM_THREADS=" + n, why);
+      if (peer && peer->seconds.size() != kPeerCount) {
+        why = "the peer printed " + std::to_string(peer->seconds.size()) + " figures";
+        peer.reset();
+      }
+      if (!peer) {
+        have_theirs = false;
+      } else {
+        version = peer->torch_version;
+        for (size_t k = 0; k < kPeerCount; ++k)
+          theirs[k] = std::min(theirs[k], peer->seconds[k]);
+      }
+    }
+    const auto [a, o] = local_steps();
+    local_autograd = std::min(local_autograd, a);
+    local_optim = std::min(local_optim, o);
+  }
+
+  const std::string statistic =
+      "median of " + std::to_string(kSteps) + " steps (in " + std::to_string(kBlocks) +
+      " blocks alternating with the other step and the plain call) after " +
+      std::to_string(kWarmup) + " warm-up, best of " + std::to_string(kRounds) + " rounds";
+  auto emit_figure = [&](const std::string& metric, size_t k, double local, const std::string& step,
+                         const std::string& local_what, const std::string& pytorch_what) {
+    const double ms = ours[k] * 1e3;
+    const double local_ms = local * 1e3;
+    Figure f{metric, ms, "ms", {}};
+    f.params.push_back({"step", step});
+    f.params.push_back({"shape",
+                        "x 256x256 float32 (requires grad) on the trainer w0, W "
+                        "256x256 float32 (requires grad) on w1, y = x W"});
+    f.params.push_back({"workers", "2 processes on 127.0.0.1 (TensorPipe agent, 8 pool threads)"});
+    f.params.push_back({"threads_per_process", double(kThreads)});
+    f.params.push_back({"threads_how",
+                        "gradwire::set_num_threads(1) in each process and for local_ms; "
+                        "torch.set_num_threads(1) + OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1 in "
+                        "the PyTorch processes"});
+    f.params.push_back({"statistic", statistic});
+    f.params.push_back({"local_ms", local_ms});
+    f.params.push_back({"local", local_what});
+    f.params.push_back({"ratio_to_local", ms / local_ms});
+    if (have_theirs) {
+      f.params.push_back({"pytorch", "torch " + version + " " + pytorch_what});
+      f.params.push_back({"pytorch_ms", theirs[k] * 1e3});
+      f.params.push_back({"ratio_to_pytorch", ours[k] / theirs[k]});
+    } else {
+      f.params.push_back({"pytorch", "unavailable"});
+      f.params.push_back({"pytorch_reason", why});
+      f.params.push_back({"pytorch_ms", nan});
+      f.params.push_back({"ratio_to_pytorch", nan});
+    }
+    f.params.push_back({"rpc_mm_ms", ours[kRpcMm] * 1e3});
+    f.params.push_back({"rpc_mm",
+                        "diagnostic: plain rpc_sync \"mm\" of x without grad, no context (the "
+                        "forward call alone), median"});
+    f.params.push_back({"pytorch_rpc_mm_ms", have_theirs ? theirs[kRpcMm] * 1e3 : nan});
+    if (k == kAutograd) {
+      f.params.push_back({"forward_ms", ours[kForward] * 1e3});
+      f.params.push_back({"backward_ms", ours[kBackward] * 1e3});
+      f.params.push_back({"get_gradients_ms", ours[kGetGradients] * 1e3});
+      f.params.push_back({"release_ms", ours[kRelease] * 1e3});
+      f.params.push_back({"phases",
+                          "diagnostic: medians of the timed steps' phases on w0 (context + "
+                          "forward rpc_sync; sum + backward; get_gradients; the context's "
+                          "release on both workers)"});
+    }
+    f.params.push_back({"target_ratio_to_pytorch_max", 0.5});
+    f.params.push_back({"target_ratio_to_local_max", 1.5});
+    emit(f);
+  };
+  emit_figure("dist_autograd.step_ms", kAutograd, local_autograd,
+              "dist_autograd::Context; y = rpc_sync(\"w1\", \"mm\", x) = matmul(x, W) on w1; "
+              "loss = sum(y); dist_autograd::backward; get_gradients; context released",
+              "matmul(x, W) with a local W, sum, autograd backward, x.grad read, both grads "
+              "reset, one process, same threads, same run",
+              "dist_autograd.context + rpc_sync(mm) + backward + get_gradients, TensorPipe "
+              "agent");
+  emit_figure("dist_optim.step_ms", kOptim, local_optim,
+              "as dist_autograd.step_ms through rpc_sync(\"w1\", \"mm_rref\", W_rref, x) "
+              "(matmul(x, *W_rref.local_value()) on w1), plus "
+              "DistributedOptimizer(SGD lr 0.01).step(ctx) over W_rref in the context",
+              "the local step plus optim::SGD(lr 0.01) over W (zero_grad, step), one "
+              "process, same threads, same run",
+              "dist_autograd + DistributedOptimizer(optim.SGD, [W_rref], lr=0.01), W_rref "
+              "from rpc.remote, TensorPipe agent");
+});
+
+}  // namespace
+}  // namespace gradwire::bench
