@@ -1,5 +1,6 @@
 """Shared by the two-process PyTorch peers (allreduce_peer.py, rpc_peer.py,
-rref_peer.py, ddp_peer.py, dist_autograd_peer.py).
+rref_peer.py, ddp_peer.py, dist_autograd_peer.py); ps_peer.py, which starts 1 + T
+processes itself, uses only free_port().
 
 run_two_ranks(worker, *args) forks two processes that run
 worker(rank, port, *args, queue), where port is a free 127.0.0.1 port for them to meet on

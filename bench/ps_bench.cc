@@ -1,0 +1,408 @@
+// ps figures: PyTorch's RPC parameter-server tutorial pattern, as examples/parameter_server
+// does it, with processes on this machine (they meet through a TCPStore served here),
+// against PyTorch 1.13 doing the same (bench/pytorch/ps_peer.py), all in the same run.
+//
+// "ps" (rank 0) holds a ParameterServer object: a 784-128-10 ReLU MLP (nn::MLP). Trainers
+// "trainer1".."trainerT" (ranks 1..T) each get an RRef to it (rpc_sync "parameter_server"
+// on ps, which returns rref::make_local of the object), its parameters' RRefs (the
+// "parameter_rrefs" method) and a DistributedOptimizer(SGD lr 0.01) over them. Each trainer
+// cycles through kBatches random batches of 64 (randn inputs, random labels of 10
+// classes); one step:
+//   dist_autograd::Context ctx; logits = ps.rpc_sync<Tensor>("forward", x);
+//   loss = nn::cross_entropy(logits, y); dist_autograd::backward; optimizer.step(ctx);
+//   loss.item()
+// The server's forward computes with a copy of the parameters taken at its start (the
+// gradient reaches the parameters through the copy; docs/parameter-server.md explains why
+// an asynchronous server needs it), on both sides.
+//   ps.samples_per_s           one trainer: samples per second over kSteps timed steps
+//                              after kWarmup; baseline: PyTorch's rpc.remote /
+//                              RRef.rpc_sync().forward / dist_autograd /
+//                              DistributedOptimizer(optim.SGD) doing the same
+//                              (params.pytorch_samples_per_s)
+//   ps.samples_per_s_trainers  1, 2 and 4 trainers against the one server, each trainer
+//                              kSteps timed steps after kWarmup and a barrier: all
+//                              trainers' samples over the window from the first start to
+//                              the last end; PyTorch's for the same counts
+// Diagnostics in params: the trainers' median step and the medians of its phases
+// (forward_ms, backward_ms, optimizer_ms, release_ms), PyTorch's median step
+// (pytorch_step_ms), and the same step in one process without RPC (local_step_ms: the
+// computation both sides share).
+// Each trainer checks that its loss went down (the mean over its last kBatches timed
+// steps below that over its first kBatches warm-up steps); the server checks, before the
+// agents shut down, that every reference the trainers held is gone. The server opens its
+// connections to the trainers (a "ping" each) before they start (see rank_body).
+//
+// Threads: every process uses kThreads intra-op threads (gradwire::set_num_threads;
+// torch.set_num_threads + OMP_NUM_THREADS + OPENBLAS_NUM_THREADS in the PyTorch
+// processes). Every agent has kPoolThreads pool threads, on both sides.
+//
+// Rounds: our configurations and the PyTorch peer (all three counts) run one after the
+// other, kRounds times, and each side keeps its best round per count, so that drift on a
+// shared machine favours neither.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "gradwire/c10d/store.h"
+#include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/core/future.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/dist_optim/distributed_optimizer.h"
+#include "gradwire/nn/loss.h"
+#include "gradwire/nn/sequential.h"
+#include "gradwire/optim/sgd.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+#include "gradwire/rref/rref.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+#include "gradwire/tensor/parallel.h"
+#include "ranks.h"
+
+namespace gradwire::bench {
+namespace {
+
+using namespace std::chrono_literals;
+using rref::RRef;
+
+constexpr int64_t kIn = 784, kHidden = 128, kOut = 10;
+constexpr int64_t kBatch = 64;
+constexpr double kLr = 0.01;
+constexpr int kThreads = 1;  // intra-op threads per process, every side
+constexpr int kPoolThreads = 8;
+constexpr int kBatches = 8;  // random batches each trainer cycles through
+constexpr int kWarmup = 20;  // untimed steps per trainer
+constexpr int kSteps = 300;  // timed steps per trainer
+constexpr int kTrainerCounts[] = {1, 2, 4};
+constexpr int kRounds = 3;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("ps bench: " + what);
+}
+
+// The model behind the server's RRef. Forwards from several trainers run concurrently on
+// the pool threads while the optimizer updates the parameters in place; each forward works
+// on a copy of them (as examples/parameter_server does).
+class ParameterServer {
+ public:
+  explicit ParameterServer(uint64_t seed)
+      : gen_(seed), net_(nn::MLPOptions{.sizes = {kIn, kHidden, kOut}, .generator = &gen_}) {}
+
+  Tensor forward(const Tensor& x) {
+    std::vector<Tensor> p;
+    for (const Tensor& param : net_.parameters())
+      p.push_back(param.clone());
+    const Tensor h = relu(add(matmul(x, p[0].transpose(0, 1)), p[1]));
+    return add(matmul(h, p[2].transpose(0, 1)), p[3]);
+  }
+
+  std::vector<Tensor> parameters() const { return net_.parameters(); }
+
+  std::vector<RRef<Tensor>> parameter_rrefs(const rpc::CallContext& ctx) {
+    std::vector<RRef<Tensor>> refs;
+    for (const Tensor& p : net_.parameters())
+      refs.push_back(rref::make_local(*ctx.agent(), p));
+    return refs;
+  }
+
+ private:
+  Generator gen_;
+  nn::MLP net_;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// What rank 0 (the server) returns, in this order: the window (from the first trainer's
+// timed start to the last one's end; steady_clock is CLOCK_MONOTONIC, one clock for every
+// process here), then the trainers' median step and the medians of its phases (kForward:
+// context + forward call; kBackward: cross-entropy + backward; kOptimizer: the optimizer
+// step; kRelease: the context's end), each the median over the trainers of their medians.
+enum Figures : size_t { kWindow, kStep, kForward, kBackward, kOptimizer, kRelease, kCount };
+
+std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int trainers) {
+  set_num_threads(kThreads);
+  const int world = 1 + trainers;
+  Future<RRef<ParameterServer>> server_ref;  // set once the server's agent is up
+  rpc::Registry reg;
+  reg.def_class<ParameterServer>("ParameterServer")
+      .method("forward", &ParameterServer::forward)
+      .method("parameter_rrefs", &ParameterServer::parameter_rrefs);
+  reg.def("parameter_server", [server_ref] { return server_ref; });
+  reg.def("ping", [] { return int64_t{0}; });
+  rpc::AgentOptions options;
+  options.registry = &reg;
+  options.host = "127.0.0.1";
+  options.rpc_timeout = 120s;
+  options.num_worker_threads = kPoolThreads;
+  const std::string name = rank == 0 ? "ps" : "trainer" + std::to_string(rank);
+  auto agent = rpc::make_tensorpipe_agent(name, rank, world, store, options);
+  std::vector<double> out;
+  if (rank == 0) {
+    server_ref.set_value(rref::make_local(*agent, std::make_shared<ParameterServer>(1)));
+    // The server's connections to the trainers are made here, while nothing else is in
+    // flight: an agent that opens its first connection to a peer while requests arrive on
+    // others can deadlock (TensorPipeAgent::connection_to calls context_->connect with its
+    // mutex held, and TensorPipe may run another pipe's read callback inline on that thread,
+    // which takes the same mutex). The trainers start once every connection is up.
+    for (int k = 1; k <= trainers; ++k)
+      expect(agent->rpc_sync<int64_t>("trainer" + std::to_string(k), "ping") == 0, "ping");
+    store->set("connected", "1");
+    std::vector<std::string> keys;
+    for (int k = 1; k <= trainers; ++k)
+      keys.push_back("span" + std::to_string(k));
+    store->wait(keys, 120s);
+    double first = std::numeric_limits<double>::infinity(), last = 0;
+    std::vector<double> medians[kCount];
+    for (const std::string& key : keys) {
+      std::istringstream is(store->get_string(key));
+      double start = 0, end = 0;
+      is >> start >> end;
+      first = std::min(first, start);
+      last = std::max(last, end);
+      for (size_t k = kStep; k < kCount; ++k) {
+        double v = 0;
+        is >> v;
+        medians[k].push_back(v);
+      }
+    }
+    out.assign(kCount, 0);
+    out[kWindow] = last - first;
+    for (size_t k = kStep; k < kCount; ++k)
+      out[k] = median(medians[k]);
+    keys.clear();
+    for (int k = 1; k <= trainers; ++k)
+      keys.push_back("idle" + std::to_string(k));
+    store->wait(keys, 120s);
+    // Only the server's own reference to its object is left.
+    expect(rref::wait_owned_values(*agent, 1, 60s), "references left on the server");
+  } else {
+    Generator gen(static_cast<uint64_t>(100 + rank));
+    std::vector<Tensor> xs, ys;
+    for (int b = 0; b < kBatches; ++b) {
+      xs.push_back(randn({kBatch, kIn}, &gen));
+      ys.push_back(randint(0, kOut, {kBatch}, &gen));
+    }
+    store->wait({"connected"}, 120s);
+    {
+      auto ps = agent->rpc_sync<RRef<ParameterServer>>("ps", "parameter_server");
+      dist_optim::DistributedOptimizer optimizer(
+          *agent, optim::SGDOptions{.lr = kLr},
+          ps.rpc_sync<std::vector<RRef<Tensor>>>("parameter_rrefs"));
+      std::vector<double> times[kCount];
+      bool record = false;
+      auto step = [&](int i) {
+        const size_t b = static_cast<size_t>(i % kBatches);
+        const double t0 = now_s();
+        double t1 = 0, t2 = 0, t3 = 0;
+        Tensor loss;
+        {
+          dist_autograd::Context ctx(*agent);
+          const Tensor logits = ps.rpc_sync<Tensor>("forward", xs[b]);
+          t1 = now_s();
+          loss = nn::cross_entropy(logits, ys[b]);
+          dist_autograd::backward(*agent, ctx.id(), {loss});
+          t2 = now_s();
+          optimizer.step(ctx.id());
+          t3 = now_s();
+        }
+        const double value = loss.item<double>();
+        if (record) {
+          const double t4 = now_s();
+          times[kStep].push_back(t4 - t0);
+          times[kForward].push_back(t1 - t0);
+          times[kBackward].push_back(t2 - t1);
+          times[kOptimizer].push_back(t3 - t2);
+          times[kRelease].push_back(t4 - t3);
+        }
+        return value;
+      };
+      double first_loss = 0, last_loss = 0;
+      for (int i = 0; i < kWarmup; ++i) {
+        const double loss = step(i);
+        if (i < kBatches) first_loss += loss / kBatches;
+      }
+      if (store->add("ready", 1) == trainers) store->set("go", "1");
+      store->wait({"go"}, 120s);
+      record = true;
+      const double start = now_s();
+      for (int i = 0; i < kSteps; ++i) {
+        const double loss = step(i);
+        if (i >= kSteps - kBatches) last_loss += loss / kBatches;
+      }
+      const double end = now_s();
+      expect(last_loss < first_loss, name + "'s loss did not go down (" +
+                                         std::to_string(first_loss) + " -> " +
+                                         std::to_string(last_loss) + ")");
+      std::ostringstream os;
+      os.precision(17);
+      os << start << ' ' << end;
+      for (size_t k = kStep; k < kCount; ++k)
+        os << ' ' << median(times[k]);
+      store->set("span" + std::to_string(rank), std::string_view(os.str()));
+    }
+    rref::wait_idle(*agent, 60s);
+    store->set("idle" + std::to_string(rank), "1");
+  }
+  agent->shutdown();
+  return out;
+}
+
+// The same step in this process, no RPC: the server's forward (with its copy of the
+// parameters), cross-entropy, autograd backward, optim::SGD; median seconds of kSteps
+// after kWarmup, same threads.
+double local_step_seconds() {
+  const int saved = get_num_threads();
+  set_num_threads(kThreads);
+  ParameterServer server(1);
+  optim::SGD sgd(server.parameters(), optim::SGDOptions{.lr = kLr});
+  Generator gen(101);
+  std::vector<Tensor> xs, ys;
+  for (int b = 0; b < kBatches; ++b) {
+    xs.push_back(randn({kBatch, kIn}, &gen));
+    ys.push_back(randint(0, kOut, {kBatch}, &gen));
+  }
+  auto step = [&](int i) {
+    const size_t b = static_cast<size_t>(i % kBatches);
+    sgd.zero_grad();
+    const Tensor loss = nn::cross_entropy(server.forward(xs[b]), ys[b]);
+    loss.backward();
+    sgd.step();
+    return loss.item<double>();
+  };
+  for (int i = 0; i < kWarmup; ++i)
+    step(i);
+  std::vector<double> times;
+  for (int i = 0; i < kSteps; ++i)
+    times.push_back(time_once([&] { step(i); }));
+  set_num_threads(saved);
+  return median(times);
+}
+
+const Register ps_bench({"ps.samples_per_s", "ps.samples_per_s_trainers"}, [](const auto& emit) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  constexpr size_t kCounts = std::size(kTrainerCounts);
+  c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  std::vector<std::vector<double>> ours(kCounts, std::vector<double>(kCount, inf));
+  std::vector<double> theirs(kCounts, inf), theirs_step(kCounts, inf);
+  double local_step = inf;
+  std::string why, version, counts;
+  for (size_t c = 0; c < kCounts; ++c)
+    counts += (c ? "," : "") + std::to_string(kTrainerCounts[c]);
+  bool have_theirs = true;
+  const std::string n = std::to_string(kThreads);
+  for (int r = 0; r < kRounds; ++r) {
+    for (size_t c = 0; c < kCounts; ++c) {
+      const int trainers = kTrainerCounts[c];
+      const std::vector<double> mine = run_rank_processes(
+          server.port(), "ps" + std::to_string(r) + "_" + std::to_string(trainers), 1 + trainers,
+          [trainers](std::shared_ptr<c10d::Store> store, int rank) {
+            return rank_body(std::move(store), rank, trainers);
+          },
+          "ps");
+      expect(mine.size() == kCount,
+             "the server returned " + std::to_string(mine.size()) + " figures");
+      if (mine[kWindow] < ours[c][kWindow]) ours[c] = mine;  // the figures of the best round
+    }
+    local_step = std::min(local_step, local_step_seconds());
+    if (have_theirs) {
+      auto peer = run_pytorch_peer("ps_peer.py",
+                                   n + " " + std::to_string(kPoolThreads) + " " +
+                                       std::to_string(kWarmup) + " " + std::to_string(kSteps) +
+                                       " " + std::to_string(kBatches) + " " + counts,
+                                   "OMP_NUM_THREADS=" + n + " OPENBLAS_NUM_THREADS=" + n, why);
+      if (peer && peer->seconds.size() != 2 * kCounts) {
+        why = "the peer printed " + std::to_string(peer->seconds.size()) + " figures";
+        peer.reset();
+      }
+      if (!peer) {
+        have_theirs = false;
+      } else {
+        version = peer->torch_version;
+        // Each count's window and median step, from its best round.
+        for (size_t c = 0; c < kCounts; ++c) {
+          if (peer->seconds[c] < theirs[c]) {
+            theirs[c] = peer->seconds[c];
+            theirs_step[c] = peer->seconds[kCounts + c];
+          }
+        }
+      }
+    }
+  }
+
+  auto rate = [](double seconds, int trainers) {
+    return static_cast<double>(trainers) * kSteps * kBatch / seconds;
+  };
+  auto figure = [&](const std::string& metric, size_t c) {
+    const int trainers = kTrainerCounts[c];
+    const std::vector<double>& mine = ours[c];
+    const double ours_rate = rate(mine[kWindow], trainers);
+    const double theirs_rate = have_theirs ? rate(theirs[c], trainers) : nan;
+    Figure f{metric, ours_rate, "samples/s", {}};
+    f.params.push_back({"trainers", double(trainers)});
+    f.params.push_back({"model", "784-128-10 ReLU MLP (nn::MLP / nn.Linear), float32, on ps"});
+    f.params.push_back({"batch", double(kBatch)});
+    f.params.push_back(
+        {"step",
+         "dist_autograd::Context; logits = ps_rref.rpc_sync<Tensor>(\"forward\", x) (the "
+         "server's forward on a copy of its parameters); nn::cross_entropy; "
+         "dist_autograd::backward; DistributedOptimizer(SGD lr 0.01).step(ctx); loss.item()"});
+    f.params.push_back({"workers", std::to_string(1 + trainers) + " processes on 127.0.0.1: ps + " +
+                                       std::to_string(trainers) +
+                                       " trainer(s) (TensorPipe agent, 8 pool threads each)"});
+    f.params.push_back({"threads_per_process", double(kThreads)});
+    f.params.push_back({"threads_how",
+                        "gradwire::set_num_threads(1) in each process; torch.set_num_threads(1) + "
+                        "OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1 in the PyTorch processes"});
+    f.params.push_back({"statistic",
+                        "all trainers' samples over the window from the first "
+                        "trainer's start to the last one's end, " +
+                            std::to_string(kSteps) + " timed steps per trainer after " +
+                            std::to_string(kWarmup) + " warm-up and a barrier, best of " +
+                            std::to_string(kRounds) + " rounds"});
+    f.params.push_back({"step_ms", mine[kStep] * 1e3});
+    f.params.push_back({"forward_ms", mine[kForward] * 1e3});
+    f.params.push_back({"backward_ms", mine[kBackward] * 1e3});
+    f.params.push_back({"optimizer_ms", mine[kOptimizer] * 1e3});
+    f.params.push_back({"release_ms", mine[kRelease] * 1e3});
+    f.params.push_back({"phases",
+                        "diagnostic: the trainers' median step and the medians of its phases "
+                        "(context + forward call; cross-entropy + backward; optimizer step; "
+                        "the context's end), median over the trainers, same round"});
+    f.params.push_back({"pytorch_step_ms", have_theirs ? theirs_step[c] * 1e3 : nan});
+    f.params.push_back({"local_step_ms", local_step * 1e3});
+    f.params.push_back({"local_step",
+                        "diagnostic: the same step in one process without RPC (the server's "
+                        "forward, cross-entropy, autograd backward, optim::SGD), median ms, "
+                        "same threads, best of the rounds"});
+    if (have_theirs) {
+      f.params.push_back(
+          {"pytorch", "torch " + version +
+                          " rpc.remote(get_parameter_server) + "
+                          "ps_rref.rpc_sync().forward + dist_autograd + "
+                          "DistributedOptimizer(optim.SGD, lr=0.01), TensorPipe agent"});
+    } else {
+      f.params.push_back({"pytorch", "unavailable"});
+      f.params.push_back({"pytorch_reason", why});
+    }
+    f.params.push_back({"pytorch_samples_per_s", theirs_rate});
+    f.params.push_back({"ratio", ours_rate / theirs_rate});
+    return f;
+  };
+  Figure headline = figure("ps.samples_per_s", 0);
+  headline.params.push_back({"target_ratio_min", 3.0});
+  emit(headline);
+  for (size_t c = 0; c < kCounts; ++c)
+    emit(figure("ps.samples_per_s_trainers", c));
+});
+
+}  // namespace
+}  // namespace gradwire::bench
