@@ -173,6 +173,37 @@ TEST(RpcAgent, CallsByNameIdAndWorkerInfoAcrossThreeWorkers) {
   expect_clean_shutdown(agents);
 }
 
+// Every worker's first calls to every other at once: connections are made while the
+// peers' first messages arrive on the same threads (connecting once held the agent's lock
+// across TensorPipe's connect(), which can run another connection's callback in place, and
+// a worker deadlocked on itself).
+TEST(RpcAgent, FirstContactFromEveryWorkerAtOnceCompletes) {
+  Registry reg;
+  register_basics(reg);
+  for (int round = 0; round < 3; ++round) {
+    Agents agents = start_agents(5, test_options(reg));
+    std::vector<std::thread> senders;
+    std::atomic<int> done{0};
+    for (int r = 0; r < 5; ++r) {
+      senders.emplace_back([&, r] {
+        std::vector<Future<std::string>> calls;
+        for (int to = 0; to < 5; ++to) {
+          if (to != r)
+            calls.push_back(agents[static_cast<size_t>(r)]->rpc_async<std::string>(
+                worker_name(to), "concat", std::string("a"), std::string("b")));
+        }
+        for (auto& f : calls) {
+          if (f.wait(20s) && !f.has_error() && f.value() == "ab") ++done;
+        }
+      });
+    }
+    for (auto& t : senders)
+      t.join();
+    EXPECT_EQ(done.load(), 20) << "round " << round;
+    expect_clean_shutdown(agents);
+  }
+}
+
 TEST(RpcAgent, ManyAsyncCallsInFlightAllComplete) {
   Registry reg;
   register_basics(reg);

@@ -35,8 +35,8 @@
 #include "gradwire/c10d/store.h"
 #include "gradwire/core/env.h"
 #include "gradwire/core/logging.h"
-#include "gradwire/core/signals.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/signals.h"
 #include "gradwire/core/thread_annotations.h"
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/tensor/factory.h"
@@ -408,23 +408,40 @@ std::shared_ptr<TensorPipeAgent::Connection> TensorPipeAgent::connection_to(
   if (running_.load(std::memory_order_acquire)) {
     if (std::shared_ptr<Connection> conn = slot.load(std::memory_order_acquire)) return conn;
   }
-  std::shared_ptr<Connection> made;
+  uint64_t serial = 0;
   {
-    // connect() takes no callback, so it may be called with mutex_ held; the pipe is set
-    // before any other sender can see the connection.
     MutexLock lock(mutex_);
     if (state_ != State::kRunning) {
       refuse_locked("send " + describe_call(request.handler, request.function) + " to worker " +
                     target.describe());
     }
     if (std::shared_ptr<Connection> conn = slot.load(std::memory_order_acquire)) return conn;
-    made = std::make_shared<Connection>();
-    made->serial = next_serial_++;
-    made->peer = target;
-    made->outgoing = true;
-    made->pipe =
-        context_->connect(group_.url(target.id), tp::PipeOptions().remoteName(target.name));
-    slot.store(made, std::memory_order_release);
+    serial = next_serial_++;
+  }
+  // connect() is called with no lock held: TensorPipe may run other connections' callbacks
+  // on this thread meanwhile, and those take mutex_ (holding it here deadlocked a worker
+  // whose first sends to several peers met their first messages). The pipe is set before
+  // any other sender can see the connection; a sender that lost the race uses the winner's.
+  auto made = std::make_shared<Connection>();
+  made->serial = serial;
+  made->peer = target;
+  made->outgoing = true;
+  made->pipe = context_->connect(group_.url(target.id), tp::PipeOptions().remoteName(target.name));
+  std::shared_ptr<Connection> existing;
+  if (!slot.compare_exchange_strong(existing, made, std::memory_order_acq_rel)) {
+    made->pipe->close();
+    return existing;
+  }
+  {
+    // A close that began meanwhile has cleared the slots already or is about to.
+    MutexLock lock(mutex_);
+    if (state_ != State::kRunning) {
+      std::shared_ptr<Connection> mine = made;
+      slot.compare_exchange_strong(mine, nullptr);
+      made->pipe->close();
+      refuse_locked("send " + describe_call(request.handler, request.function) + " to worker " +
+                    target.describe());
+    }
   }
   read_next(made);
   return made;
