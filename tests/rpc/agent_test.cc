@@ -204,6 +204,38 @@ TEST(RpcAgent, FirstContactFromEveryWorkerAtOnceCompletes) {
   }
 }
 
+// Several threads of one worker make their first call to the same peer at once: one pipe
+// wins, the others are spare. The peer must go on accepting connections afterwards (a
+// spare pipe closed too early once stopped its listener), which w2 checks by calling it.
+TEST(RpcAgent, ThreadsRacingToConnectToOnePeerLeaveItAccepting) {
+  Registry reg;
+  register_basics(reg);
+  for (int round = 0; round < 10; ++round) {
+    Agents agents = start_agents(3, test_options(reg));
+    constexpr int kThreads = 8;
+    std::atomic<int> ready{0};
+    std::atomic<int> done{0};
+    std::vector<std::thread> senders;
+    for (int t = 0; t < kThreads; ++t) {
+      senders.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < kThreads)
+          std::this_thread::yield();
+        auto f = agents[0]->rpc_async<int64_t>("w1", "sum_list", std::vector<int64_t>{t, 1});
+        if (f.wait(20s) && !f.has_error() && f.value() == t + 1) ++done;
+      });
+    }
+    for (auto& t : senders)
+      t.join();
+    EXPECT_EQ(done.load(), kThreads) << "round " << round;
+    EXPECT_EQ(agents[2]->rpc_sync<std::string>("w1", "concat", CallOptions{.timeout = 10s},
+                                               std::string("x"), std::string("y")),
+              "xy")
+        << "round " << round;
+    expect_clean_shutdown(agents);
+  }
+}
+
 TEST(RpcAgent, ManyAsyncCallsInFlightAllComplete) {
   Registry reg;
   register_basics(reg);

@@ -228,6 +228,8 @@ class TensorPipeAgent final : public RpcAgent,
   uint64_t next_serial_ GRADWIRE_GUARDED_BY(mutex_) = 1;
   int active_handlers_ GRADWIRE_GUARDED_BY(mutex_) = 0;
   std::map<uint64_t, std::shared_ptr<Connection>> servers_ GRADWIRE_GUARDED_BY(mutex_);
+  // Pipes opened by senders that lost the race to connect first; closed with the context.
+  std::vector<std::shared_ptr<tp::Pipe>> spare_pipes_ GRADWIRE_GUARDED_BY(mutex_);
   std::exception_ptr failure_ GRADWIRE_GUARDED_BY(mutex_);      // the first failure, if any
   std::map<int, size_t> inflight_ GRADWIRE_GUARDED_BY(mutex_);  // per peer id
 };
@@ -429,7 +431,11 @@ std::shared_ptr<TensorPipeAgent::Connection> TensorPipeAgent::connection_to(
   made->pipe = context_->connect(group_.url(target.id), tp::PipeOptions().remoteName(target.name));
   std::shared_ptr<Connection> existing;
   if (!slot.compare_exchange_strong(existing, made, std::memory_order_acq_rel)) {
-    made->pipe->close();
+    // The losing pipe is kept open until the context closes: closing it now can reach the
+    // peer before its listener has read the pipe's first packet, and TensorPipe's listener
+    // takes such an error as its own and stops accepting for good.
+    MutexLock lock(mutex_);
+    spare_pipes_.push_back(std::move(made->pipe));
     return existing;
   }
   {
@@ -1078,9 +1084,11 @@ void TensorPipeAgent::close() {
   if (loans_) loans_->release_all();
   std::vector<std::shared_ptr<Connection>> clients;
   std::map<uint64_t, std::shared_ptr<Connection>> servers;
+  std::vector<std::shared_ptr<tp::Pipe>> spare;
   {
     MutexLock lock(mutex_);
     state_ = State::kClosed;
+    spare.swap(spare_pipes_);
     for (int r = 0; r < world_size_; ++r)
       clients.push_back(clients_[static_cast<size_t>(r)].exchange(nullptr));
     servers.swap(servers_);
