@@ -44,6 +44,8 @@ find_package(TensorPipe REQUIRED)
 # Protobuf: the rpc envelope (rpc/proto). The lite runtime is all the generated code needs.
 find_package(Protobuf REQUIRED)
 find_package(Gloo REQUIRED)
+# OpenSSL's libcrypto: HMAC-SHA256 and random nonces for the authenticated handshakes.
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 # ---- CUDA and NCCL: AUTO turns them on when the toolkit is found, ON insists, OFF skips.
 set(GRADWIRE_HAS_CUDA OFF)

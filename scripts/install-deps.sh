@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev
   libopenblas-dev libdlpack-dev zlib1g-dev
   libtensorpipe-dev libgloo-dev libuv1-dev libprotobuf-dev protobuf-compiler
+  libssl-dev
 )
 for arg in "$@"; do
   case "$arg" in

@@ -33,6 +33,7 @@
 #include "call_table.h"
 #include "dispatcher.h"
 #include "gradwire/c10d/store.h"
+#include "gradwire/core/auth.h"
 #include "gradwire/core/env.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
@@ -42,6 +43,7 @@
 #include "gradwire/tensor/factory.h"
 #include "group.h"
 #include "tensorpipe/loans.h"
+#include "transport/stream_transport.h"
 #include "text.h"
 #include "wire.h"
 
@@ -54,8 +56,11 @@ using detail::describe_call;
 using detail::ms_text;
 using detail::PendingCall;
 
+// Transports: TensorPipe picks, per peer, the highest-priority one both ends can use.
 constexpr int64_t kUvPriority = 0;
+constexpr int64_t kTcpPriority = 50;
 constexpr int64_t kShmPriority = 100;
+constexpr int64_t kLocalPriority = 150;
 constexpr int64_t kBasicPriority = 0;
 constexpr int64_t kMptPriority = 100;
 constexpr int64_t kCmaPriority = 200;
@@ -150,7 +155,9 @@ class TensorPipeAgent final : public RpcAgent,
 
   void validate_options() const;
   std::string resolve_host() const;
-  void register_transports_and_channels(const std::string& host);
+  transport::StreamOptions stream_options(transport::StreamOptions::Family family) const;
+  // Registers them in context_; returns the URLs to listen on (tcp's first).
+  std::vector<std::string> register_transports_and_channels(const std::string& host);
 
   // The error a refused operation throws: the agent's first failure, else that it is not
   // running. Requires mutex_.
@@ -209,6 +216,12 @@ class TensorPipeAgent final : public RpcAgent,
   std::shared_ptr<ThreadPool> pool_;
   std::shared_ptr<tp::Context> context_;
   std::shared_ptr<tp::Listener> listener_;
+  // gradwire's transports (local_ only when asked for) and what they count.
+  std::shared_ptr<transport::StreamContext> tcp_;
+  std::shared_ptr<transport::StreamContext> local_;
+  const std::shared_ptr<transport::TransportStats> transport_stats_ =
+      std::make_shared<transport::TransportStats>();
+  std::string secret_;  // resolved at start; empty: connections are not authenticated
   // Direct copies: this worker's loan table (null when they are off).
   std::unique_ptr<detail::LoanTable> loans_;
   std::atomic<bool> joined_{false};  // group_ is joined
@@ -259,14 +272,19 @@ void TensorPipeAgent::validate_options() const {
                           std::to_string(options_.direct_copy_threads));
   }
   for (const std::string& t : options_.transports) {
-    if (t != "shm" && t != "uv") {
-      throw InvalidArgument(who + "unknown transport '" + t + "' (known: shm, uv)");
+    if (t != "tcp" && t != "local" && t != "shm" && t != "uv") {
+      throw InvalidArgument(who + "unknown transport '" + t + "' (known: tcp, local, shm, uv)");
     }
   }
   for (const std::string& c : options_.channels) {
-    if (c != "xth" && c != "cma" && c != "mpt_uv" && c != "basic") {
-      throw InvalidArgument(who + "unknown channel '" + c + "' (known: xth, cma, mpt_uv, basic)");
+    if (c != "xth" && c != "cma" && c != "mpt" && c != "mpt_uv" && c != "basic") {
+      throw InvalidArgument(who + "unknown channel '" + c +
+                            "' (known: xth, cma, mpt, mpt_uv, basic)");
     }
+  }
+  if (options_.handshake_timeout.count() <= 0) {
+    throw InvalidArgument(who + "AgentOptions::handshake_timeout must be > 0, got " +
+                          ms_text(options_.handshake_timeout));
   }
   if (options_.channels.empty()) {
     throw InvalidArgument(who + "AgentOptions::channels is empty: tensors need a channel");
@@ -285,31 +303,88 @@ std::string TensorPipeAgent::resolve_host() const {
   if (!options_.host.empty()) return options_.host;
   if (auto env = env_raw("GRADWIRE_RPC_HOST"); env && !env->empty()) return *env;
   auto [error, address] = tp::transport::uv::lookupAddrForHostname();
-  if (!error && !address.empty()) return address;
+  if (!error && !address.empty()) {
+    // TensorPipe answers "ip:port" or "[ip6]:port"; the host part is wanted.
+    if (address.front() == '[') return address.substr(1, address.find(']') - 1);
+    if (std::count(address.begin(), address.end(), ':') == 1) {
+      return address.substr(0, address.find(':'));
+    }
+    return address;
+  }
   return "127.0.0.1";
 }
 
-void TensorPipeAgent::register_transports_and_channels(const std::string& host) {
+// "host:port", with an IPv6 host in brackets.
+std::string host_port(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+transport::StreamOptions TensorPipeAgent::stream_options(transport::StreamOptions::Family family) const {
+  transport::StreamOptions o;
+  o.family = family;
+  o.secret = secret_;
+  o.handshake_timeout = options_.handshake_timeout;
+  // TensorPipe's control frames carry a message's payload plus its tensors' descriptions.
+  o.max_frame_bytes = options_.limits.max_payload_bytes + (size_t{16} << 20);
+  o.stats = transport_stats_;
+  o.name = self_.name;
+  return o;
+}
+
+std::vector<std::string> TensorPipeAgent::register_transports_and_channels(const std::string& host) {
   auto wants = [](const std::vector<std::string>& list, const char* name) {
     return std::find(list.begin(), list.end(), name) != list.end();
   };
-  context_->registerTransport(kUvPriority, "uv", tp::transport::uv::create());
+  // gradwire's tcp carries the first connection to every peer, so it is always on.
+  std::vector<std::string> urls{"tcp://" + host_port(host, 0)};
+  tcp_ = transport::create_stream_context(stream_options(transport::StreamOptions::Family::kTcp));
+  context_->registerTransport(kTcpPriority, "tcp", tcp_);
+  if (wants(options_.transports, "local")) {
+    local_ = transport::create_stream_context(
+        stream_options(transport::StreamOptions::Family::kLocal));
+    context_->registerTransport(kLocalPriority, "local", local_);
+    urls.push_back("local://" + transport::unique_local_name());
+  }
+  if (wants(options_.transports, "uv")) {
+    context_->registerTransport(kUvPriority, "uv", tp::transport::uv::create());
+    urls.push_back("uv://" + host_port(host, 0));
+  }
   if (wants(options_.transports, "shm")) {
     auto shm = tp::transport::shm::create();
-    if (shm->isViable()) context_->registerTransport(kShmPriority, "shm", shm);
+    if (shm->isViable()) {
+      context_->registerTransport(kShmPriority, "shm", shm);
+      urls.push_back("shm://" + unique_shm_name());
+    }
   }
   if (wants(options_.channels, "basic")) {
     context_->registerChannel(kBasicPriority, "basic", tp::channel::basic::create());
   }
-  if (wants(options_.channels, "mpt_uv")) {
+  // mpt opens connections of its own, on one listener per lane: over gradwire's tcp (with
+  // the handshake) as "mpt", or over TensorPipe's uv as "mpt_uv".
+  if (wants(options_.channels, "mpt") || wants(options_.channels, "mpt_uv")) {
+    const bool ours = wants(options_.channels, "mpt");
     std::vector<std::shared_ptr<tp::transport::Context>> lanes;
     std::vector<std::shared_ptr<tp::transport::Listener>> listeners;
     for (int i = 0; i < options_.mpt_lanes; ++i) {
-      auto lane = tp::transport::uv::create();
-      listeners.push_back(lane->listen(host));
+      std::shared_ptr<tp::transport::Context> lane;
+      if (ours) {
+        transport::StreamOptions o = stream_options(transport::StreamOptions::Family::kTcp);
+        o.first_frame = transport::StreamOptions::FirstFrame::kMptLaneHello;
+        auto stream = transport::create_stream_context(std::move(o));
+        listeners.push_back(stream->listen(host_port(host, 0)));
+        if (std::string error = stream->listen_error(); !error.empty()) {
+          throw NetworkError("rpc agent " + self_.describe() + ": the mpt channel's lane " +
+                             std::to_string(i) + ": " + error);
+        }
+        lane = std::move(stream);
+      } else {
+        lane = tp::transport::uv::create();
+        listeners.push_back(lane->listen(host));
+      }
       lanes.push_back(std::move(lane));
     }
-    context_->registerChannel(kMptPriority, "mpt_uv",
+    context_->registerChannel(kMptPriority, ours ? "mpt" : "mpt_uv",
                               tp::channel::mpt::create(std::move(lanes), std::move(listeners)));
   }
   if (wants(options_.channels, "cma")) {
@@ -320,6 +395,7 @@ void TensorPipeAgent::register_transports_and_channels(const std::string& host) 
     auto xth = tp::channel::xth::create();
     if (xth->isViable()) context_->registerChannel(kXthPriority, "xth", xth);
   }
+  return urls;
 }
 
 void TensorPipeAgent::start() {
@@ -357,15 +433,21 @@ void TensorPipeAgent::start_serving() {
   if (options_.direct_copy_threads > 0) loans_ = std::make_unique<detail::LoanTable>(kLoanSlots);
   const std::string host = resolve_host();
   context_ = std::make_shared<tp::Context>(tp::ContextOptions().name(self_.name));
-  register_transports_and_channels(host);
-  std::vector<std::string> urls{"uv://" + host + ":0"};
-  if (std::find(options_.transports.begin(), options_.transports.end(), "shm") !=
-      options_.transports.end()) {
-    auto shm = tp::transport::shm::create();
-    if (shm->isViable()) urls.push_back("shm://" + unique_shm_name());
+  secret_ = resolve_secret(options_.secret);
+  if (secret_.empty()) {
+    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe()
+                        << ": no secret is set (AgentOptions::secret, GRADWIRE_SECRET or "
+                           "GRADWIRE_SECRET_FILE): anyone who can reach its port can join";
   }
+  const std::vector<std::string> urls = register_transports_and_channels(host);
   listener_ = context_->listen(urls);
-  const std::string my_url = listener_->url("uv");
+  for (const auto& stream : {tcp_, local_}) {
+    if (stream == nullptr) continue;
+    if (std::string error = stream->listen_error(); !error.empty()) {
+      throw NetworkError("rpc agent " + self_.describe() + ": " + error);
+    }
+  }
+  const std::string my_url = listener_->url("tcp");
   calls_.start();
   detail::GroupDirectory::Announcement me{my_url, cuda_device_count(), options_.device_maps,
                                           std::nullopt, std::string()};
@@ -826,6 +908,9 @@ AgentMetrics TensorPipeAgent::metrics() const {
   m.bytes_lent = bytes_lent_.load(std::memory_order_relaxed);
   m.tensors_copied_in = tensors_copied_in_.load(std::memory_order_relaxed);
   m.bytes_copied_in = bytes_copied_in_.load(std::memory_order_relaxed);
+  m.connections_accepted = transport_stats_->accepted.load(std::memory_order_relaxed);
+  m.connections_refused = transport_stats_->refused.load(std::memory_order_relaxed);
+  m.frames_refused = transport_stats_->bad_frames.load(std::memory_order_relaxed);
   return m;
 }
 

@@ -120,13 +120,27 @@ struct AgentOptions {
   // Address to listen on and announce to peers. Empty: GRADWIRE_RPC_HOST, else the
   // address of this host's name, else 127.0.0.1.
   std::string host;
-  // TensorPipe transports and channels to register, from {"shm", "uv"} (uv is always on:
-  // it carries the first connection) and {"xth", "cma", "mpt_uv", "basic"}. TensorPipe
-  // picks, per peer, the fastest one that both ends have: shm and cma between processes
-  // of one host, xth within one process, uv and mpt_uv across hosts.
-  std::vector<std::string> transports{"shm", "uv"};
-  std::vector<std::string> channels{"xth", "cma", "mpt_uv", "basic"};
-  // Lanes (TCP connections) of the mpt_uv channel; in [1, 64].
+  // Transports and channels to register, from {"tcp", "local", "shm", "uv"} and {"xth",
+  // "cma", "mpt", "mpt_uv", "basic"}. Per peer, the fastest one that both ends have is used.
+  // "tcp" and "local" are gradwire's own (docs/rpc.md, Transports): TCP for every peer, and
+  // Unix sockets between processes of one host; both authenticate (see `secret`), bound what
+  // they read, and sleep when idle. "tcp" is always on: it carries the first connection.
+  // "shm" and "uv" are TensorPipe's, for comparison only: they do none of that, shm
+  // busy-polls a core per worker, and a single stray connection stops uv's listener.
+  // Channels move tensors: xth within one process, cma between processes of one host, mpt
+  // over several TCP lanes of gradwire's tcp ("mpt_uv": TensorPipe's uv lanes), basic
+  // through the pipe's own connection.
+  std::vector<std::string> transports{"local", "tcp"};
+  std::vector<std::string> channels{"xth", "cma", "mpt", "basic"};
+  // The job's shared secret. Every connection between workers then begins with a mutual
+  // HMAC-SHA256 challenge-response over fresh nonces, and a peer that does not know the
+  // secret is refused before any of its bytes are parsed. Empty: GRADWIRE_SECRET, else
+  // the file named by GRADWIRE_SECRET_FILE, else none (anyone who can reach the port can
+  // join: use only on a trusted network). Every worker of a job needs the same one.
+  std::string secret;
+  // How long a new connection may take to complete its handshake before it is closed.
+  std::chrono::milliseconds handshake_timeout{10'000};
+  // Lanes (TCP connections) of the mpt and mpt_uv channels; in [1, 64].
   int mpt_lanes{4};
   // Direct copies between processes of one host. A CPU tensor of at least
   // direct_copy_min_bytes sent to such a peer is lent rather than sent: the receiver copies
@@ -281,7 +295,11 @@ struct AgentMetrics {
   uint64_t bytes_lent{0};
   uint64_t tensors_copied_in{0};  // lent tensors received by copying them from a peer, ever
   uint64_t bytes_copied_in{0};
-  bool shutting_down{false};  // a shutdown has begun (a graceful one may be waiting) and the
+  uint64_t connections_accepted{0};  // incoming connections that passed the handshake, ever
+  uint64_t connections_refused{0};   // incoming connections refused before reaching the RPC
+                                     // layer (bad handshake, wrong secret, garbage), ever
+  uint64_t frames_refused{0};  // connections closed for a frame over the limits, ever
+  bool shutting_down{false};   // a shutdown has begun (a graceful one may be waiting) and the
                               // agent has not closed yet
 };
 

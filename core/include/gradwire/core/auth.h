@@ -1,0 +1,43 @@
+// Shared-secret authentication primitives: where a job's secret comes from, HMAC-SHA256,
+// fresh random bytes, and a comparison whose time does not depend on where two byte
+// strings differ. The RPC transports' handshake (and the store's) are built from these.
+//
+// A job's secret is looked up, first found wins, in: the value given in code (e.g.
+// AgentOptions::secret), the environment variable GRADWIRE_SECRET, and the file named by
+// GRADWIRE_SECRET_FILE (its contents; one trailing newline is dropped). No secret means
+// connections are not authenticated.
+//
+// Thread-safety: every function is safe to call from any thread.
+// Errors: resolve_secret throws InvalidArgument naming the file when GRADWIRE_SECRET_FILE
+// cannot be read or is empty; random_bytes throws Error if the system's generator fails.
+//
+// Example:
+//   std::string secret = gradwire::resolve_secret(options.secret);  // "" when none
+//   auto mac = gradwire::hmac_sha256(secret, "server" + nonces);
+//   if (!gradwire::constant_time_equal(mac, received)) refuse();
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace gradwire {
+
+using Digest256 = std::array<uint8_t, 32>;
+
+// The secret to use: `given` if it is not empty, else GRADWIRE_SECRET, else the contents of
+// the file named by GRADWIRE_SECRET_FILE, else "" (no authentication).
+std::string resolve_secret(const std::string& given);
+
+// HMAC-SHA256 of `data` under `key`.
+Digest256 hmac_sha256(std::string_view key, std::string_view data);
+
+// `n` bytes from the system's cryptographic generator.
+std::string random_bytes(size_t n);
+
+// Whether a and b hold the same bytes; for equal sizes, the time taken does not depend on
+// the contents.
+bool constant_time_equal(const void* a, const void* b, size_t n);
+
+}  // namespace gradwire

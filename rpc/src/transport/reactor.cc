@@ -1,0 +1,222 @@
+#include "transport/reactor.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "gradwire/core/error.h"
+#include "gradwire/core/logging.h"
+
+namespace gradwire::rpc::transport {
+
+namespace {
+constexpr uint64_t kWakeToken = 0;
+}
+
+Reactor::Reactor(std::string name) : name_(std::move(name)) {
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) {
+    throw NetworkError("transport " + name_ + ": epoll_create1 failed: " + std::strerror(errno));
+  }
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) {
+    const int err = errno;
+    ::close(epoll_fd_);
+    throw NetworkError("transport " + name_ + ": eventfd failed: " + std::strerror(err));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeToken;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  thread_ = std::thread([this] { run(); });
+}
+
+Reactor::~Reactor() {
+  close();
+  if (thread_.joinable()) {
+    if (in_loop()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+  ::close(wake_fd_);
+  ::close(epoll_fd_);
+}
+
+bool Reactor::defer(std::function<void()> fn) {
+  bool was_empty = false;
+  {
+    MutexLock lock(mutex_);
+    if (closed_) return false;
+    was_empty = deferred_.empty();
+    deferred_.push_back(std::move(fn));
+  }
+  // The loop drains the queue before it sleeps: only the first item from another thread
+  // needs to wake it.
+  if (was_empty && !in_loop()) wake();
+  return true;
+}
+
+void Reactor::wake() {
+  const uint64_t one = 1;
+  ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+  (void)n;  // EAGAIN: the counter is already non-zero, the loop will wake anyway
+}
+
+void Reactor::add(int fd, uint32_t events, Handler handler) {
+  const uint64_t token = next_token_++;
+  auto h = std::make_shared<Handler>(std::move(handler));
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = token;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    throw NetworkError("transport " + name_ + ": epoll_ctl(ADD) failed: " + std::strerror(errno));
+  }
+  fds_[fd] = Entry{token, h};
+  by_token_[token] = std::move(h);
+}
+
+void Reactor::modify(int fd, uint32_t events) {
+  auto it = fds_.find(fd);
+  if (it == fds_.end()) return;
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = it->second.token;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
+void Reactor::remove(int fd) {
+  auto it = fds_.find(fd);
+  if (it == fds_.end()) return;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  by_token_.erase(it->second.token);
+  fds_.erase(it);
+}
+
+uint64_t Reactor::add_timer(Clock::time_point when, std::function<void()> fn) {
+  const uint64_t id = next_timer_++;
+  auto it = timers_.emplace(when, std::make_pair(id, std::move(fn)));
+  timer_ids_[id] = it;
+  return id;
+}
+
+void Reactor::cancel_timer(uint64_t id) {
+  auto it = timer_ids_.find(id);
+  if (it == timer_ids_.end()) return;
+  timers_.erase(it->second);
+  timer_ids_.erase(it);
+}
+
+void Reactor::close() {
+  {
+    MutexLock lock(mutex_);
+    if (closed_) return;
+    // The stop is itself deferred work: what was deferred before it still runs.
+    deferred_.push_back([this] { stopping_.store(true, std::memory_order_relaxed); });
+  }
+  wake();
+}
+
+void Reactor::join() {
+  if (thread_.joinable() && !in_loop()) thread_.join();
+}
+
+int Reactor::next_timeout_ms() {
+  if (timers_.empty()) return -1;
+  const auto wait = timers_.begin()->first - Clock::now();
+  if (wait <= Clock::duration::zero()) return 0;
+  // Rounded up so that a timer never fires early.
+  return static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(wait).count());
+}
+
+void Reactor::run_due_timers() {
+  const auto now = Clock::now();
+  while (!timers_.empty() && timers_.begin()->first <= now) {
+    auto node = timers_.extract(timers_.begin());
+    timer_ids_.erase(node.mapped().first);
+    node.mapped().second();
+  }
+}
+
+void Reactor::run_deferred() {
+  for (;;) {
+    std::vector<std::function<void()>> batch;
+    {
+      MutexLock lock(mutex_);
+      if (deferred_.empty()) return;
+      batch.swap(deferred_);
+    }
+    for (auto& fn : batch) {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kError) << "transport " << name_ << ": deferred work threw: " << e.what();
+      }
+    }
+  }
+}
+
+void Reactor::run() {
+  thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  std::vector<epoll_event> events(128);
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    run_deferred();
+    if (stopping_.load(std::memory_order_relaxed)) break;
+    int timeout = next_timeout_ms();
+    {
+      MutexLock lock(mutex_);
+      if (!deferred_.empty()) timeout = 0;
+    }
+    const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      GRADWIRE_LOG(kError) << "transport " << name_ << ": epoll_wait failed: "
+                           << std::strerror(errno);
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      const uint64_t token = events[static_cast<size_t>(i)].data.u64;
+      if (token == kWakeToken) {
+        uint64_t count = 0;
+        ssize_t r = ::read(wake_fd_, &count, sizeof(count));
+        (void)r;
+        continue;
+      }
+      auto it = by_token_.find(token);
+      if (it == by_token_.end()) continue;  // removed by an earlier handler of this batch
+      std::shared_ptr<Handler> handler = it->second;
+      try {
+        (*handler)(events[static_cast<size_t>(i)].events);
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kError) << "transport " << name_ << ": a handler threw: " << e.what();
+      }
+    }
+    run_due_timers();
+  }
+  // What was deferred before the stop still runs (it may owe callbacks); later defers fail.
+  for (;;) {
+    std::vector<std::function<void()>> batch;
+    {
+      MutexLock lock(mutex_);
+      if (deferred_.empty()) {
+        closed_ = true;
+        break;
+      }
+      batch.swap(deferred_);
+    }
+    for (auto& fn : batch) {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kError) << "transport " << name_ << ": deferred work threw: " << e.what();
+      }
+    }
+  }
+  timers_.clear();
+  timer_ids_.clear();
+}
+
+}  // namespace gradwire::rpc::transport

@@ -1,0 +1,91 @@
+// An epoll loop on one thread, for gradwire's transports: file descriptors with handlers,
+// work deferred from any thread, and timers. It sleeps in epoll_wait whenever there is
+// nothing to do, so an idle worker spends no CPU on it.
+//
+// Thread-safety: defer(), in_loop() and close() may be called from any thread; everything
+// else only from the loop thread (inside a handler, a timer or deferred work).
+#pragma once
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "gradwire/core/mutex.h"
+
+namespace gradwire::rpc::transport {
+
+class Reactor {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Called with the epoll events that fired for the descriptor.
+  using Handler = std::function<void(uint32_t events)>;
+
+  explicit Reactor(std::string name);
+  ~Reactor();
+  Reactor(const Reactor&) = delete;
+  Reactor& operator=(const Reactor&) = delete;
+
+  // Runs fn on the loop thread, after whatever it is doing now (never inline). Work deferred
+  // before the loop stopped always runs (the last of it on the way out); after, defer
+  // returns false and drops fn.
+  bool defer(std::function<void()> fn);
+  bool in_loop() const {
+    return std::this_thread::get_id() == thread_id_.load(std::memory_order_relaxed);
+  }
+
+  // Loop thread only. The handler stays registered until remove(); events for a removed
+  // descriptor that were already collected are not delivered.
+  void add(int fd, uint32_t events, Handler handler);
+  void modify(int fd, uint32_t events);
+  void remove(int fd);
+
+  // Loop thread only: fn runs at `when` unless cancelled first; ids are never 0.
+  uint64_t add_timer(Clock::time_point when, std::function<void()> fn);
+  void cancel_timer(uint64_t id);
+
+  // Stops the loop once the work deferred before it has run; join() waits for the thread
+  // (not from the loop thread itself).
+  void close();
+  void join();
+
+ private:
+  void run();
+  void wake();
+  void run_deferred();
+  int next_timeout_ms();
+  void run_due_timers();
+
+  const std::string name_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};
+  std::atomic<bool> stopping_{false};
+
+  Mutex mutex_;
+  std::vector<std::function<void()>> deferred_ GRADWIRE_GUARDED_BY(mutex_);
+  bool closed_ GRADWIRE_GUARDED_BY(mutex_) = false;
+
+  // Loop thread only.
+  struct Entry {
+    uint64_t token;
+    std::shared_ptr<Handler> handler;
+  };
+  std::unordered_map<int, Entry> fds_;
+  std::unordered_map<uint64_t, std::shared_ptr<Handler>> by_token_;
+  uint64_t next_token_ = 1;
+  std::multimap<Clock::time_point, std::pair<uint64_t, std::function<void()>>> timers_;
+  std::unordered_map<uint64_t, decltype(timers_)::iterator> timer_ids_;
+  uint64_t next_timer_ = 1;
+};
+
+}  // namespace gradwire::rpc::transport

@@ -1,0 +1,70 @@
+// gradwire's own TensorPipe transports over stream sockets: "tcp" (TCP, for every peer) and
+// "local" (Unix sockets in the abstract namespace, for peers on the same host). Both are
+// registered in a TensorPipe context through its public transport interface, run on one
+// epoll thread per context that sleeps when idle, and begin every connection with
+// gradwire's handshake (transport/handshake.h) before TensorPipe sees a byte of it:
+//
+// - A connection that fails the handshake, or does not finish it within
+//   handshake_timeout, is closed and counted in TransportStats::refused, with a
+//   rate-limited log line; it never reaches TensorPipe.
+// - An accepted connection is handed to TensorPipe's listener only once its first frame
+//   (TensorPipe's hello packet) has arrived whole and parses: a peer that goes away or
+//   sends garbage there cannot touch the listener, whose errors TensorPipe makes sticky.
+// - Bounded reads: every frame is a u64 length and its bytes; a length is checked (against
+//   the size TensorPipe expects, or max_frame_bytes) before anything is allocated for it,
+//   and a frame that does not decode fails its connection with an error, never the
+//   process.
+//
+// Thread-safety: the TensorPipe interface objects may be used from any thread, as
+// TensorPipe requires; callbacks run on the context's loop thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <tensorpipe/transport/context.h>
+
+namespace gradwire::rpc::transport {
+
+// Counters shared by the transports of one agent.
+struct TransportStats {
+  std::atomic<uint64_t> accepted{0};  // incoming connections that reached TensorPipe
+  std::atomic<uint64_t> refused{0};   // incoming connections closed before that
+  std::atomic<uint64_t> bad_frames{0};  // established connections closed for a bad frame
+};
+
+struct StreamOptions {
+  enum class Family { kTcp, kLocal };
+  Family family = Family::kTcp;
+  // Shared secret for the handshake; empty: none.
+  std::string secret;
+  std::chrono::milliseconds handshake_timeout{10'000};
+  // The largest frame whose size TensorPipe does not know in advance (its control messages).
+  size_t max_frame_bytes{size_t{80} << 20};
+  // Incoming connections still in their handshake at once; more are refused at once.
+  int max_handshaking{1024};
+  std::shared_ptr<TransportStats> stats;
+  // Names this context in log lines (the worker's name).
+  std::string name;
+  // What an accepted connection's first frame must be before it is handed over: TensorPipe's
+  // hello (a context's listener) or the mpt channel's lane hello (its lane listeners).
+  enum class FirstFrame { kTensorPipeHello, kMptLaneHello };
+  FirstFrame first_frame = FirstFrame::kTensorPipeHello;
+};
+
+class StreamContext : public tensorpipe::transport::Context {
+ public:
+  // Why the first listen() on this context failed ("" if none did): TensorPipe has no way
+  // to report it at once, so the agent asks after listening.
+  virtual std::string listen_error() const = 0;
+};
+
+std::shared_ptr<StreamContext> create_stream_context(StreamOptions options);
+
+// A fresh name for a "local" listener (abstract Unix socket namespace).
+std::string unique_local_name();
+
+}  // namespace gradwire::rpc::transport
