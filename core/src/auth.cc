@@ -45,8 +45,7 @@ Digest256 hmac_sha256(std::string_view key, std::string_view data) {
 std::string random_bytes(size_t n) {
   std::string out(n, '\0');
   if (n > 0 && RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
-    throw Error("the system's random generator failed to produce " + std::to_string(n) +
-                " bytes");
+    throw Error("the system's random generator failed to produce " + std::to_string(n) + " bytes");
   }
   return out;
 }

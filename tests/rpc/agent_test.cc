@@ -31,6 +31,7 @@
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "support/agents.h"
 #include "support/harness.h"
 #include "support/log_capture.h"
 #include "support/sync.h"
@@ -69,6 +70,7 @@ AgentOptions test_options(Registry& reg) {
   o.join_timeout = 20s;
   o.num_worker_threads = 4;
   o.mpt_lanes = 2;
+  o.transports = test::transports_under_test(o.transports);
   return o;
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -32,6 +33,25 @@ inline std::string worker_name(int rank) {
   return "w" + std::to_string(rank);
 }
 
+// The transports a suite runs over: GRADWIRE_TEST_TRANSPORTS (comma-separated, e.g. "tcp")
+// when set, else `defaults`. CTest runs the agent suites once per transport this way.
+inline std::vector<std::string> transports_under_test(std::vector<std::string> defaults) {
+  const char* env = std::getenv("GRADWIRE_TEST_TRANSPORTS");
+  if (env == nullptr || *env == '\0') return defaults;
+  std::vector<std::string> out;
+  std::string item;
+  for (const char* p = env;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+      if (*p == '\0') break;
+    } else {
+      item.push_back(*p);
+    }
+  }
+  return out;
+}
+
 // Options for test agents on `reg`: short timeouts, few threads.
 inline rpc::AgentOptions agent_options(rpc::Registry& reg) {
   using namespace std::chrono_literals;
@@ -41,6 +61,7 @@ inline rpc::AgentOptions agent_options(rpc::Registry& reg) {
   o.join_timeout = 20s;
   o.num_worker_threads = 4;
   o.mpt_lanes = 1;
+  o.transports = transports_under_test(o.transports);
   return o;
 }
 

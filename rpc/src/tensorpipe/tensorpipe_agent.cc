@@ -43,8 +43,8 @@
 #include "gradwire/tensor/factory.h"
 #include "group.h"
 #include "tensorpipe/loans.h"
-#include "transport/stream_transport.h"
 #include "text.h"
+#include "transport/stream_transport.h"
 #include "wire.h"
 
 namespace gradwire::rpc {
@@ -320,7 +320,8 @@ std::string host_port(const std::string& host, int port) {
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-transport::StreamOptions TensorPipeAgent::stream_options(transport::StreamOptions::Family family) const {
+transport::StreamOptions TensorPipeAgent::stream_options(
+    transport::StreamOptions::Family family) const {
   transport::StreamOptions o;
   o.family = family;
   o.secret = secret_;
@@ -332,7 +333,8 @@ transport::StreamOptions TensorPipeAgent::stream_options(transport::StreamOption
   return o;
 }
 
-std::vector<std::string> TensorPipeAgent::register_transports_and_channels(const std::string& host) {
+std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
+    const std::string& host) {
   auto wants = [](const std::vector<std::string>& list, const char* name) {
     return std::find(list.begin(), list.end(), name) != list.end();
   };
@@ -341,8 +343,8 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(const
   tcp_ = transport::create_stream_context(stream_options(transport::StreamOptions::Family::kTcp));
   context_->registerTransport(kTcpPriority, "tcp", tcp_);
   if (wants(options_.transports, "local")) {
-    local_ = transport::create_stream_context(
-        stream_options(transport::StreamOptions::Family::kLocal));
+    local_ =
+        transport::create_stream_context(stream_options(transport::StreamOptions::Family::kLocal));
     context_->registerTransport(kLocalPriority, "local", local_);
     urls.push_back("local://" + transport::unique_local_name());
   }

@@ -56,10 +56,18 @@ size_t Handshake::feed(const uint8_t* data, size_t size) {
     used += take;
     if (need_.size() < need_size_) break;
     switch (step_) {
-      case Step::kPeerHello: on_peer_hello(); break;
-      case Step::kServerMac: on_server_mac(); break;
-      case Step::kClientMac: on_client_mac(); break;
-      case Step::kVerdict: on_verdict(); break;
+      case Step::kPeerHello:
+        on_peer_hello();
+        break;
+      case Step::kServerMac:
+        on_server_mac();
+        break;
+      case Step::kClientMac:
+        on_client_mac();
+        break;
+      case Step::kVerdict:
+        on_verdict();
+        break;
     }
   }
   return used;

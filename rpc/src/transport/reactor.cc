@@ -1,5 +1,6 @@
 #include "transport/reactor.h"
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -161,6 +162,8 @@ void Reactor::run_deferred() {
 
 void Reactor::run() {
   thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  // "gw-tcp w0": what ps and /proc show (15 characters at most).
+  ::pthread_setname_np(::pthread_self(), ("gw-" + name_).substr(0, 15).c_str());
   std::vector<epoll_event> events(128);
   while (!stopping_.load(std::memory_order_relaxed)) {
     run_deferred();
@@ -173,8 +176,8 @@ void Reactor::run() {
     const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
-      GRADWIRE_LOG(kError) << "transport " << name_ << ": epoll_wait failed: "
-                           << std::strerror(errno);
+      GRADWIRE_LOG(kError) << "transport " << name_
+                           << ": epoll_wait failed: " << std::strerror(errno);
       break;
     }
     for (int i = 0; i < n; ++i) {

@@ -58,8 +58,7 @@ class TransportError final : public tp::BaseError {
 };
 
 tp::Error make_error(std::string message) {
-  return tp::Error(std::make_shared<TransportError>(std::move(message)), "gradwire transport",
-                   0);
+  return tp::Error(std::make_shared<TransportError>(std::move(message)), "gradwire transport", 0);
 }
 
 tp::Error closed_error() {
@@ -67,7 +66,9 @@ tp::Error closed_error() {
                    0);
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 
 struct Address {
   sockaddr_storage storage{};
@@ -163,7 +164,9 @@ struct Core : std::enable_shared_from_this<Core> {
     if (!options.stats) options.stats = std::make_shared<TransportStats>();
   }
 
-  const char* kind() const { return options.family == StreamOptions::Family::kTcp ? "tcp" : "local"; }
+  const char* kind() const {
+    return options.family == StreamOptions::Family::kTcp ? "tcp" : "local";
+  }
 
   // Runs fn on the loop, or returns false when the loop has stopped.
   bool run_on_loop(std::function<void()> fn) { return reactor.defer(std::move(fn)); }
@@ -195,10 +198,10 @@ struct Core : std::enable_shared_from_this<Core> {
 
   void flush_refusals() {
     if (suppressed == 0) return;
-    GRADWIRE_LOG(kWarning) << "rpc transport " << kind() << " of '" << options.name
-                           << "': refused " << suppressed << " more connection"
-                           << (suppressed == 1 ? "" : "s") << " in the last "
-                           << kRefusalLogPeriod.count() << " s (the last: " << last_reason << ")";
+    GRADWIRE_LOG(kWarning) << "rpc transport " << kind() << " of '" << options.name << "': refused "
+                           << suppressed << " more connection" << (suppressed == 1 ? "" : "s")
+                           << " in the last " << kRefusalLogPeriod.count()
+                           << " s (the last: " << last_reason << ")";
     suppressed = 0;
     last_log = Reactor::Clock::now();
   }
@@ -261,8 +264,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
     core_->reactor.add(fd_, events_, [weak](uint32_t ev) {
       if (auto self = weak.lock()) self->on_events(ev);
     });
-    deadline_ = core_->reactor.add_timer(
-        Reactor::Clock::now() + core_->options.handshake_timeout, [weak] {
+    deadline_ =
+        core_->reactor.add_timer(Reactor::Clock::now() + core_->options.handshake_timeout, [weak] {
           if (auto self = weak.lock()) self->on_deadline();
         });
     if (!connecting) send_handshake_output();
@@ -584,10 +587,9 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         tp::NopReader reader(reinterpret_cast<const uint8_t*>(op.dest), op.length);
         nop::Status<void> status = op.nop->read(reader);
         if (status.has_error()) {
-          const tp::Error error =
-              make_error("connection with " + peer_ +
-                         " closed: a TensorPipe control frame does not decode (" +
-                         status.GetErrorMessage() + ")");
+          const tp::Error error = make_error(
+              "connection with " + peer_ + " closed: a TensorPipe control frame does not decode (" +
+              status.GetErrorMessage() + ")");
           core_->options.stats->bad_frames.fetch_add(1, std::memory_order_relaxed);
           op.nfn(error);
           fail(error);
@@ -730,7 +732,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         const int err = errno;
-        for (auto& fn : done) fn(tp::Error::kSuccess);
+        for (auto& fn : done)
+          fn(tp::Error::kSuccess);
         fail(make_error("connection with " + peer_ + " lost: " + errno_text(err)));
         return;
       }
@@ -747,14 +750,15 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         }
       }
       // A zero-length frame is complete once its header is out.
-      while (!writes_.empty() && writes_.front().done == sizeof(writes_.front().header) +
-                                                            writes_.front().length) {
+      while (!writes_.empty() &&
+             writes_.front().done == sizeof(writes_.front().header) + writes_.front().length) {
         done.push_back(std::move(writes_.front().fn));
         writes_.pop_front();
       }
     }
     update_interest();
-    for (auto& fn : done) fn(tp::Error::kSuccess);
+    for (auto& fn : done)
+      fn(tp::Error::kSuccess);
   }
 
   void update_interest() {
@@ -917,8 +921,8 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
         if (!error_.empty()) {
           fn(make_error(error_), nullptr);
         } else {
-          fn(tp::Error(std::make_shared<tp::transport::ListenerClosedError>(),
-                       "gradwire transport", 0),
+          fn(tp::Error(std::make_shared<tp::transport::ListenerClosedError>(), "gradwire transport",
+                       0),
              nullptr);
         }
         continue;
@@ -959,8 +963,8 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
       const std::string peer = format_address(core_->options.family, from, from_len);
       if (handshaking_ >= core_->options.max_handshaking) {
         ::close(fd);
-        core_->note_refused(peer, "too many connections in their handshake (" +
-                                      std::to_string(handshaking_) + ")");
+        core_->note_refused(
+            peer, "too many connections in their handshake (" + std::to_string(handshaking_) + ")");
         continue;
       }
       if (core_->options.family == StreamOptions::Family::kTcp) {
@@ -1011,7 +1015,7 @@ class ListenerHandle final : public Listener {
 
 std::string local_domain() {
   // Abstract Unix sockets are shared by the processes of one host and network namespace.
-  struct stat st{};
+  struct stat st {};
   std::string netns = "0";
   if (::stat("/proc/self/ns/net", &st) == 0) netns = std::to_string(st.st_ino);
   return "gradwire-local:" + read_first_line("/proc/sys/kernel/random/boot_id") + ":" + netns;
@@ -1022,7 +1026,7 @@ class ContextImpl final : public StreamContext {
   explicit ContextImpl(StreamOptions options)
       : core_(std::make_shared<Core>(std::move(options))),
         domain_(core_->options.family == StreamOptions::Family::kTcp ? std::string("gradwire-tcp")
-                                                                      : local_domain()) {}
+                                                                     : local_domain()) {}
 
   ~ContextImpl() override {
     close();
@@ -1058,9 +1062,7 @@ class ContextImpl final : public StreamContext {
     }
     auto conn = std::make_shared<ConnImpl>(core_, fd, ConnImpl::Role::kClient, addr);
     // A closed context runs nothing more: the connection's operations then fail at once.
-    core_->run_on_loop([conn, err, bad_address] {
-      conn->start(true, err, nullptr, bad_address);
-    });
+    core_->run_on_loop([conn, err, bad_address] { conn->start(true, err, nullptr, bad_address); });
     return std::make_shared<ConnHandle>(std::move(conn));
   }
 
@@ -1151,8 +1153,8 @@ std::string unique_local_name() {
     random.push_back(kHex[(static_cast<unsigned char>(c) >> 4) & 0xf]);
     random.push_back(kHex[static_cast<unsigned char>(c) & 0xf]);
   }
-  return "gradwire-" + std::to_string(::getpid()) + "-" +
-         std::to_string(counter.fetch_add(1)) + "-" + random;
+  return "gradwire-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)) +
+         "-" + random;
 }
 
 }  // namespace gradwire::rpc::transport

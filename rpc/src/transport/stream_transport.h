@@ -31,8 +31,8 @@ namespace gradwire::rpc::transport {
 
 // Counters shared by the transports of one agent.
 struct TransportStats {
-  std::atomic<uint64_t> accepted{0};  // incoming connections that reached TensorPipe
-  std::atomic<uint64_t> refused{0};   // incoming connections closed before that
+  std::atomic<uint64_t> accepted{0};    // incoming connections that reached TensorPipe
+  std::atomic<uint64_t> refused{0};     // incoming connections closed before that
   std::atomic<uint64_t> bad_frames{0};  // established connections closed for a bad frame
 };
 

@@ -298,9 +298,9 @@ struct AgentMetrics {
   uint64_t connections_accepted{0};  // incoming connections that passed the handshake, ever
   uint64_t connections_refused{0};   // incoming connections refused before reaching the RPC
                                      // layer (bad handshake, wrong secret, garbage), ever
-  uint64_t frames_refused{0};  // connections closed for a frame over the limits, ever
-  bool shutting_down{false};   // a shutdown has begun (a graceful one may be waiting) and the
-                              // agent has not closed yet
+  uint64_t frames_refused{0};        // connections closed for a frame over the limits, ever
+  bool shutting_down{false};         // a shutdown has begun (a graceful one may be waiting) and the
+                                     // agent has not closed yet
 };
 
 class RpcAgent {

@@ -1,0 +1,535 @@
+// gradwire's transports: the handshake on its own, then hostile connections, secrets, idle
+// CPU and many processes through real agents.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <tensorpipe/common/nop.h>
+#include <tensorpipe/core/nop_types.h>
+#include <tensorpipe/tensorpipe.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradwire/c10d/hash_store.h"
+#include "gradwire/core/auth.h"
+#include "gradwire/core/error.h"
+#include "gradwire/rpc/rpc.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+#include "support/agents.h"
+#include "support/harness.h"
+#include "support/sync.h"
+#include "transport/handshake.h"
+#include "transport/stream_transport.h"
+
+namespace gradwire::rpc {
+namespace {
+
+using namespace std::chrono_literals;
+using test::Agents;
+using transport::Handshake;
+
+// ---- the handshake alone
+
+// Passes bytes between two handshakes until neither has anything to say.
+void exchange(Handshake& client, Handshake& server, bool byte_by_byte = false) {
+  for (int round = 0; round < 8; ++round) {
+    bool moved = false;
+    for (auto [from, to] : {std::pair{&client, &server}, std::pair{&server, &client}}) {
+      const std::string out = from->take_output();
+      if (out.empty() || to->state() != Handshake::State::kRunning) continue;
+      moved = true;
+      if (byte_by_byte) {
+        for (char c : out)
+          to->feed(reinterpret_cast<const uint8_t*>(&c), 1);
+      } else {
+        EXPECT_EQ(to->feed(reinterpret_cast<const uint8_t*>(out.data()), out.size()), out.size());
+      }
+    }
+    if (!moved) return;
+  }
+}
+
+TEST(Handshake, WithoutASecretTwoHellosOpenTheConnection) {
+  Handshake client(Handshake::Role::kClient, "");
+  Handshake server(Handshake::Role::kServer, "");
+  exchange(client, server);
+  EXPECT_EQ(client.state(), Handshake::State::kDone);
+  EXPECT_EQ(server.state(), Handshake::State::kDone);
+  EXPECT_FALSE(client.authenticated());
+  // Bytes after the peer's hello belong to the stream: they are not consumed.
+  Handshake c2(Handshake::Role::kClient, "");
+  Handshake s2(Handshake::Role::kServer, "");
+  std::string hello = c2.take_output();
+  ASSERT_EQ(hello.size(), transport::kHelloBytes);
+  hello += "frame";
+  EXPECT_EQ(s2.feed(reinterpret_cast<const uint8_t*>(hello.data()), hello.size()),
+            transport::kHelloBytes);
+  EXPECT_EQ(s2.state(), Handshake::State::kDone);
+}
+
+TEST(Handshake, TheSameSecretAuthenticatesBothEndsEvenByteByByte) {
+  Handshake client(Handshake::Role::kClient, "correct horse");
+  Handshake server(Handshake::Role::kServer, "correct horse");
+  exchange(client, server, /*byte_by_byte=*/true);
+  EXPECT_EQ(client.state(), Handshake::State::kDone) << client.error();
+  EXPECT_EQ(server.state(), Handshake::State::kDone) << server.error();
+  EXPECT_TRUE(client.authenticated());
+  EXPECT_TRUE(server.authenticated());
+}
+
+TEST(Handshake, AWrongSecretFailsOnBothEndsWithoutNamingIt) {
+  // The client checks the server's proof first.
+  Handshake client(Handshake::Role::kClient, "alpha");
+  Handshake server(Handshake::Role::kServer, "bravo");
+  exchange(client, server);
+  EXPECT_EQ(client.state(), Handshake::State::kFailed);
+  EXPECT_NE(client.error().find("authentication failed"), std::string::npos) << client.error();
+  EXPECT_EQ(client.error().find("alpha"), std::string::npos);
+  EXPECT_EQ(client.error().find("bravo"), std::string::npos);
+  // A client that skips that check and answers with a wrong proof is refused by the server,
+  // which says so with its verdict byte.
+  Handshake server2(Handshake::Role::kServer, "bravo");
+  Handshake honest(Handshake::Role::kClient, "bravo");
+  std::string hello = honest.take_output();
+  server2.feed(reinterpret_cast<const uint8_t*>(hello.data()), hello.size());
+  (void)server2.take_output();
+  const std::string forged(transport::kMacBytes, '\x5a');
+  server2.feed(reinterpret_cast<const uint8_t*>(forged.data()), forged.size());
+  EXPECT_EQ(server2.state(), Handshake::State::kFailed);
+  EXPECT_EQ(server2.take_output(), std::string(1, '\0'));
+  EXPECT_NE(server2.error().find("does not know this job's secret"), std::string::npos);
+}
+
+TEST(Handshake, ASecretOnOneSideOnlySaysWhichSideLacksIt) {
+  {
+    Handshake client(Handshake::Role::kClient, "");
+    Handshake server(Handshake::Role::kServer, "s");
+    exchange(client, server);
+    EXPECT_EQ(server.state(), Handshake::State::kFailed);
+    EXPECT_EQ(client.state(), Handshake::State::kFailed);
+    EXPECT_NE(client.error().find("requires a shared secret and none is set here"),
+              std::string::npos)
+        << client.error();
+    EXPECT_NE(client.error().find("GRADWIRE_SECRET"), std::string::npos);
+    EXPECT_NE(server.error().find("the peer has no secret set"), std::string::npos);
+  }
+  {
+    Handshake client(Handshake::Role::kClient, "s");
+    Handshake server(Handshake::Role::kServer, "");
+    exchange(client, server);
+    EXPECT_EQ(server.state(), Handshake::State::kFailed);
+    EXPECT_EQ(client.state(), Handshake::State::kFailed);
+    EXPECT_NE(client.error().find("the peer has no secret set"), std::string::npos);
+    EXPECT_NE(server.error().find("this worker has none set"), std::string::npos);
+  }
+}
+
+TEST(Handshake, GarbageAndOtherVersionsAreRefusedByName) {
+  Handshake server(Handshake::Role::kServer, "");
+  std::string junk(transport::kHelloBytes, 'x');
+  server.feed(reinterpret_cast<const uint8_t*>(junk.data()), junk.size());
+  EXPECT_EQ(server.state(), Handshake::State::kFailed);
+  EXPECT_NE(server.error().find("not a gradwire transport connection"), std::string::npos);
+  Handshake client(Handshake::Role::kClient, "");
+  std::string hello = client.take_output();
+  hello[4] = 9;
+  Handshake server2(Handshake::Role::kServer, "");
+  server2.feed(reinterpret_cast<const uint8_t*>(hello.data()), hello.size());
+  EXPECT_EQ(server2.state(), Handshake::State::kFailed);
+  EXPECT_NE(server2.error().find("version 9, this worker version 1"), std::string::npos)
+      << server2.error();
+}
+
+// ---- where secrets come from
+
+TEST(Secret, GivenThenEnvironmentThenFile) {
+  ::unsetenv("GRADWIRE_SECRET");
+  ::unsetenv("GRADWIRE_SECRET_FILE");
+  EXPECT_EQ(resolve_secret(""), "");
+  EXPECT_EQ(resolve_secret("given"), "given");
+  const auto file =
+      std::filesystem::temp_directory_path() / ("gradwire-secret-" + std::to_string(::getpid()));
+  {
+    std::ofstream out(file);
+    out << "from-file\n";
+  }
+  ::setenv("GRADWIRE_SECRET_FILE", file.c_str(), 1);
+  EXPECT_EQ(resolve_secret(""), "from-file");  // the trailing newline is dropped
+  ::setenv("GRADWIRE_SECRET", "from-env", 1);
+  EXPECT_EQ(resolve_secret(""), "from-env");
+  EXPECT_EQ(resolve_secret("given"), "given");
+  ::unsetenv("GRADWIRE_SECRET");
+  { std::ofstream truncate(file); }
+  EXPECT_THROW(
+      {
+        try {
+          resolve_secret("");
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("is empty"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      InvalidArgument);
+  std::filesystem::remove(file);
+  EXPECT_THROW(
+      {
+        try {
+          resolve_secret("");
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      InvalidArgument);
+  ::unsetenv("GRADWIRE_SECRET_FILE");
+}
+
+// ---- hostile connections against real agents
+
+void register_basics(Registry& reg) {
+  reg.def("concat", [](const std::string& a, const std::string& b) { return a + b; });
+  reg.def("echo", [](const Tensor& t) { return t; });
+}
+
+struct Group {
+  std::shared_ptr<c10d::HashStore> store = std::make_shared<c10d::HashStore>(20s);
+  Agents agents;
+};
+
+Group start_group(int n, const AgentOptions& options) {
+  Group g;
+  g.agents.resize(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        g.agents[static_cast<size_t>(r)] =
+            make_tensorpipe_agent(test::worker_name(r), r, n, g.store, options);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  for (const std::string& e : errors) {
+    if (!e.empty()) throw std::runtime_error(e);
+  }
+  return g;
+}
+
+// The tcp address worker `rank` published ("host:port").
+std::pair<std::string, int> published_address(c10d::Store& store, int rank) {
+  std::istringstream in(c10d::to_string(store.get("rpc/1/worker/" + std::to_string(rank))));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("url tcp://", 0) == 0) {
+      const std::string hp = line.substr(10);
+      const size_t colon = hp.rfind(':');
+      return {hp.substr(0, colon), std::stoi(hp.substr(colon + 1))};
+    }
+  }
+  return {"", 0};
+}
+
+// A plain TCP socket to the address, with a receive timeout so that no read waits forever.
+int raw_connect(const std::pair<std::string, int>& to) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(to.second));
+  ::inet_pton(AF_INET, to.first.c_str(), &addr.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << to.first;
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+void send_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the peer closed it: what the caller checks next
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Reads until the peer closes the connection (true) or 10 s pass (false).
+bool closed_by_peer(int fd) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;
+  }
+}
+
+// Runs a client handshake over a raw socket; returns whether it completed.
+bool raw_handshake(int fd, const std::string& secret) {
+  Handshake hs(Handshake::Role::kClient, secret);
+  while (hs.state() == Handshake::State::kRunning) {
+    send_all(fd, hs.take_output());
+    uint8_t byte = 0;
+    if (::recv(fd, &byte, 1, 0) != 1) return false;
+    hs.feed(&byte, 1);
+  }
+  send_all(fd, hs.take_output());
+  return hs.state() == Handshake::State::kDone;
+}
+
+std::string frame(const std::string& payload) {
+  const uint64_t n = payload.size();
+  return std::string(reinterpret_cast<const char*>(&n), sizeof(n)) + payload;
+}
+
+AgentOptions options_for(Registry& reg) {
+  AgentOptions o = test::agent_options(reg);
+  o.direct_copy_threads = 0;
+  return o;
+}
+
+void expect_serving(Group& g) {
+  EXPECT_EQ(g.agents[0]->rpc_sync<std::string>("w1", "concat", std::string("still "),
+                                               std::string("here")),
+            "still here");
+}
+
+TEST(TransportHostile, RandomBytesNeverStopTheListener) {
+  Registry reg;
+  register_basics(reg);
+  Group g = start_group(2, options_for(reg));
+  const auto w1 = published_address(*g.store, 1);
+  ASSERT_NE(w1.second, 0);
+  std::mt19937 rng(7);
+  constexpr int kJunk = 40;
+  for (int i = 0; i < kJunk; ++i) {
+    const int fd = raw_connect(w1);
+    std::string junk(static_cast<size_t>(1 + rng() % 4096), '\0');
+    for (char& c : junk)
+      c = static_cast<char>(rng());
+    send_all(fd, junk);
+    EXPECT_TRUE(closed_by_peer(fd)) << "junk connection " << i;
+    ::close(fd);
+  }
+  // One that connects and leaves at once, another that leaves after its first bytes.
+  ::close(raw_connect(w1));
+  {
+    const int fd = raw_connect(w1);
+    send_all(fd, "GW");
+    ::close(fd);
+  }
+  expect_serving(g);
+  // A peer that was never seen before still gets in.
+  EXPECT_EQ(
+      g.agents[2 - 1]->rpc_sync<std::string>("w0", "concat", std::string("a"), std::string("b")),
+      "ab");
+  EXPECT_GE(g.agents[1]->metrics().connections_refused, static_cast<uint64_t>(kJunk));
+  test::shutdown_agents(g.agents);
+}
+
+TEST(TransportHostile, HugeLengthsAreRefusedBeforeAnythingIsAllocated) {
+  Registry reg;
+  register_basics(reg);
+  Group g = start_group(2, options_for(reg));
+  const auto w1 = published_address(*g.store, 1);
+  // 1. Right after a valid handshake, a first frame claiming 2^62 bytes.
+  {
+    const int fd = raw_connect(w1);
+    ASSERT_TRUE(raw_handshake(fd, ""));
+    const uint64_t huge = uint64_t{1} << 62;
+    send_all(fd, std::string(reinterpret_cast<const char*>(&huge), sizeof(huge)));
+    EXPECT_TRUE(closed_by_peer(fd));
+    ::close(fd);
+  }
+  // 2. A well-formed TensorPipe hello, then a control frame claiming 2^62 bytes: the pipe
+  //    is closed for it, the listener is untouched.
+  {
+    const int fd = raw_connect(w1);
+    ASSERT_TRUE(raw_handshake(fd, ""));
+    tensorpipe::NopHolder<tensorpipe::Packet> hello;
+    hello.getObject() = tensorpipe::SpontaneousConnection{"intruder"};
+    std::string bytes(hello.getSize(), '\0');
+    tensorpipe::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
+    ASSERT_FALSE(hello.write(writer).has_error());
+    const uint64_t huge = uint64_t{1} << 62;
+    send_all(fd, frame(bytes) + std::string(reinterpret_cast<const char*>(&huge), sizeof(huge)));
+    EXPECT_TRUE(closed_by_peer(fd));
+    ::close(fd);
+    EXPECT_GE(g.agents[1]->metrics().frames_refused, 1u);
+  }
+  // 3. A first frame that is not TensorPipe's hello.
+  {
+    const int fd = raw_connect(w1);
+    ASSERT_TRUE(raw_handshake(fd, ""));
+    send_all(fd, frame("definitely not a nop packet"));
+    EXPECT_TRUE(closed_by_peer(fd));
+    ::close(fd);
+  }
+  expect_serving(g);
+  EXPECT_GE(g.agents[1]->metrics().connections_refused, 2u);
+  test::shutdown_agents(g.agents);
+}
+
+TEST(TransportHostile, AHalfHandshakeIsClosedAtTheDeadlineAndBlocksNobody) {
+  Registry reg;
+  register_basics(reg);
+  AgentOptions options = options_for(reg);
+  options.handshake_timeout = 300ms;
+  Group g = start_group(2, options);
+  const auto w1 = published_address(*g.store, 1);
+  const int stalled = raw_connect(w1);
+  send_all(stalled, "GWTP\x01");  // 5 of the hello's 40 bytes, then nothing
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_serving(g);  // served while the stalled connection waits
+  EXPECT_TRUE(closed_by_peer(stalled));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, 5s);
+  ::close(stalled);
+  EXPECT_GE(g.agents[1]->metrics().connections_refused, 1u);
+  test::shutdown_agents(g.agents);
+}
+
+// A TensorPipe context that speaks gradwire's tcp with `secret`, as an outsider would.
+std::string outsider_call_error(const std::pair<std::string, int>& to, const std::string& secret) {
+  namespace tp = tensorpipe;
+  auto context = std::make_shared<tp::Context>(tp::ContextOptions().name("outsider"));
+  transport::StreamOptions o;
+  o.secret = secret;
+  context->registerTransport(0, "tcp", transport::create_stream_context(o));
+  context->registerChannel(0, "basic", tp::channel::basic::create());
+  auto pipe = context->connect("tcp://" + to.first + ":" + std::to_string(to.second));
+  test::CountdownLatch done(1);
+  std::string error;
+  tp::Message message;
+  message.metadata = "hello?";
+  pipe->write(std::move(message), [&](const tp::Error& e) {
+    if (e) error = e.what();
+    done.count_down();
+  });
+  EXPECT_TRUE(done.wait(10s));
+  context->close();
+  context->join();
+  return error;
+}
+
+TEST(TransportSecret, AJobWithASecretServesItsWorkersAndRefusesOutsiders) {
+  Registry reg;
+  register_basics(reg);
+  AgentOptions options = options_for(reg);
+  options.secret = "the job's secret";
+  Group g = start_group(3, options);
+  // Workers that share it call each other as usual, tensors included.
+  EXPECT_EQ(sum(g.agents[2]->rpc_sync<Tensor>("w1", "echo", ones({1000}))).item<float>(), 1000);
+  expect_serving(g);
+  const auto w1 = published_address(*g.store, 1);
+  const uint64_t before = g.agents[1]->metrics().connections_refused;
+  const std::string wrong = outsider_call_error(w1, "a guess");
+  EXPECT_NE(wrong.find("authentication failed"), std::string::npos) << wrong;
+  EXPECT_EQ(wrong.find("the job's secret"), std::string::npos) << wrong;
+  const std::string none = outsider_call_error(w1, "");
+  EXPECT_NE(none.find("requires a shared secret and none is set here"), std::string::npos) << none;
+  // A raw client with the wrong secret that ignores the server's proof is refused too.
+  {
+    const int fd = raw_connect(w1);
+    EXPECT_FALSE(raw_handshake(fd, "another guess"));
+    ::close(fd);
+  }
+  expect_serving(g);
+  EXPECT_GE(g.agents[1]->metrics().connections_refused, before + 2);
+  test::shutdown_agents(g.agents);
+}
+
+// Per thread (name and id): user+system CPU ticks, from /proc.
+std::map<std::string, long> thread_ticks() {
+  std::map<std::string, long> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(text.substr(close + 2));
+    std::string field;
+    long utime = 0;
+    long stime = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+      if (i == 14) utime = std::stol(field);
+      if (i == 15) stime = std::stol(field);
+    }
+    out[name + "/" + entry.path().filename().string()] = utime + stime;
+  }
+  return out;
+}
+
+TEST(TransportIdle, ConnectedAgentsUseNoCpuWhileIdle) {
+  Registry reg;
+  register_basics(reg);
+  // The agents' threads are those that appear with them (BLAS and the harness have theirs).
+  const auto before = thread_ticks();
+  Group g = start_group(2, options_for(reg));
+  expect_serving(g);
+  EXPECT_EQ(g.agents[1]->rpc_sync<std::string>("w0", "concat", std::string("x"), std::string("y")),
+            "xy");
+  // The measurement itself is an idle stretch: two agents, connected both ways, doing
+  // nothing for a second. Busy-polling transports burn about a core per agent here.
+  const auto ticks0 = thread_ticks();
+  std::this_thread::sleep_for(1s);
+  long used = 0;
+  std::string busy;  // the threads that used CPU meanwhile, for the failure message
+  for (const auto& [thread, ticks] : thread_ticks()) {
+    if (before.count(thread) != 0) continue;
+    auto it = ticks0.find(thread);
+    const long delta = ticks - (it == ticks0.end() ? 0 : it->second);
+    used += delta;
+    if (delta > 0) busy += " " + thread + ":" + std::to_string(delta);
+  }
+  // Clock ticks are 10 ms: 2 ticks in a second is 1% of a core per agent.
+  EXPECT_LE(used, 2) << "ticks used by the agents' threads over an idle second:" << busy;
+  test::shutdown_agents(g.agents);
+}
+
+TEST(TransportScale, SixtyFourWorkerProcessesCallEachOtherAllToAll) {
+  Registry reg;
+  register_basics(reg);
+  AgentOptions options = options_for(reg);
+  options.num_worker_threads = 2;
+  options.channels = {"cma", "basic"};
+  options.rpc_timeout = 60s;
+  options.join_timeout = 60s;
+  constexpr int kWorkers = 64;
+  test::RankResults results = test::run_agent_processes(
+      "transport-64", kWorkers, options, [&](int rank, c10d::Store&, RpcAgent& agent) {
+        std::vector<Future<std::string>> calls;
+        for (int to = 0; to < kWorkers; ++to) {
+          if (to == rank) continue;
+          calls.push_back(agent.rpc_async<std::string>(test::worker_name(to), "concat",
+                                                       std::to_string(rank), std::string(">")));
+        }
+        for (auto& f : calls) {
+          if (f.get(60s) != std::to_string(rank) + ">") throw std::runtime_error("wrong reply");
+        }
+        agent.shutdown();
+      });
+  EXPECT_PRED_FORMAT1(test::AllRanksOk, results);
+}
+
+}  // namespace
+}  // namespace gradwire::rpc
