@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <sstream>
 
+#include "gradwire/c10d/prefix_store.h"
 #include "gradwire/c10d/store.h"
+#include "gradwire/c10d/tcp_store.h"
+#include "gradwire/core/logging.h"
 #include "text.h"
 
 namespace gradwire::rpc::detail {
@@ -288,6 +291,30 @@ void GroupDirectory::barrier(const std::string& phase, Clock::time_point deadlin
   store_->set(key(prefix + std::to_string(self_.id)), "1");
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   wait_for_all(prefix, left, "in graceful shutdown for every worker to agree");
+}
+
+void GroupDirectory::depart(Clock::time_point deadline) const {
+  const std::string prefix = "shutdown/left/";
+  try {
+    store_->set(key(prefix + std::to_string(self_.id)), "1");
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kWarning) << "rpc worker " << self_.describe()
+                           << ": could not mark its departure in the store: " << e.what();
+    return;
+  }
+  const c10d::Store* store = store_.get();
+  while (const auto* prefixed = dynamic_cast<const c10d::PrefixStore*>(store))
+    store = prefixed->underlying_store().get();
+  const auto* tcp = dynamic_cast<const c10d::TCPStore*>(store);
+  if (tcp == nullptr || !tcp->is_master()) return;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  try {
+    wait_for_all(prefix, std::max(left, std::chrono::milliseconds(1)),
+                 "to pass the end of graceful shutdown before the store's host leaves");
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kWarning) << "rpc worker " << self_.describe()
+                           << " (hosting the store) leaves without them: " << e.what();
+  }
 }
 
 // ---- lookups

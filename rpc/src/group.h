@@ -95,6 +95,12 @@ class GroupDirectory {
   // Waits until every worker has reached `phase` of a graceful shutdown, until `deadline`;
   // TimeoutError naming those that did not.
   void barrier(const std::string& phase, Clock::time_point deadline) const;
+  // The last step of a graceful shutdown, after the last barrier: every worker marks that it
+  // has passed it, and the worker whose process hosts the store (a TCPStore master, through
+  // any PrefixStores) waits, at most until `deadline`, for every mark before it returns,
+  // so that its process does not take the store away while another worker still waits
+  // for the barrier's answer from it. Never throws: a late worker is logged.
+  void depart(Clock::time_point deadline) const;
 
   // After join.
   int world_size() const { return world_size_; }

@@ -219,9 +219,10 @@ std::exception_ptr RRefContext::lost_error(int worker) const {
                                               ", is gone (" + it->second + ")"));
 }
 
-Future<Value> RRefContext::send(const WorkerInfo& to, const std::string& payload, std::string what,
-                                std::vector<Value> args, rpc::CallOptions options,
-                                uint32_t handler) {
+Future<Value> RRefContext::send(
+    const WorkerInfo& to, const std::string& payload, std::string what, std::vector<Value> args,
+    rpc::CallOptions options, uint32_t handler,
+    std::shared_ptr<std::vector<std::shared_ptr<detail::RRefCore>>> keep) {
   std::shared_ptr<rpc::RpcAgent> agent = this->agent();
   rpc::Request request;
   request.handler = handler;
@@ -242,10 +243,16 @@ Future<Value> RRefContext::send(const WorkerInfo& to, const std::string& payload
   };
   try {
     agent->send_request(to, std::move(request), options,
-                        [weak, done, result](Value value, std::exception_ptr error) mutable {
+                        [weak, done, result, keep](Value value, std::exception_ptr error) mutable {
                           if (error) {
                             result.try_set_error(std::move(error));
                           } else {
+                            auto self = weak.lock();
+                            if (keep != nullptr && self != nullptr && has_descriptor(value)) {
+                              for_each_descriptor(value, [&](const RRefDescriptor& d) {
+                                if (auto core = self->find_received(d)) keep->push_back(core);
+                              });
+                            }
                             result.try_set_value(std::move(value));
                           }
                           if (auto self = weak.lock()) done(*self);

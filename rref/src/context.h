@@ -94,9 +94,15 @@ class RRefContext : public rpc::Interceptor,
   // Sends a protocol message to `to` (to the call handler when it runs user code: a
   // creation or a method; else to the control handler); counted in messages_in_flight until
   // its reply.
-  Future<rpc::Value> send(const rpc::WorkerInfo& to, const std::string& payload, std::string what,
-                          std::vector<rpc::Value> args = {}, rpc::CallOptions options = {},
-                          uint32_t handler = kRRefControlHandler);
+  // `keep`, when given, is filled with the references the reply carries, while the call is
+  // still being finished: the caller holds it until it has converted the reply (the reply's
+  // future may complete before the caller's continuation is attached, and the call's own
+  // hold on them ends when it finishes).
+  Future<rpc::Value> send(
+      const rpc::WorkerInfo& to, const std::string& payload, std::string what,
+      std::vector<rpc::Value> args = {}, rpc::CallOptions options = {},
+      uint32_t handler = kRRefControlHandler,
+      std::shared_ptr<std::vector<std::shared_ptr<detail::RRefCore>>> keep = nullptr);
 
   // ---- received references
   std::shared_ptr<detail::RRefCore> find_received(const rpc::RRefDescriptor& d) const;

@@ -410,11 +410,14 @@ detail::Reply UserRRef::fetch(rpc::CallOptions options) {
   message.mutable_fetch()->set_rref_id(id_);
   message.mutable_fetch()->set_type_name(type_name_);
   std::shared_ptr<RRefContext> context = context_;
+  // The references in the value are held until the caller has converted it.
+  auto keep = std::make_shared<std::vector<std::shared_ptr<detail::RRefCore>>>();
   return detail::Reply{
       after_confirmed([context, owner = owner_, payload = message.SerializeAsString(),
-                       what = "to_here of " + describe(),
-                       options] { return context->send(owner, payload, what, {}, options); }),
-      nullptr};
+                       what = "to_here of " + describe(), options, keep] {
+        return context->send(owner, payload, what, {}, options, kRRefControlHandler, keep);
+      }),
+      keep};
 }
 
 detail::Reply UserRRef::call(std::string method, std::vector<Value> args,
@@ -426,16 +429,18 @@ detail::Reply UserRRef::call(std::string method, std::vector<Value> args,
   message.mutable_call_method()->set_type_name(type_name_);
   std::shared_ptr<RRefContext> context = context_;
   auto shared_args = std::make_shared<std::vector<Value>>(std::move(args));
+  // The references in the result are held until the caller has converted it.
+  auto keep = std::make_shared<std::vector<std::shared_ptr<detail::RRefCore>>>();
   Future<Value> result = after_confirmed(
       [context, owner = owner_, payload = message.SerializeAsString(),
-       what = type_name_ + "." + method + " on " + describe(), shared_args, options] {
-        return context->send(owner, payload, what, *shared_args, options, kRRefHandler);
+       what = type_name_ + "." + method + " on " + describe(), shared_args, options, keep] {
+        return context->send(owner, payload, what, *shared_args, options, kRRefHandler, keep);
       });
   // References among the arguments that never left are given back.
   gradwire::detail::on_complete_inline(result, [context, shared_args](const Future<Value>& done) {
     if (done.has_error()) context->discard(*shared_args);
   });
-  return detail::Reply{result, nullptr};
+  return detail::Reply{result, keep};
 }
 
 std::shared_ptr<detail::RRefCore> UserRRef::remote(std::string method, std::string result_type,

@@ -320,7 +320,9 @@ TEST(TransportHostile, RandomBytesNeverStopTheListener) {
   constexpr int kJunk = 40;
   for (int i = 0; i < kJunk; ++i) {
     const int fd = raw_connect(w1);
-    std::string junk(static_cast<size_t>(1 + rng() % 4096), '\0');
+    // At least a hello's worth, so that the handshake sees it is garbage at once (shorter
+    // junk waits for the handshake deadline: AHalfHandshake... covers that).
+    std::string junk(static_cast<size_t>(transport::kHelloBytes + rng() % 4096), '\0');
     for (char& c : junk)
       c = static_cast<char>(rng());
     send_all(fd, junk);

@@ -282,6 +282,14 @@ void TensorPipeAgent::validate_options() const {
                             "' (known: xth, cma, mpt, mpt_uv, basic)");
     }
   }
+  if (std::find(options_.transports.begin(), options_.transports.end(), "tcp") ==
+          options_.transports.end() &&
+      std::find(options_.transports.begin(), options_.transports.end(), "uv") ==
+          options_.transports.end()) {
+    throw InvalidArgument(who +
+                          "AgentOptions::transports needs \"tcp\" (or TensorPipe's \"uv\"): it "
+                          "carries the first connection to every peer");
+  }
   if (options_.handshake_timeout.count() <= 0) {
     throw InvalidArgument(who + "AgentOptions::handshake_timeout must be > 0, got " +
                           ms_text(options_.handshake_timeout));
@@ -338,10 +346,14 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
   auto wants = [](const std::vector<std::string>& list, const char* name) {
     return std::find(list.begin(), list.end(), name) != list.end();
   };
-  // gradwire's tcp carries the first connection to every peer, so it is always on.
-  std::vector<std::string> urls{"tcp://" + host_port(host, 0)};
-  tcp_ = transport::create_stream_context(stream_options(transport::StreamOptions::Family::kTcp));
-  context_->registerTransport(kTcpPriority, "tcp", tcp_);
+  // The first connection to every peer goes over tcp (or, without it, TensorPipe's uv):
+  // its URL comes first and is the one announced.
+  std::vector<std::string> urls;
+  if (wants(options_.transports, "tcp")) {
+    tcp_ = transport::create_stream_context(stream_options(transport::StreamOptions::Family::kTcp));
+    context_->registerTransport(kTcpPriority, "tcp", tcp_);
+    urls.push_back("tcp://" + host_port(host, 0));
+  }
   if (wants(options_.transports, "local")) {
     local_ =
         transport::create_stream_context(stream_options(transport::StreamOptions::Family::kLocal));
@@ -449,7 +461,7 @@ void TensorPipeAgent::start_serving() {
       throw NetworkError("rpc agent " + self_.describe() + ": " + error);
     }
   }
-  const std::string my_url = listener_->url("tcp");
+  const std::string my_url = listener_->url(tcp_ != nullptr ? "tcp" : "uv");
   calls_.start();
   detail::GroupDirectory::Announcement me{my_url, cuda_device_count(), options_.device_maps,
                                           std::nullopt, std::string()};
@@ -1133,6 +1145,7 @@ void TensorPipeAgent::shutdown(bool graceful) {
       group_.barrier("1", deadline);
       wait_until_idle(deadline);
       group_.barrier("2", deadline);
+      group_.depart(deadline);
     } catch (...) {
       {
         // Later operations fail with this error, not a generic "shut down".

@@ -124,9 +124,10 @@ struct AgentOptions {
   // "cma", "mpt", "mpt_uv", "basic"}. Per peer, the fastest one that both ends have is used.
   // "tcp" and "local" are gradwire's own (docs/rpc.md, Transports): TCP for every peer, and
   // Unix sockets between processes of one host; both authenticate (see `secret`), bound what
-  // they read, and sleep when idle. "tcp" is always on: it carries the first connection.
-  // "shm" and "uv" are TensorPipe's, for comparison only: they do none of that, shm
-  // busy-polls a core per worker, and a single stray connection stops uv's listener.
+  // they read, and sleep when idle. The first connection to a peer goes over "tcp" (or,
+  // without it, "uv"): one of them is required. "shm" and "uv" are TensorPipe's, for
+  // comparison only: they do none of that, shm busy-polls a core per worker, and a single
+  // stray connection stops uv's listener.
   // Channels move tensors: xth within one process, cma between processes of one host, mpt
   // over several TCP lanes of gradwire's tcp ("mpt_uv": TensorPipe's uv lanes), basic
   // through the pipe's own connection.
