@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -114,6 +115,9 @@ rpc::AgentOptions options_for(rpc::Registry& reg, const Variant& v) {
   options.transports = v.transports;
   options.secret = v.secret;
   options.num_worker_threads = 2;
+  if (const char* spin = std::getenv("GRADWIRE_BENCH_TRANSPORT_SPIN_US")) {
+    options.transport_spin = std::chrono::microseconds(std::stoll(spin));
+  }
   return options;
 }
 

@@ -290,6 +290,10 @@ void TensorPipeAgent::validate_options() const {
                           "AgentOptions::transports needs \"tcp\" (or TensorPipe's \"uv\"): it "
                           "carries the first connection to every peer");
   }
+  if (options_.transport_spin.count() < 0 || options_.transport_spin > std::chrono::seconds(1)) {
+    throw InvalidArgument(who + "AgentOptions::transport_spin must be in [0, 1 s], got " +
+                          std::to_string(options_.transport_spin.count()) + " us");
+  }
   if (options_.handshake_timeout.count() <= 0) {
     throw InvalidArgument(who + "AgentOptions::handshake_timeout must be > 0, got " +
                           ms_text(options_.handshake_timeout));
@@ -334,6 +338,7 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   o.family = family;
   o.secret = secret_;
   o.handshake_timeout = options_.handshake_timeout;
+  o.spin = options_.transport_spin;
   // TensorPipe's control frames carry a message's payload plus its tensors' descriptions.
   o.max_frame_bytes = options_.limits.max_payload_bytes + (size_t{16} << 20);
   o.stats = transport_stats_;

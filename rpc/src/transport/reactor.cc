@@ -16,7 +16,8 @@ namespace {
 constexpr uint64_t kWakeToken = 0;
 }
 
-Reactor::Reactor(std::string name) : name_(std::move(name)) {
+Reactor::Reactor(std::string name, std::chrono::microseconds spin)
+    : name_(std::move(name)), spin_(spin) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) {
     throw NetworkError("transport " + name_ + ": epoll_create1 failed: " + std::strerror(errno));
@@ -48,16 +49,16 @@ Reactor::~Reactor() {
 }
 
 bool Reactor::defer(std::function<void()> fn) {
-  bool was_empty = false;
+  bool need_wake = false;
   {
     MutexLock lock(mutex_);
     if (closed_) return false;
-    was_empty = deferred_.empty();
+    // The loop drains the queue before it sleeps, and looks at it while it spins: only the
+    // first item from another thread, while the loop may be asleep, needs to wake it.
+    need_wake = deferred_.empty() && !spinning_;
     deferred_.push_back(std::move(fn));
   }
-  // The loop drains the queue before it sleeps: only the first item from another thread
-  // needs to wake it.
-  if (was_empty && !in_loop()) wake();
+  if (need_wake && !in_loop()) wake();
   return true;
 }
 
@@ -142,14 +143,16 @@ void Reactor::run_due_timers() {
   }
 }
 
-void Reactor::run_deferred() {
+bool Reactor::run_deferred() {
+  bool ran = false;
   for (;;) {
     std::vector<std::function<void()>> batch;
     {
       MutexLock lock(mutex_);
-      if (deferred_.empty()) return;
+      if (deferred_.empty()) return ran;
       batch.swap(deferred_);
     }
+    ran = true;
     for (auto& fn : batch) {
       try {
         fn();
@@ -165,15 +168,26 @@ void Reactor::run() {
   // "gw-tcp w0": what ps and /proc show (15 characters at most).
   ::pthread_setname_np(::pthread_self(), ("gw-" + name_).substr(0, 15).c_str());
   std::vector<epoll_event> events(128);
+  Clock::time_point spin_until = Clock::now() + spin_;
   while (!stopping_.load(std::memory_order_relaxed)) {
-    run_deferred();
+    const bool worked = run_deferred();
     if (stopping_.load(std::memory_order_relaxed)) break;
+    if (worked) spin_until = Clock::now() + spin_;
     int timeout = next_timeout_ms();
     {
       MutexLock lock(mutex_);
-      if (!deferred_.empty()) timeout = 0;
+      if (!deferred_.empty()) {
+        timeout = 0;
+      } else if (spin_.count() > 0 && Clock::now() < spin_until) {
+        timeout = 0;
+        spinning_ = true;
+      } else {
+        // From here on a defer from another thread wakes the loop.
+        spinning_ = false;
+      }
     }
     const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
+    if (n > 0) spin_until = Clock::now() + spin_;
     if (n < 0) {
       if (errno == EINTR) continue;
       GRADWIRE_LOG(kError) << "transport " << name_

@@ -29,7 +29,10 @@ class Reactor {
   // Called with the epoll events that fired for the descriptor.
   using Handler = std::function<void(uint32_t events)>;
 
-  explicit Reactor(std::string name);
+  // `spin`: after any activity the loop keeps polling (without sleeping) this long before
+  // it blocks, so that a reply that follows a request closely is picked up without a
+  // wake-up; an idle loop sleeps. 0: never spin.
+  explicit Reactor(std::string name, std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~Reactor();
   Reactor(const Reactor&) = delete;
   Reactor& operator=(const Reactor&) = delete;
@@ -60,11 +63,12 @@ class Reactor {
  private:
   void run();
   void wake();
-  void run_deferred();
+  bool run_deferred();  // whether it ran anything
   int next_timeout_ms();
   void run_due_timers();
 
   const std::string name_;
+  const std::chrono::microseconds spin_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
@@ -74,6 +78,8 @@ class Reactor {
   Mutex mutex_;
   std::vector<std::function<void()>> deferred_ GRADWIRE_GUARDED_BY(mutex_);
   bool closed_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  // The loop is polling: work deferred now is seen without a wake-up.
+  bool spinning_ GRADWIRE_GUARDED_BY(mutex_) = false;
 
   // Loop thread only.
   struct Entry {

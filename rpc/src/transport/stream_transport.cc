@@ -159,8 +159,8 @@ class ListenerImpl;
 struct Core : std::enable_shared_from_this<Core> {
   explicit Core(StreamOptions o)
       : options(std::move(o)),
-        reactor((options.family == StreamOptions::Family::kTcp ? "tcp " : "local ") +
-                options.name) {
+        reactor((options.family == StreamOptions::Family::kTcp ? "tcp " : "local ") + options.name,
+                options.spin) {
     if (!options.stats) options.stats = std::make_shared<TransportStats>();
   }
 
@@ -300,7 +300,7 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
     op.ptr = static_cast<const char*>(ptr);
     op.length = length;
     op.fn = std::move(fn);
-    submit_write(std::move(op));
+    if (!try_direct(op)) submit_write(std::move(op));
   }
   void write(const tp::AbstractNopHolder& object, Connection::write_callback_fn fn) {
     // Encoded now, on the caller's thread: the object need not outlive this call.
@@ -318,7 +318,7 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
     }
     op.ptr = op.owned.get();
     op.fn = std::move(fn);
-    submit_write(std::move(op));
+    if (!try_direct(op)) submit_write(std::move(op));
   }
   void close() {
     auto self = shared_from_this();
@@ -365,10 +365,52 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   void submit_write(WriteOp op) {
     auto self = shared_from_this();
     auto holder = std::make_shared<WriteOp>(std::move(op));
+    {
+      MutexLock lock(write_mutex_);
+      ++submitted_;
+    }
     if (!core_->run_on_loop([self, holder] { self->start_write(std::move(*holder)); })) {
+      {
+        MutexLock lock(write_mutex_);
+        --submitted_;
+      }
       holder->fn(tp::Error(std::make_shared<tp::transport::ContextClosedError>(),
                            "gradwire transport", 0));
     }
+  }
+
+  // The common case, on the caller's thread: an open connection with nothing queued sends
+  // the frame at once, without a hand-off to the loop. Returns false (op untouched) when
+  // the frame must go through the loop; true when it was sent (its callback has run) or
+  // queued behind a partial send that the loop finishes.
+  bool try_direct(WriteOp& op) {
+    bool queued = false;
+    {
+      MutexLock lock(write_mutex_);
+      if (direct_fd_ < 0 || submitted_ > 0 || !writes_.empty()) return false;
+      iovec iov[2] = {{&op.header, sizeof(op.header)}, {const_cast<char*>(op.ptr), op.length}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = op.length > 0 ? 2 : 1;
+      ssize_t n = -1;
+      do {
+        n = ::sendmsg(direct_fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      } while (n < 0 && errno == EINTR);
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;  // the loop reports it
+      const size_t sent = n < 0 ? 0 : static_cast<size_t>(n);
+      if (sent < sizeof(op.header) + op.length) {
+        op.done = sent;
+        writes_.push_back(std::move(op));
+        queued = true;
+      }
+    }
+    if (queued) {
+      auto self = shared_from_this();
+      core_->run_on_loop([self] { self->pump_writes(); });
+      return true;
+    }
+    op.fn(tp::Error::kSuccess);
+    return true;
   }
 
   static void fail_op(ReadOp& op, const tp::Error& error) {
@@ -417,11 +459,15 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   }
 
   void start_write(WriteOp op) {
+    {
+      MutexLock lock(write_mutex_);
+      --submitted_;
+      if (state_ != State::kClosed) writes_.push_back(std::move(op));
+    }
     if (state_ == State::kClosed) {
       op.fn(error_);
       return;
     }
-    writes_.push_back(std::move(op));
     if (state_ == State::kOpen) pump_writes();
   }
 
@@ -483,6 +529,10 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
 
   void finish_opening() {
     state_ = State::kOpen;
+    {
+      MutexLock lock(write_mutex_);
+      direct_fd_ = fd_;
+    }
     if (deadline_ != 0) {
       core_->reactor.cancel_timer(deadline_);
       deadline_ = 0;
@@ -711,6 +761,26 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
       return;
     }
     std::vector<Connection::write_callback_fn> done;
+    int lost = 0;
+    {
+      MutexLock lock(write_mutex_);
+      lost = send_queued_locked(done);
+    }
+    if (lost != 0) {
+      for (auto& fn : done)
+        fn(tp::Error::kSuccess);
+      fail(make_error("connection with " + peer_ + " lost: " + errno_text(lost)));
+      return;
+    }
+    update_interest();
+    for (auto& fn : done)
+      fn(tp::Error::kSuccess);
+  }
+
+  // Sends what is queued until done or the socket is full; the callbacks of the frames
+  // sent whole go to `done`. Returns 0, or the errno that lost the connection.
+  int send_queued_locked(std::vector<Connection::write_callback_fn>& done)
+      GRADWIRE_REQUIRES(write_mutex_) {
     while (!writes_.empty()) {
       iovec iov[kMaxIov];
       int count = 0;
@@ -727,15 +797,11 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = static_cast<size_t>(count);
-      const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+      const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        const int err = errno;
-        for (auto& fn : done)
-          fn(tp::Error::kSuccess);
-        fail(make_error("connection with " + peer_ + " lost: " + errno_text(err)));
-        return;
+        return errno;
       }
       size_t left = static_cast<size_t>(n);
       while (left > 0) {
@@ -756,17 +822,20 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         writes_.pop_front();
       }
     }
-    update_interest();
-    for (auto& fn : done)
-      fn(tp::Error::kSuccess);
+    return 0;
   }
 
   void update_interest() {
     if (state_ == State::kClosed) return;
     uint32_t want = 0;
     if (!reading_paused_) want |= EPOLLIN;
+    bool queued = false;
+    {
+      MutexLock lock(write_mutex_);
+      queued = !writes_.empty();
+    }
     if (state_ == State::kConnecting || !handshake_out_.empty() ||
-        (state_ == State::kOpen && !writes_.empty())) {
+        (state_ == State::kOpen && queued)) {
       want |= EPOLLOUT;
     }
     if (want != events_) {
@@ -794,7 +863,11 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   std::string handshake_out_;
   std::optional<std::string> prefetched_;
   std::deque<ReadOp> reads_;
-  std::deque<WriteOp> writes_;
+  // The write side is shared with the callers' threads (try_direct).
+  Mutex write_mutex_;
+  std::deque<WriteOp> writes_ GRADWIRE_GUARDED_BY(write_mutex_);
+  int submitted_ GRADWIRE_GUARDED_BY(write_mutex_) = 0;   // on their way to the loop
+  int direct_fd_ GRADWIRE_GUARDED_BY(write_mutex_) = -1;  // >= 0 while open
 };
 
 void ConnImpl::fail(tp::Error error) {
@@ -805,6 +878,13 @@ void ConnImpl::fail(tp::Error error) {
     core_->reactor.cancel_timer(deadline_);
     deadline_ = 0;
   }
+  std::deque<WriteOp> writes;
+  {
+    // No caller's thread writes to the descriptor once this returns.
+    MutexLock lock(write_mutex_);
+    direct_fd_ = -1;
+    writes.swap(writes_);
+  }
   if (fd_ >= 0) {
     core_->reactor.remove(fd_);
     ::close(fd_);
@@ -814,8 +894,6 @@ void ConnImpl::fail(tp::Error error) {
   core_->conns.erase(self);
   std::deque<ReadOp> reads;
   reads.swap(reads_);
-  std::deque<WriteOp> writes;
-  writes.swap(writes_);
   if (on_ready_) {
     ReadyFn ready = std::move(on_ready_);
     on_ready_ = nullptr;

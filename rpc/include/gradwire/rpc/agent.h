@@ -141,6 +141,11 @@ struct AgentOptions {
   std::string secret;
   // How long a new connection may take to complete its handshake before it is closed.
   std::chrono::milliseconds handshake_timeout{10'000};
+  // How long gradwire's transports keep polling after traffic before their thread sleeps:
+  // a reply that follows a request within it is picked up without a wake-up (lower
+  // latency), at the cost of that much CPU after each burst; an idle worker spends none.
+  // In [0, 1 s]; 0 sleeps at once.
+  std::chrono::microseconds transport_spin{500};
   // Lanes (TCP connections) of the mpt and mpt_uv channels; in [1, 64].
   int mpt_lanes{4};
   // Direct copies between processes of one host. A CPU tensor of at least
