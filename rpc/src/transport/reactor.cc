@@ -1,6 +1,7 @@
 #include "transport/reactor.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -187,7 +188,14 @@ void Reactor::run() {
       }
     }
     const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
-    if (n > 0) spin_until = Clock::now() + spin_;
+    if (n > 0) {
+      spin_until = Clock::now() + spin_;
+    } else if (n == 0 && timeout == 0) {
+      // Polling with nothing to do: let another runnable thread have this core (with more
+      // busy threads than cores, a spinning loop would otherwise delay the very peer whose
+      // message it waits for).
+      ::sched_yield();
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       GRADWIRE_LOG(kError) << "transport " << name_
