@@ -67,6 +67,13 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+double percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[std::min(values.size() - 1,
+                         static_cast<size_t>(q * static_cast<double>(values.size())))];
+}
+
 std::pair<double, double> time_interleaved(const std::function<void()>& measured,
                                            const std::function<void()>& baseline, int rounds) {
   measured();

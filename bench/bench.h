@@ -58,6 +58,8 @@ std::pair<double, double> time_interleaved(const std::function<void()>& measured
                                            const std::function<void()>& baseline, int rounds);
 
 double median(std::vector<double> values);
+// The value below which a fraction q of `values` lies (q = 0.99: the p99); 0 for none.
+double percentile(std::vector<double> values, double q);
 
 // Runs `command` through /bin/sh and appends what it writes to stdout to `output`.
 // Returns its exit status (-1 when it did not exit normally), or nullopt when it could not

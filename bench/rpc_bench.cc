@@ -14,10 +14,6 @@
 //   rpc.async_calls_per_s  rpc_async "add" with 64 calls in flight (a sliding window)
 // Rounds alternate with PyTorch's and each side keeps its best round, so that drift on a
 // shared machine favours neither.
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +31,7 @@
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "pingpong.h"
 #include "ranks.h"
 
 namespace gradwire::bench {
@@ -50,52 +47,6 @@ constexpr int kWindow = 64;
 constexpr int kRounds = 2;
 const std::vector<int64_t> kBandwidthBytes = {1 << 20, 16 << 20, 64 << 20};
 
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
-}
-
-void check(bool ok, const char* what) {
-  if (!ok)
-    throw std::runtime_error(std::string("rpc bench: ") + what + ": " + std::strerror(errno));
-}
-
-// Rank 1 echoes every byte it reads; rank 0 times round trips of one byte.
-void serve_echo(int listener) {
-  const int fd = ::accept(listener, nullptr, nullptr);
-  check(fd >= 0, "accept");
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  char byte = 0;
-  while (::read(fd, &byte, 1) == 1) {
-    if (::write(fd, &byte, 1) != 1) break;
-  }
-  ::close(fd);
-}
-
-std::vector<double> ping_pong(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  check(fd >= 0, "socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  check(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "connect");
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  std::vector<double> times;
-  char byte = 'x';
-  for (int i = 0; i < kPingPongs + 200; ++i) {
-    const double t = time_once([&] {
-      check(::write(fd, &byte, 1) == 1, "write");
-      check(::read(fd, &byte, 1) == 1, "read");
-    });
-    if (i >= 200) times.push_back(t);
-  }
-  ::close(fd);
-  return times;
-}
-
 // Rank 0's figures, in the order of PyTorch's peer: p50, p99, bandwidth seconds per
 // size, seconds per async call; then the ping-pong p50.
 std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
@@ -106,24 +57,13 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
       rpc::Execution::kInline);
   reg.def("sum", [](const Tensor& t) { return sum(t).item<double>(); });
   // The raw ping-pong first, between the same two processes.
-  int listener = -1;
   std::thread echo;
   if (rank == 1) {
-    listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    check(listener >= 0, "socket");
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    check(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "bind");
-    check(::listen(listener, 1) == 0, "listen");
-    socklen_t len = sizeof addr;
-    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-    store->set("echo_port", std::to_string(ntohs(addr.sin_port)));
+    const int listener = listen_for_echo(*store);
     echo = std::thread([listener] { serve_echo(listener); });
   }
   std::vector<double> pings;
-  if (rank == 0)
-    pings = ping_pong(static_cast<uint16_t>(std::stoi(store->get_string("echo_port"))));
+  if (rank == 0) pings = ping_pong(*store, kPingPongs, 200);
 
   rpc::AgentOptions options;
   options.registry = &reg;
@@ -180,10 +120,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
     out.push_back(percentile(inline_times, 0.99));
   }
   agent->shutdown();
-  if (rank == 1) {
-    echo.join();
-    ::close(listener);
-  }
+  if (rank == 1) echo.join();
   return out;
 }
 

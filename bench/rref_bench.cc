@@ -61,11 +61,6 @@ class Counter {
   std::atomic<int64_t> value_;
 };
 
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
-}
-
 void expect(bool ok, const char* what) {
   if (!ok) throw std::runtime_error(std::string("rref bench: ") + what);
 }

@@ -15,11 +15,7 @@
 //   rpc.connect_us             a new connection through gradwire's tcp transport until
 //                              TensorPipe's first frame is accepted, with and without a secret
 //                              (median of 200), in this process
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <tensorpipe/common/nop.h>
 #include <tensorpipe/core/nop_types.h>
@@ -30,7 +26,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <limits>
 #include <mutex>
@@ -45,6 +40,7 @@
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "pingpong.h"
 #include "ranks.h"
 #include "transport/stream_transport.h"
 
@@ -89,17 +85,6 @@ const std::vector<Variant>& variants() {
   return v;
 }
 
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
-}
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    throw std::runtime_error(std::string("transport bench: ") + what + ": " + std::strerror(errno));
-  }
-}
-
 double process_cpu_seconds() {
   rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);
@@ -125,51 +110,13 @@ void register_add(rpc::Registry& reg) {
   reg.def("add", [](const Tensor& a, const Tensor& b) { return add(a, b); });
 }
 
-// A raw TCP ping-pong between the two processes: rank 1 echoes, rank 0 times one byte.
+// A raw TCP ping-pong between the two processes (bench/pingpong.h): rank 0's p50.
 double ping_pong_p50(c10d::Store& store, int rank) {
   if (rank == 1) {
-    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    check(listener >= 0, "socket");
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    check(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "bind");
-    check(::listen(listener, 1) == 0, "listen");
-    socklen_t len = sizeof addr;
-    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-    store.set("echo_port", std::to_string(ntohs(addr.sin_port)));
-    const int fd = ::accept(listener, nullptr, nullptr);
-    check(fd >= 0, "accept");
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    char byte = 0;
-    while (::read(fd, &byte, 1) == 1) {
-      if (::write(fd, &byte, 1) != 1) break;
-    }
-    ::close(fd);
-    ::close(listener);
+    serve_echo(listen_for_echo(store));
     return 0;
   }
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  check(fd >= 0, "socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(store.get_string("echo_port"))));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  check(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "connect");
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  std::vector<double> times;
-  char byte = 'x';
-  for (int i = 0; i < kPingPongs + 100; ++i) {
-    const double t = time_once([&] {
-      check(::write(fd, &byte, 1) == 1, "write");
-      check(::read(fd, &byte, 1) == 1, "read");
-    });
-    if (i >= 100) times.push_back(t);
-  }
-  ::close(fd);
-  return median(times);
+  return median(ping_pong(store, kPingPongs, 100));
 }
 
 // Rank 0's figures: p50, p99, seconds per async call, ping-pong p50, then the idle CPU

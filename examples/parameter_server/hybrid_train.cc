@@ -51,7 +51,7 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--batch") {
       o.batch = parse_int("--batch", next(), 1, 1 << 20);
     } else if (arg == "--min-accuracy") {
-      o.min_accuracy = std::stod(next());
+      o.min_accuracy = parse_double("--min-accuracy", next(), 0.0, 1.0);
     } else {
       throw InvalidArgument("unknown argument '" + arg +
                             "' (expected --epochs N, --batch B, --min-accuracy A)");

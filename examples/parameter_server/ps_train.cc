@@ -63,15 +63,15 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--batch") {
       o.batch = parse_int("--batch", next(), 1, 1 << 20);
     } else if (arg == "--lr") {
-      o.lr = std::stod(next());
+      o.lr = parse_double("--lr", next(), 0.0, 1e6);
     } else if (arg == "--min-accuracy") {
-      o.min_accuracy = std::stod(next());
+      o.min_accuracy = parse_double("--min-accuracy", next(), 0.0, 1.0);
     } else if (arg == "--data") {
       o.csv = next();
     } else if (arg == "--mnist") {
       o.mnist = next();
     } else if (arg == "--test-fraction") {
-      o.test_fraction = std::stod(next());
+      o.test_fraction = parse_double("--test-fraction", next(), 0.0, 1.0);
     } else if (arg == "--servers") {
       o.servers = static_cast<int>(parse_int("--servers", next(), 1, 3));
     } else if (arg == "--checkpoint") {

@@ -54,6 +54,9 @@ TEST(PsTrain, ResumingFromACheckpointEndsWhereAnUninterruptedRunDoes) {
   const std::string bad = run("--resume", status);
   EXPECT_NE(status, 0);
   EXPECT_NE(bad.find("--resume needs --checkpoint DIR"), std::string::npos) << bad;
+  const std::string bad_lr = run("--lr abc", status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(bad_lr.find("--lr=\"abc\" is invalid"), std::string::npos) << bad_lr;
   std::filesystem::remove_all(dir);
 #endif
 }
