@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <string>
@@ -49,6 +50,38 @@ double time_once(F&& fn) {
   const auto start = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Calls fn `warmup` times untimed, then `count` times; returns each timed call's seconds.
+template <typename F>
+std::vector<double> time_calls(int warmup, int count, F&& fn) {
+  for (int i = 0; i < warmup; ++i)
+    fn();
+  std::vector<double> times;
+  times.reserve(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i)
+    times.push_back(time_once(fn));
+  return times;
+}
+
+// Seconds per call of `calls` asynchronous calls kept `window` in flight (a sliding window):
+// start() issues one and returns its future; each future is waited for at most `timeout`.
+template <typename Start>
+double seconds_per_windowed_call(int calls, size_t window, std::chrono::milliseconds timeout,
+                                 Start&& start) {
+  std::deque<decltype(start())> in_flight;
+  const double total = time_once([&] {
+    for (int i = 0; i < calls; ++i) {
+      if (in_flight.size() == window) {
+        in_flight.front().get(timeout);
+        in_flight.pop_front();
+      }
+      in_flight.push_back(start());
+    }
+    for (auto& f : in_flight)
+      f.get(timeout);
+  });
+  return total / calls;
 }
 
 // Runs `measured` and `baseline` alternately `rounds` times after one warm-up each, and

@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -74,12 +73,8 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   if (rank == 0) {
     const Tensor a = tensor<float>({1.5f, -2.0f}, {2});
     const Tensor b = tensor<float>({0.25f, 4.0f}, {2});
-    for (int i = 0; i < 200; ++i)
-      agent->rpc_sync<Tensor>("w1", "add", a, b);
-    std::vector<double> times;
-    times.reserve(kLatencyCalls);
-    for (int i = 0; i < kLatencyCalls; ++i)
-      times.push_back(time_once([&] { agent->rpc_sync<Tensor>("w1", "add", a, b); }));
+    const std::vector<double> times =
+        time_calls(200, kLatencyCalls, [&] { agent->rpc_sync<Tensor>("w1", "add", a, b); });
     out.push_back(median(times));
     out.push_back(percentile(times, 0.99));
     for (int64_t bytes : kBandwidthBytes) {
@@ -95,27 +90,12 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
       }
       out.push_back(median(bw));
     }
-    std::deque<Future<Tensor>> window;
-    const double total = time_once([&] {
-      for (int i = 0; i < kAsyncCalls; ++i) {
-        if (window.size() == kWindow) {
-          window.front().get(60s);
-          window.pop_front();
-        }
-        window.push_back(agent->rpc_async<Tensor>("w1", "add", a, b));
-      }
-      for (auto& f : window)
-        f.get(60s);
-    });
-    out.push_back(total / kAsyncCalls);
+    out.push_back(seconds_per_windowed_call(
+        kAsyncCalls, kWindow, 60s, [&] { return agent->rpc_async<Tensor>("w1", "add", a, b); }));
     out.push_back(median(pings));
     // The same call, run on the callee's I/O thread (Execution::kInline).
-    for (int i = 0; i < 200; ++i)
-      agent->rpc_sync<Tensor>("w1", "add_inline", a, b);
-    std::vector<double> inline_times;
-    inline_times.reserve(kLatencyCalls);
-    for (int i = 0; i < kLatencyCalls; ++i)
-      inline_times.push_back(time_once([&] { agent->rpc_sync<Tensor>("w1", "add_inline", a, b); }));
+    const std::vector<double> inline_times =
+        time_calls(200, kLatencyCalls, [&] { agent->rpc_sync<Tensor>("w1", "add_inline", a, b); });
     out.push_back(median(inline_times));
     out.push_back(percentile(inline_times, 0.99));
   }

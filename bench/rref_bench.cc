@@ -21,7 +21,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -116,20 +115,10 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
       rref::RRef<Counter> counter = rref::remote<Counter>(*agent, "w1", "Counter", int64_t{0});
       for (int i = 0; i < kWarmup; ++i)
         counter.rpc_sync<int64_t>("add", int64_t{1});
-      std::deque<Future<int64_t>> window;
-      const double total = time_once([&] {
-        for (int i = 0; i < kProxyCalls; ++i) {
-          if (window.size() == kWindow) {
-            window.front().get(60s);
-            window.pop_front();
-          }
-          window.push_back(counter.rpc_async<int64_t>("add", int64_t{1}));
-        }
-        for (auto& f : window)
-          f.get(60s);
-      });
+      const double per_call = seconds_per_windowed_call(
+          kProxyCalls, kWindow, 60s, [&] { return counter.rpc_async<int64_t>("add", int64_t{1}); });
       expect(counter.rpc_sync<int64_t>("get") == kWarmup + kProxyCalls, "lost proxy calls");
-      out.push_back(total / kProxyCalls);
+      out.push_back(per_call);
     }
     out.push_back(median(rpc_times));
     rref::wait_idle(*agent, 60s);

@@ -26,7 +26,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
-#include <deque>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -132,27 +131,12 @@ std::vector<double> pair_body(const Variant& v, bool with_pingpong,
   const Tensor b = tensor<float>({0.25f, 4.0f}, {2});
   std::vector<double> out;
   if (rank == 0) {
-    for (int i = 0; i < 200; ++i)
-      agent->rpc_sync<Tensor>("w1", "add", a, b);
-    std::vector<double> times;
-    times.reserve(kCalls);
-    for (int i = 0; i < kCalls; ++i)
-      times.push_back(time_once([&] { agent->rpc_sync<Tensor>("w1", "add", a, b); }));
+    const std::vector<double> times =
+        time_calls(200, kCalls, [&] { agent->rpc_sync<Tensor>("w1", "add", a, b); });
     out.push_back(median(times));
     out.push_back(percentile(times, 0.99));
-    std::deque<Future<Tensor>> window;
-    const double total = time_once([&] {
-      for (int i = 0; i < kAsyncCalls; ++i) {
-        if (window.size() == kWindow) {
-          window.front().get(60s);
-          window.pop_front();
-        }
-        window.push_back(agent->rpc_async<Tensor>("w1", "add", a, b));
-      }
-      for (auto& f : window)
-        f.get(60s);
-    });
-    out.push_back(total / kAsyncCalls);
+    out.push_back(seconds_per_windowed_call(
+        kAsyncCalls, kWindow, 60s, [&] { return agent->rpc_async<Tensor>("w1", "add", a, b); }));
     out.push_back(ping);
   } else {
     agent->rpc_sync<Tensor>("w0", "add", a, b);  // connected both ways
@@ -180,12 +164,8 @@ std::vector<double> fan_in_body(const Variant& v, int world, std::shared_ptr<c10
   if (rank != 0) {
     const Tensor a = tensor<float>({1.5f, -2.0f}, {2});
     const Tensor b = tensor<float>({0.25f, 4.0f}, {2});
-    for (int i = 0; i < 200; ++i)
-      agent->rpc_sync<Tensor>("w0", "add", a, b);
-    std::vector<double> times;
-    times.reserve(kCalls);
-    for (int i = 0; i < kCalls; ++i)
-      times.push_back(time_once([&] { agent->rpc_sync<Tensor>("w0", "add", a, b); }));
+    const std::vector<double> times =
+        time_calls(200, kCalls, [&] { agent->rpc_sync<Tensor>("w0", "add", a, b); });
     store->set("p50_" + std::to_string(rank), std::to_string(median(times)));
   } else {
     double worst = 0;
