@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/args.h"
+
 using namespace gradwire;
 using rref::RRef;
 
@@ -40,21 +42,16 @@ struct Options {
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw InvalidArgument("missing value after " + arg);
-      return argv[++i];
-    };
-    if (arg == "--epochs") {
-      o.epochs = static_cast<int>(parse_int("--epochs", next(), 1, 100000));
-    } else if (arg == "--batch") {
-      o.batch = parse_int("--batch", next(), 1, 1 << 20);
-    } else if (arg == "--min-accuracy") {
-      o.min_accuracy = parse_double("--min-accuracy", next(), 0.0, 1.0);
+  examples::Args args(argc, argv, "--epochs N, --batch B, --min-accuracy A");
+  while (args.next()) {
+    if (args.is("--epochs")) {
+      o.epochs = static_cast<int>(args.integer(1, 100000));
+    } else if (args.is("--batch")) {
+      o.batch = args.integer(1, 1 << 20);
+    } else if (args.is("--min-accuracy")) {
+      o.min_accuracy = args.number(0.0, 1.0);
     } else {
-      throw InvalidArgument("unknown argument '" + arg +
-                            "' (expected --epochs N, --batch B, --min-accuracy A)");
+      args.unknown();
     }
   }
   return o;

@@ -29,6 +29,7 @@
 
 #include <gradwire/tensor/parallel.h>
 
+#include "../common/args.h"
 #include "../common/data.h"
 #include "../common/spiral.h"
 
@@ -52,38 +53,32 @@ struct Options {
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw InvalidArgument("missing value after " + arg);
-      return argv[++i];
-    };
-    if (arg == "--epochs") {
-      o.epochs = static_cast<int>(parse_int("--epochs", next(), 1, 100000));
-    } else if (arg == "--batch") {
-      o.batch = parse_int("--batch", next(), 1, 1 << 20);
-    } else if (arg == "--lr") {
-      o.lr = parse_double("--lr", next(), 0.0, 1e6);
-    } else if (arg == "--min-accuracy") {
-      o.min_accuracy = parse_double("--min-accuracy", next(), 0.0, 1.0);
-    } else if (arg == "--data") {
-      o.csv = next();
-    } else if (arg == "--mnist") {
-      o.mnist = next();
-    } else if (arg == "--test-fraction") {
-      o.test_fraction = parse_double("--test-fraction", next(), 0.0, 1.0);
-    } else if (arg == "--servers") {
-      o.servers = static_cast<int>(parse_int("--servers", next(), 1, 3));
-    } else if (arg == "--checkpoint") {
-      o.checkpoint = next();
-    } else if (arg == "--resume") {
+  examples::Args args(argc, argv,
+                      "--epochs N, --batch B, --lr LR, --min-accuracy A, --data FILE.csv, "
+                      "--test-fraction F, --mnist DIR, --servers P, --checkpoint DIR, --resume");
+  while (args.next()) {
+    if (args.is("--epochs")) {
+      o.epochs = static_cast<int>(args.integer(1, 100000));
+    } else if (args.is("--batch")) {
+      o.batch = args.integer(1, 1 << 20);
+    } else if (args.is("--lr")) {
+      o.lr = args.number(0.0, 1e6);
+    } else if (args.is("--min-accuracy")) {
+      o.min_accuracy = args.number(0.0, 1.0);
+    } else if (args.is("--data")) {
+      o.csv = args.value();
+    } else if (args.is("--mnist")) {
+      o.mnist = args.value();
+    } else if (args.is("--test-fraction")) {
+      o.test_fraction = args.number(0.0, 1.0);
+    } else if (args.is("--servers")) {
+      o.servers = static_cast<int>(args.integer(1, 3));
+    } else if (args.is("--checkpoint")) {
+      o.checkpoint = args.value();
+    } else if (args.is("--resume")) {
       o.resume = true;
     } else {
-      throw InvalidArgument(
-          "unknown argument '" + arg +
-          "' (expected --epochs N, --batch B, --lr LR, --min-accuracy A, "
-          "--data FILE.csv, --test-fraction F, --mnist DIR, --servers P, --checkpoint DIR, "
-          "--resume)");
+      args.unknown();
     }
   }
   if (!o.csv.empty() && !o.mnist.empty()) throw InvalidArgument("give --data or --mnist, not both");

@@ -52,7 +52,7 @@ Options parse_args(int argc, char** argv) {
 // summing over shards gives the gradient over the whole data set.
 std::pair<Tensor, Tensor> shard_gradient(const Tensor& x, const Tensor& y, const Tensor& w,
                                          const Tensor& b, int64_t total_rows) {
-  Tensor residual = matmul(x, w) + b - y;                   // [n, 1]
+  Tensor residual = matmul(x, w) + b - y;  // [n, 1]
   Tensor grad_w = matmul(x.t(), residual) * (2.0 / static_cast<double>(total_rows));
   Tensor grad_b = sum(residual) * (2.0 / static_cast<double>(total_rows));
   return {grad_w, grad_b};
@@ -99,8 +99,8 @@ int main(int argc, char** argv) {
 
     const double w_error = max(abs(w - true_w)).item<double>();
     const double b_error = std::abs(b.item<double>() - true_b);
-    std::printf("fitted in %.3f s on %d shards: max |w - w*| = %.2e, |b - b*| = %.2e\n",
-                seconds, opt.shards, w_error, b_error);
+    std::printf("fitted in %.3f s on %d shards: max |w - w*| = %.2e, |b - b*| = %.2e\n", seconds,
+                opt.shards, w_error, b_error);
     if (opt.steps >= 100 && (w_error > 1e-2 || b_error > 1e-2)) {
       std::fprintf(stderr, "quickstart: the fit did not converge\n");
       return 1;

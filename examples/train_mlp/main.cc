@@ -20,6 +20,7 @@
 //   gradwire-train-mlp [--steps N] [--shards K | --processes P] [--save PATH]
 #include <gradwire/gradwire.h>
 
+#include "../common/args.h"
 #include "../common/spiral.h"
 
 #include <sys/wait.h>
@@ -49,23 +50,18 @@ struct Options {
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw InvalidArgument("missing value after " + arg);
-      return argv[++i];
-    };
-    if (arg == "--steps") {
-      o.steps = static_cast<int>(parse_int("--steps", next(), 1, 1000000));
-    } else if (arg == "--shards") {
-      o.shards = static_cast<int>(parse_int("--shards", next(), 1, 64));
-    } else if (arg == "--processes") {
-      o.processes = static_cast<int>(parse_int("--processes", next(), 1, 16));
-    } else if (arg == "--save") {
-      o.save_path = next();
+  examples::Args args(argc, argv, "--steps N, --shards K, --processes P, --save PATH");
+  while (args.next()) {
+    if (args.is("--steps")) {
+      o.steps = static_cast<int>(args.integer(1, 1000000));
+    } else if (args.is("--shards")) {
+      o.shards = static_cast<int>(args.integer(1, 64));
+    } else if (args.is("--processes")) {
+      o.processes = static_cast<int>(args.integer(1, 16));
+    } else if (args.is("--save")) {
+      o.save_path = args.value();
     } else {
-      throw InvalidArgument("unknown argument '" + arg +
-                            "' (expected --steps N, --shards K, --processes P, --save PATH)");
+      args.unknown();
     }
   }
   return o;
