@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -36,6 +35,7 @@
 #include "bench.h"
 #include "gradwire/c10d/store.h"
 #include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/core/env.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
@@ -99,9 +99,9 @@ rpc::AgentOptions options_for(rpc::Registry& reg, const Variant& v) {
   options.transports = v.transports;
   options.secret = v.secret;
   options.num_worker_threads = 2;
-  if (const char* spin = std::getenv("GRADWIRE_BENCH_TRANSPORT_SPIN_US")) {
-    options.transport_spin = std::chrono::microseconds(std::stoll(spin));
-  }
+  // The poll window to measure with (the agent's default unless set), in [0, 1 s].
+  options.transport_spin = std::chrono::microseconds(
+      env_int("GRADWIRE_BENCH_TRANSPORT_SPIN_US", options.transport_spin.count(), 0, 1'000'000));
   return options;
 }
 
