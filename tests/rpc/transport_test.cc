@@ -1,14 +1,23 @@
 // gradwire's transports: the handshake on its own, then hostile connections, secrets, idle
 // CPU and many processes through real agents.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstddef>
+#include <cstring>
 
 #include <gtest/gtest.h>
 #include <tensorpipe/common/nop.h>
 #include <tensorpipe/core/nop_types.h>
 #include <tensorpipe/tensorpipe.h>
+#include <tensorpipe/transport/connection.h>
+#include <tensorpipe/transport/listener.h>
 
 #include <atomic>
 #include <chrono>
@@ -34,6 +43,7 @@
 #include "support/harness.h"
 #include "support/sync.h"
 #include "transport/handshake.h"
+#include "transport/ring.h"
 #include "transport/stream_transport.h"
 
 namespace gradwire::rpc {
@@ -42,6 +52,9 @@ namespace {
 using namespace std::chrono_literals;
 using test::Agents;
 using transport::Handshake;
+using transport::RingReader;
+using transport::RingSegment;
+using transport::RingWriter;
 
 // ---- the handshake alone
 
@@ -197,6 +210,156 @@ TEST(Secret, GivenThenEnvironmentThenFile) {
       },
       InvalidArgument);
   ::unsetenv("GRADWIRE_SECRET_FILE");
+}
+
+// ---- the shared-memory rings alone
+
+std::unique_ptr<RingSegment> make_segment(size_t capacity) {
+  std::string error;
+  auto segment = RingSegment::create(capacity, &error);
+  EXPECT_NE(segment, nullptr) << error;
+  return segment;
+}
+
+TEST(Ring, BytesSurviveWrapAroundInEveryChunking) {
+  constexpr size_t kCap = 4096;
+  auto segment = make_segment(kCap);
+  ASSERT_NE(segment, nullptr);
+  RingWriter writer(segment->control(0), segment->data(0), kCap);
+  RingReader reader(segment->control(0), segment->data(0), kCap);
+  std::mt19937 rng(11);
+  // 1 MB through a 4 KiB ring, in writes of 1..3000 bytes split over two iovecs and reads
+  // of 1..5000: every byte arrives, in order.
+  constexpr size_t kTotal = 1 << 20;
+  std::vector<char> sent(kTotal);
+  for (char& c : sent)
+    c = static_cast<char>(rng());
+  std::vector<char> got;
+  size_t written = 0;
+  bool corrupt = false;
+  while (got.size() < kTotal) {
+    const size_t want = std::min<size_t>(1 + rng() % 3000, kTotal - written);
+    const size_t split = want / 2;
+    iovec iov[2] = {{sent.data() + written, split}, {sent.data() + written + split, want - split}};
+    written += writer.write(iov, want == 0 ? 0 : 2, &corrupt);
+    ASSERT_FALSE(corrupt);
+    ASSERT_LE(written - got.size(), kCap);
+    char buf[5000];
+    const size_t n = reader.read(buf, 1 + rng() % sizeof(buf), &corrupt);
+    ASSERT_FALSE(corrupt);
+    got.insert(got.end(), buf, buf + n);
+  }
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), sent.begin()));
+  EXPECT_EQ(reader.position(), kTotal);
+  EXPECT_EQ(writer.position(), kTotal);
+}
+
+TEST(Ring, AFullRingTakesWhatFitsAndAsksForAWakeUp) {
+  constexpr size_t kCap = 4096;
+  auto segment = make_segment(kCap);
+  ASSERT_NE(segment, nullptr);
+  RingWriter writer(segment->control(1), segment->data(1), kCap);
+  RingReader reader(segment->control(1), segment->data(1), kCap);
+  std::string big(kCap + 100, 'x');
+  iovec iov{big.data(), big.size()};
+  bool corrupt = false;
+  EXPECT_EQ(writer.write(&iov, 1, &corrupt), kCap);
+  EXPECT_EQ(writer.write(&iov, 1, &corrupt), 0u);
+  EXPECT_FALSE(writer.wait_for_space(&corrupt));  // still full: the producer waits
+  char buf[10];
+  EXPECT_EQ(reader.read(buf, sizeof(buf), &corrupt), sizeof(buf));
+  EXPECT_TRUE(reader.producer_wants_wake());   // once
+  EXPECT_FALSE(reader.producer_wants_wake());  // the mark was cleared
+  EXPECT_TRUE(writer.writable(&corrupt));
+  // A sleeping consumer is woken once per sleep.
+  EXPECT_FALSE(writer.consumer_wants_wake());
+  while (reader.read(buf, sizeof(buf), &corrupt) > 0) {
+  }
+  EXPECT_FALSE(reader.arm(&corrupt));  // nothing waiting: it may sleep
+  iovec one{big.data(), 1};
+  EXPECT_EQ(writer.write(&one, 1, &corrupt), 1u);
+  EXPECT_TRUE(writer.consumer_wants_wake());
+  EXPECT_FALSE(writer.consumer_wants_wake());
+  EXPECT_TRUE(reader.arm(&corrupt));  // armed again, but a byte is there: no sleep
+  EXPECT_FALSE(corrupt);
+}
+
+TEST(Ring, PositionsThePeerCorruptsAreCaughtNeverFollowed) {
+  constexpr size_t kCap = 4096;
+  auto segment = make_segment(kCap);
+  ASSERT_NE(segment, nullptr);
+  transport::RingControl* control = segment->control(0);
+  RingReader reader(control, segment->data(0), kCap);
+  char buf[64];
+  bool corrupt = false;
+  // A tail more than a ring ahead of what was read.
+  control->tail = kCap + 1;
+  EXPECT_EQ(reader.read(buf, sizeof(buf), &corrupt), 0u);
+  EXPECT_TRUE(corrupt);
+  // A tail behind it.
+  corrupt = false;
+  control->tail = 10;
+  ASSERT_EQ(reader.read(buf, sizeof(buf), &corrupt), 10u);
+  control->tail = 5;
+  EXPECT_EQ(reader.read(buf, sizeof(buf), &corrupt), 0u);
+  EXPECT_TRUE(corrupt);
+  // A consumer claiming to have read more than was written.
+  RingWriter writer(segment->control(1), segment->data(1), kCap);
+  segment->control(1)->head = 7;
+  corrupt = false;
+  iovec iov{buf, sizeof(buf)};
+  EXPECT_EQ(writer.write(&iov, 1, &corrupt), 0u);
+  EXPECT_TRUE(corrupt);
+}
+
+TEST(Ring, SetupMessagesAndSegmentsAreCheckedBeforeMapping) {
+  auto segment = make_segment(size_t{64} << 10);
+  ASSERT_NE(segment, nullptr);
+  const std::string setup = segment->setup_message();
+  ASSERT_EQ(setup.size(), transport::kRingSetupBytes);
+  std::string error;
+  EXPECT_EQ(RingSegment::parse_setup(reinterpret_cast<const uint8_t*>(setup.data()), &error),
+            size_t{64} << 10);
+  auto parse_error = [](std::string bytes) {
+    std::string why;
+    EXPECT_EQ(RingSegment::parse_setup(reinterpret_cast<const uint8_t*>(bytes.data()), &why), 0u);
+    return why;
+  };
+  EXPECT_NE(parse_error("XXXX" + setup.substr(4)).find("GWRS"), std::string::npos);
+  std::string v2 = setup;
+  v2[4] = 2;
+  EXPECT_NE(parse_error(v2).find("version 2"), std::string::npos);
+  std::string huge = setup;
+  huge[5] = 40;  // 1 TiB rings
+  EXPECT_NE(parse_error(huge).find("outside"), std::string::npos);
+  std::string reserved = setup;
+  reserved[7] = 1;
+  EXPECT_NE(parse_error(reserved).find("reserved"), std::string::npos);
+
+  // The descriptor: a sealed memfd of exactly the right size, nothing else.
+  const size_t cap = size_t{64} << 10;
+  auto attach_error = [&](int fd) {
+    std::string why;
+    EXPECT_EQ(RingSegment::attach(fd, cap, &why), nullptr);
+    return why;
+  };
+  const int unsealed = ::memfd_create("t", MFD_CLOEXEC);
+  ASSERT_EQ(::ftruncate(unsealed, static_cast<off_t>(4096 + 2 * cap)), 0);
+  EXPECT_NE(attach_error(unsealed).find("sealed"), std::string::npos);
+  const int small = ::memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(::ftruncate(small, 4096), 0);
+  ASSERT_EQ(::fcntl(small, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  EXPECT_NE(attach_error(small).find("has 4096 bytes"), std::string::npos);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  ::close(pipe_fds[1]);
+  EXPECT_NE(attach_error(pipe_fds[0]).find("not a sealable memfd"), std::string::npos);
+  // The real thing maps, and both ends see each other's bytes.
+  const int good = segment->release_fd();
+  auto peer = RingSegment::attach(good, cap, &error);
+  ASSERT_NE(peer, nullptr) << error;
+  std::memcpy(segment->data(0), "ring", 4);
+  EXPECT_EQ(std::memcmp(peer->data(0), "ring", 4), 0);
 }
 
 // ---- hostile connections against real agents
@@ -506,6 +669,275 @@ TEST(TransportIdle, ConnectedAgentsUseNoCpuWhileIdle) {
   // Clock ticks are 10 ms: 2 ticks in a second is 1% of a core per agent.
   EXPECT_LE(used, 2) << "ticks used by the agents' threads over an idle second:" << busy;
   test::shutdown_agents(g.agents);
+}
+
+// ---- hostile connections to a "local" listener (rings)
+
+namespace tp = tensorpipe;
+
+int raw_local_connect(const std::string& name) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un un{};
+  un.sun_family = AF_UNIX;
+  std::memcpy(un.sun_path + 1, name.data(), name.size());  // abstract: a leading NUL
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&un), len), 0) << name;
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Sends `bytes` with descriptors attached to the first byte.
+void send_with_fds(int fd, const std::string& bytes, const std::vector<int>& fds) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  EXPECT_EQ(::sendmsg(fd, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+}
+
+std::string tensorpipe_hello() {
+  tp::NopHolder<tp::Packet> hello;
+  hello.getObject() = tp::SpontaneousConnection{"intruder"};
+  std::string bytes(hello.getSize(), '\0');
+  tp::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
+  EXPECT_FALSE(hello.write(writer).has_error());
+  return bytes;
+}
+
+// A local listener with its stats, and a well-behaved client context.
+struct LocalListener {
+  std::shared_ptr<transport::TransportStats> stats = std::make_shared<transport::TransportStats>();
+  std::shared_ptr<transport::StreamContext> server;
+  std::shared_ptr<tp::transport::Listener> listener;
+  std::string name = transport::unique_local_name();
+
+  LocalListener() {
+    transport::StreamOptions o;
+    o.family = transport::StreamOptions::Family::kLocal;
+    o.stats = stats;
+    o.name = "server";
+    o.handshake_timeout = 2s;
+    o.max_frame_bytes = 1 << 20;
+    server = transport::create_stream_context(o);
+    listener = server->listen(name);
+    EXPECT_EQ(server->listen_error(), "");
+  }
+  ~LocalListener() {
+    listener->close();
+    server->close();
+    server->join();
+  }
+
+  // The next accepted connection (nullptr if none within 10 s).
+  std::shared_ptr<tp::transport::Connection> accept() {
+    test::CountdownLatch done(1);
+    std::shared_ptr<tp::transport::Connection> conn;
+    listener->accept([&](const tp::Error& e, std::shared_ptr<tp::transport::Connection> c) {
+      if (!e) conn = std::move(c);
+      done.count_down();
+    });
+    EXPECT_TRUE(done.wait(10s));
+    return conn;
+  }
+};
+
+// A client of gradwire's local transport says hello and a frame; the server reads both and
+// answers through the rings.
+void expect_local_round_trip(LocalListener& l) {
+  transport::StreamOptions o;
+  o.family = transport::StreamOptions::Family::kLocal;
+  o.name = "client";
+  auto client = transport::create_stream_context(o);
+  auto conn = client->connect(l.name);
+  tp::NopHolder<tp::Packet> hello;
+  hello.getObject() = tp::SpontaneousConnection{"client"};
+  conn->write(hello, [](const tp::Error& e) { EXPECT_FALSE(e) << e.what(); });
+  const std::string big(300'000, 'q');  // more than a ring holds: it streams through
+  conn->write(big.data(), big.size(), [](const tp::Error& e) { EXPECT_FALSE(e) << e.what(); });
+  auto accepted = l.accept();
+  ASSERT_NE(accepted, nullptr);
+  test::CountdownLatch read(2);
+  tp::NopHolder<tp::Packet> got_hello;
+  accepted->read(got_hello, [&](const tp::Error& e) {
+    EXPECT_FALSE(e) << e.what();
+    read.count_down();
+  });
+  std::string got;
+  accepted->read([&](const tp::Error& e, const void* p, size_t n) {
+    EXPECT_FALSE(e) << e.what();
+    if (!e) got.assign(static_cast<const char*>(p), n);
+    read.count_down();
+  });
+  ASSERT_TRUE(read.wait(10s));
+  EXPECT_EQ(got, big);
+  test::CountdownLatch answered(1);
+  const std::string reply = "through the ring";
+  accepted->write(reply.data(), reply.size(), [](const tp::Error& e) { EXPECT_FALSE(e); });
+  std::string back;
+  conn->read([&](const tp::Error& e, const void* p, size_t n) {
+    EXPECT_FALSE(e) << e.what();
+    if (!e) back.assign(static_cast<const char*>(p), n);
+    answered.count_down();
+  });
+  ASSERT_TRUE(answered.wait(10s));
+  EXPECT_EQ(back, reply);
+  conn->close();
+  accepted->close();
+  client->close();
+  client->join();
+}
+
+TEST(TransportLocalHostile, BadRingSetupsAreRefusedAndTheListenerServesOn) {
+  LocalListener l;
+  const size_t cap = size_t{64} << 10;
+  // Each case: a valid handshake, then a setup message with what it passes.
+  auto refused = [&](const std::string& setup, const std::vector<int>& fds) {
+    const int fd = raw_local_connect(l.name);
+    EXPECT_TRUE(raw_handshake(fd, ""));
+    send_with_fds(fd, setup, fds);
+    for (int f : fds)
+      ::close(f);
+    const bool closed = closed_by_peer(fd);
+    ::close(fd);
+    return closed;
+  };
+  auto segment = make_segment(cap);
+  ASSERT_NE(segment, nullptr);
+  const std::string setup = segment->setup_message();
+  // No descriptor at all.
+  EXPECT_TRUE(refused(setup, {}));
+  // A memfd the sender could still shrink under the server's mapping.
+  const int unsealed = ::memfd_create("t", MFD_CLOEXEC);
+  ASSERT_EQ(::ftruncate(unsealed, static_cast<off_t>(4096 + 2 * cap)), 0);
+  EXPECT_TRUE(refused(setup, {unsealed}));
+  // A pipe instead of a segment.
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  ::close(pipe_fds[1]);
+  EXPECT_TRUE(refused(setup, {pipe_fds[0]}));
+  // Two descriptors.
+  int two[2];
+  ASSERT_EQ(::pipe(two), 0);
+  EXPECT_TRUE(refused(setup, {two[0], two[1]}));
+  // A setup message that is not one.
+  const int fd_ok = ::dup(segment->release_fd());
+  EXPECT_TRUE(refused(std::string("GWRS\x07\x10\x00\x00", 8), {fd_ok}));
+  EXPECT_GE(l.stats->refused.load(), 5u);
+  EXPECT_EQ(l.stats->accepted.load(), 0u);
+  expect_local_round_trip(l);
+  EXPECT_EQ(l.stats->accepted.load(), 1u);
+}
+
+TEST(TransportLocalHostile, CorruptRingsAndHugeFramesCloseOnlyTheirConnection) {
+  LocalListener l;
+  const size_t cap = size_t{64} << 10;
+  // 1. A valid segment whose ring position then jumps ahead of anything written.
+  {
+    auto segment = make_segment(cap);
+    ASSERT_NE(segment, nullptr);
+    const int fd = raw_local_connect(l.name);
+    ASSERT_TRUE(raw_handshake(fd, ""));
+    send_with_fds(fd, segment->setup_message(), {segment->release_fd()});
+    std::atomic_ref<uint64_t>(segment->control(0)->tail).store(cap * 5);
+    send_all(fd, "w");  // a wake-up, in case the server's loop sleeps
+    EXPECT_TRUE(closed_by_peer(fd));
+    ::close(fd);
+  }
+  EXPECT_GE(l.stats->refused.load(), 1u);
+  // 2. A valid hello through the ring (the connection is accepted), then a frame claiming
+  //    2^62 bytes: the read fails naming the limit, nothing was allocated for it.
+  {
+    auto segment = make_segment(cap);
+    ASSERT_NE(segment, nullptr);
+    const int fd = raw_local_connect(l.name);
+    ASSERT_TRUE(raw_handshake(fd, ""));
+    send_with_fds(fd, segment->setup_message(), {segment->release_fd()});
+    RingWriter writer(segment->control(0), segment->data(0), cap);
+    const std::string hello = frame(tensorpipe_hello());
+    const uint64_t huge = uint64_t{1} << 62;
+    iovec iov[2] = {{const_cast<char*>(hello.data()), hello.size()},
+                    {const_cast<uint64_t*>(&huge), sizeof(huge)}};
+    bool corrupt = false;
+    ASSERT_EQ(writer.write(iov, 2, &corrupt), hello.size() + sizeof(huge));
+    send_all(fd, "w");
+    auto accepted = l.accept();
+    ASSERT_NE(accepted, nullptr);
+    test::CountdownLatch done(2);
+    tp::NopHolder<tp::Packet> got_hello;
+    accepted->read(got_hello, [&](const tp::Error& e) {
+      EXPECT_FALSE(e) << e.what();
+      done.count_down();
+    });
+    std::string error;
+    accepted->read([&](const tp::Error& e, const void*, size_t) {
+      if (e) error = e.what();
+      done.count_down();
+    });
+    ASSERT_TRUE(done.wait(10s));
+    EXPECT_NE(error.find("over the limit"), std::string::npos) << error;
+    EXPECT_TRUE(closed_by_peer(fd));
+    ::close(fd);
+    EXPECT_GE(l.stats->bad_frames.load(), 1u);
+  }
+  expect_local_round_trip(l);
+}
+
+// ---- a peer killed outright
+
+TEST(TransportDeadPeer, APeerKilledWithSigkillFailsPendingCallsWithinTwoSeconds) {
+  Registry reg;
+  register_basics(reg);
+  reg.def("kill_me", []() -> int64_t {
+    ::kill(::getpid(), SIGKILL);
+    return 0;
+  });
+  for (const std::vector<std::string>& transports :
+       {std::vector<std::string>{"local", "tcp"}, std::vector<std::string>{"tcp"}}) {
+    AgentOptions options = options_for(reg);
+    options.transports = transports;
+    options.rpc_timeout = 30s;
+    const std::string label = transports.front();
+    test::RankResults results = test::run_agent_processes(
+        "transport-kill-" + label, 2, options, [&](int rank, c10d::Store& store, RpcAgent& agent) {
+          if (rank == 1) {
+            // Serves until "kill_me" ends the process; the wait only bounds a broken test.
+            store.wait({"never"}, 30s);
+            return;
+          }
+          EXPECT_EQ(agent.rpc_sync<std::string>("w1", "concat", std::string("a"), std::string("b")),
+                    "ab");
+          const auto t0 = std::chrono::steady_clock::now();
+          Future<int64_t> killed = agent.rpc_async<int64_t>("w1", "kill_me");
+          ASSERT_TRUE(killed.wait(20s));
+          const auto waited = std::chrono::steady_clock::now() - t0;
+          EXPECT_LT(waited, 2s) << label;
+          std::string text;
+          try {
+            killed.value();
+          } catch (const NetworkError& e) {
+            text = e.what();
+          }
+          EXPECT_NE(text.find("worker 'w1'"), std::string::npos) << label << ": " << text;
+          // A later call to it fails at once too, and this worker shuts down cleanly.
+          EXPECT_THROW(
+              agent.rpc_sync<std::string>("w1", "concat", std::string("a"), std::string("b")),
+              NetworkError);
+          agent.shutdown(false);
+        });
+    EXPECT_TRUE(results.ranks[0].ok) << label << ": " << results.summary();
+    EXPECT_EQ(results.ranks[1].term_signal, SIGKILL) << label << ": " << results.summary();
+  }
 }
 
 TEST(TransportScale, SixtyFourWorkerProcessesCallEachOtherAllToAll) {

@@ -60,6 +60,7 @@ using detail::PendingCall;
 constexpr int64_t kUvPriority = 0;
 constexpr int64_t kTcpPriority = 50;
 constexpr int64_t kShmPriority = 100;
+constexpr int64_t kUnixPriority = 120;
 constexpr int64_t kLocalPriority = 150;
 constexpr int64_t kBasicPriority = 0;
 constexpr int64_t kMptPriority = 100;
@@ -219,6 +220,7 @@ class TensorPipeAgent final : public RpcAgent,
   // gradwire's transports (local_ only when asked for) and what they count.
   std::shared_ptr<transport::StreamContext> tcp_;
   std::shared_ptr<transport::StreamContext> local_;
+  std::shared_ptr<transport::StreamContext> unix_;
   const std::shared_ptr<transport::TransportStats> transport_stats_ =
       std::make_shared<transport::TransportStats>();
   std::string secret_;  // resolved at start; empty: connections are not authenticated
@@ -272,8 +274,9 @@ void TensorPipeAgent::validate_options() const {
                           std::to_string(options_.direct_copy_threads));
   }
   for (const std::string& t : options_.transports) {
-    if (t != "tcp" && t != "local" && t != "shm" && t != "uv") {
-      throw InvalidArgument(who + "unknown transport '" + t + "' (known: tcp, local, shm, uv)");
+    if (t != "tcp" && t != "local" && t != "unix" && t != "shm" && t != "uv") {
+      throw InvalidArgument(who + "unknown transport '" + t +
+                            "' (known: tcp, local, unix, shm, uv)");
     }
   }
   for (const std::string& c : options_.channels) {
@@ -362,8 +365,21 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
   if (wants(options_.transports, "local")) {
     local_ =
         transport::create_stream_context(stream_options(transport::StreamOptions::Family::kLocal));
-    context_->registerTransport(kLocalPriority, "local", local_);
-    urls.push_back("local://" + transport::unique_local_name());
+    if (local_->isViable()) {
+      context_->registerTransport(kLocalPriority, "local", local_);
+      urls.push_back("local://" + transport::unique_local_name());
+    } else {
+      GRADWIRE_LOG(kWarning) << "rpc agent " << self_.describe()
+                             << ": the local transport needs memfd segments, which this "
+                                "kernel refuses; peers on this host use the next transport";
+      local_.reset();
+    }
+  }
+  if (wants(options_.transports, "unix")) {
+    unix_ =
+        transport::create_stream_context(stream_options(transport::StreamOptions::Family::kUnix));
+    context_->registerTransport(kUnixPriority, "unix", unix_);
+    urls.push_back("unix://" + transport::unique_local_name());
   }
   if (wants(options_.transports, "uv")) {
     context_->registerTransport(kUvPriority, "uv", tp::transport::uv::create());
@@ -460,7 +476,7 @@ void TensorPipeAgent::start_serving() {
   }
   const std::vector<std::string> urls = register_transports_and_channels(host);
   listener_ = context_->listen(urls);
-  for (const auto& stream : {tcp_, local_}) {
+  for (const auto& stream : {tcp_, local_, unix_}) {
     if (stream == nullptr) continue;
     if (std::string error = stream->listen_error(); !error.empty()) {
       throw NetworkError("rpc agent " + self_.describe() + ": " + error);

@@ -113,6 +113,40 @@ void Reactor::cancel_timer(uint64_t id) {
   timer_ids_.erase(it);
 }
 
+uint64_t Reactor::add_poller(Poller poller) {
+  auto entry = std::make_shared<PollerEntry>();
+  entry->id = next_poller_++;
+  entry->fn = std::move(poller);
+  pollers_.push_back(entry);
+  return entry->id;
+}
+
+void Reactor::remove_poller(uint64_t id) {
+  for (auto it = pollers_.begin(); it != pollers_.end(); ++it) {
+    if ((*it)->id == id) {
+      (*it)->removed = true;  // a turn over a copy of the list may still hold it
+      pollers_.erase(it);
+      return;
+    }
+  }
+}
+
+bool Reactor::run_pollers(bool arm) {
+  if (pollers_.empty()) return false;
+  bool found = false;
+  // Pollers may add or remove pollers (a connection failing): iterate over a copy.
+  const std::vector<std::shared_ptr<PollerEntry>> turn = pollers_;
+  for (const auto& entry : turn) {
+    if (entry->removed) continue;
+    try {
+      if (entry->fn(arm)) found = true;
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "transport " << name_ << ": a poller threw: " << e.what();
+    }
+  }
+  return found;
+}
+
 void Reactor::close() {
   {
     MutexLock lock(mutex_);
@@ -171,10 +205,12 @@ void Reactor::run() {
   std::vector<epoll_event> events(128);
   Clock::time_point spin_until = Clock::now() + spin_;
   while (!stopping_.load(std::memory_order_relaxed)) {
-    const bool worked = run_deferred();
+    bool worked = run_deferred();
     if (stopping_.load(std::memory_order_relaxed)) break;
+    if (run_pollers(false)) worked = true;
     if (worked) spin_until = Clock::now() + spin_;
     int timeout = next_timeout_ms();
+    bool sleeping = false;
     {
       MutexLock lock(mutex_);
       if (!deferred_.empty()) {
@@ -185,8 +221,11 @@ void Reactor::run() {
       } else {
         // From here on a defer from another thread wakes the loop.
         spinning_ = false;
+        sleeping = timeout != 0;
       }
     }
+    // Pollers arm their wake-ups last, so that what arrives after they looked wakes us.
+    if (sleeping && run_pollers(true)) timeout = 0;
     const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
     if (n > 0) {
       spin_until = Clock::now() + spin_;
@@ -242,6 +281,7 @@ void Reactor::run() {
   }
   timers_.clear();
   timer_ids_.clear();
+  pollers_.clear();
 }
 
 }  // namespace gradwire::rpc::transport

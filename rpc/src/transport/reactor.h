@@ -55,6 +55,15 @@ class Reactor {
   uint64_t add_timer(Clock::time_point when, std::function<void()> fn);
   void cancel_timer(uint64_t id);
 
+  // Loop thread only: a poller is called on every turn of the loop with arm=false (it
+  // returns whether it did any work, which keeps the loop spinning), and with arm=true just
+  // before the loop sleeps (it prepares its wake-up and returns whether work is already
+  // waiting, in which case the loop does not sleep). For what no descriptor announces while
+  // the loop spins: the shared-memory rings of the local transport. Ids are never 0.
+  using Poller = std::function<bool(bool arm)>;
+  uint64_t add_poller(Poller poller);
+  void remove_poller(uint64_t id);
+
   // Stops the loop once the work deferred before it has run; join() waits for the thread
   // (not from the loop thread itself).
   void close();
@@ -65,6 +74,7 @@ class Reactor {
   void wake();
   bool run_deferred();  // whether it ran anything
   int next_timeout_ms();
+  bool run_pollers(bool arm);  // whether any found work
   void run_due_timers();
 
   const std::string name_;
@@ -92,6 +102,13 @@ class Reactor {
   std::multimap<Clock::time_point, std::pair<uint64_t, std::function<void()>>> timers_;
   std::unordered_map<uint64_t, decltype(timers_)::iterator> timer_ids_;
   uint64_t next_timer_ = 1;
+  struct PollerEntry {
+    uint64_t id;
+    Poller fn;
+    bool removed = false;
+  };
+  std::vector<std::shared_ptr<PollerEntry>> pollers_;
+  uint64_t next_poller_ = 1;
 };
 
 }  // namespace gradwire::rpc::transport

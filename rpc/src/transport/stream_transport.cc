@@ -31,6 +31,7 @@
 #include "gradwire/core/mutex.h"
 #include "transport/handshake.h"
 #include "transport/reactor.h"
+#include "transport/ring.h"
 
 namespace gradwire::rpc::transport {
 
@@ -70,6 +71,22 @@ std::string errno_text(int err) {
   return std::strerror(err);
 }
 
+bool unix_socket(StreamOptions::Family family) {
+  return family != StreamOptions::Family::kTcp;
+}
+
+const char* family_name(StreamOptions::Family family) {
+  switch (family) {
+    case StreamOptions::Family::kTcp:
+      return "tcp";
+    case StreamOptions::Family::kLocal:
+      return "local";
+    case StreamOptions::Family::kUnix:
+      return "unix";
+  }
+  return "?";
+}
+
 struct Address {
   sockaddr_storage storage{};
   socklen_t length = 0;
@@ -78,7 +95,7 @@ struct Address {
 // "host:port", "[v6]:port" (tcp) or a name (local). Throws std::runtime_error with why.
 Address parse_address(StreamOptions::Family family, const std::string& addr) {
   Address out;
-  if (family == StreamOptions::Family::kLocal) {
+  if (unix_socket(family)) {
     auto* un = reinterpret_cast<sockaddr_un*>(&out.storage);
     un->sun_family = AF_UNIX;
     if (addr.empty() || addr.size() + 1 > sizeof(un->sun_path)) {
@@ -124,7 +141,7 @@ Address parse_address(StreamOptions::Family family, const std::string& addr) {
 
 std::string format_address(StreamOptions::Family family, const sockaddr_storage& storage,
                            socklen_t length) {
-  if (family == StreamOptions::Family::kLocal) {
+  if (unix_socket(family)) {
     const auto* un = reinterpret_cast<const sockaddr_un*>(&storage);
     const size_t base = offsetof(sockaddr_un, sun_path);
     if (length <= base + 1) return "a local peer";
@@ -159,14 +176,11 @@ class ListenerImpl;
 struct Core : std::enable_shared_from_this<Core> {
   explicit Core(StreamOptions o)
       : options(std::move(o)),
-        reactor((options.family == StreamOptions::Family::kTcp ? "tcp " : "local ") + options.name,
-                options.spin) {
+        reactor(std::string(family_name(options.family)) + " " + options.name, options.spin) {
     if (!options.stats) options.stats = std::make_shared<TransportStats>();
   }
 
-  const char* kind() const {
-    return options.family == StreamOptions::Family::kTcp ? "tcp" : "local";
-  }
+  const char* kind() const { return family_name(options.family); }
 
   // Runs fn on the loop, or returns false when the loop has stopped.
   bool run_on_loop(std::function<void()> fn) { return reactor.defer(std::move(fn)); }
@@ -238,6 +252,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
 
   ~ConnImpl() {
     if (fd_ >= 0) ::close(fd_);
+    if (pending_fd_ >= 0) ::close(pending_fd_);
+    if (received_fd_ >= 0) ::close(received_fd_);
   }
 
   // Loop thread. `connect_error` != 0: the non-blocking connect already failed.
@@ -329,7 +345,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   void fail(tp::Error error);
 
  private:
-  enum class State { kConnecting, kHandshake, kPrefetch, kOpen, kClosed };
+  // kRingSetup: a "local" server waits for the client's ring segment.
+  enum class State { kConnecting, kHandshake, kRingSetup, kPrefetch, kOpen, kClosed };
 
   struct ReadOp {
     enum Kind { kUnsized, kSized, kNop, kPrefetch } kind = kUnsized;
@@ -389,13 +406,7 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
       MutexLock lock(write_mutex_);
       if (direct_fd_ < 0 || submitted_ > 0 || !writes_.empty()) return false;
       iovec iov[2] = {{&op.header, sizeof(op.header)}, {const_cast<char*>(op.ptr), op.length}};
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = op.length > 0 ? 2 : 1;
-      ssize_t n = -1;
-      do {
-        n = ::sendmsg(direct_fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      } while (n < 0 && errno == EINTR);
+      const ssize_t n = write_some_locked(direct_fd_, iov, op.length > 0 ? 2 : 1);
       if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;  // the loop reports it
       const size_t sent = n < 0 ? 0 : static_cast<size_t>(n);
       if (sent < sizeof(op.header) + op.length) {
@@ -486,6 +497,17 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
       send_handshake_output();
       if (state_ == State::kClosed) return;
     }
+    if (ring_mode_) {
+      // The socket carries wake-ups only; its end tells us the peer has gone.
+      if ((ev & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) != 0 && drain_wake_socket()) {
+        return;
+      }
+      pump_reads();
+      if (state_ == State::kClosed) return;
+      pump_writes();
+      if (state_ != State::kClosed) update_interest();
+      return;
+    }
     if ((ev & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) != 0) pump_reads();
     if (state_ == State::kClosed) return;
     if ((ev & EPOLLOUT) != 0) pump_writes();
@@ -516,11 +538,34 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   }
 
   void on_handshake_done() {
+    const bool rings = core_->options.family == StreamOptions::Family::kLocal;
     if (role_ == Role::kClient) {
+      if (rings) {
+        std::string error;
+        segment_ = RingSegment::create(core_->options.ring_bytes, &error);
+        if (segment_ == nullptr) {
+          fail(make_error("connection to " + peer_ +
+                          ": cannot set up shared-memory rings: " + error));
+          return;
+        }
+        handshake_out_ += segment_->setup_message();
+        pending_fd_ = segment_->release_fd();
+        enter_ring_mode(/*read_ring=*/1, /*write_ring=*/0);
+        send_handshake_output();
+        if (state_ == State::kClosed) return;
+      }
       finish_opening();
       return;
     }
-    // The server holds the connection until TensorPipe's hello frame is here whole.
+    if (rings) {
+      state_ = State::kRingSetup;
+      return;
+    }
+    begin_prefetch();
+  }
+
+  // The server holds the connection until TensorPipe's hello frame is here whole.
+  void begin_prefetch() {
     state_ = State::kPrefetch;
     ReadOp op;
     op.kind = ReadOp::kPrefetch;
@@ -532,6 +577,7 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
     {
       MutexLock lock(write_mutex_);
       direct_fd_ = fd_;
+      ring_writing_ = ring_mode_;
     }
     if (deadline_ != 0) {
       core_->reactor.cancel_timer(deadline_);
@@ -568,6 +614,15 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
           continue;
         }
         return;  // needs more bytes
+      }
+      if (state_ == State::kRingSetup) {
+        const size_t take = std::min(kRingSetupBytes - setup_.size(), staged());
+        setup_.append(staging_.get() + staged_begin_, take);
+        staged_begin_ += take;
+        if (setup_.size() < kRingSetupBytes) return;
+        if (!attach_rings()) return;
+        begin_prefetch();
+        return;
       }
       if (state_ != State::kOpen && state_ != State::kPrefetch) return;
       if (reads_.empty()) return;
@@ -708,7 +763,15 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         into = staging_.get() + staged_end_;
         room = kStagingBytes - staged_end_;
       }
-      const ssize_t n = ::recv(fd_, into, room, 0);
+      const ssize_t n = read_some(into, room);
+      if (fd_abuse_) {
+        refuse_or_fail("it passed file descriptors where none, or one ring segment, belong");
+        return;
+      }
+      if (n < 0 && ring_corrupt_.load(std::memory_order_relaxed)) {
+        bad_frame("the peer corrupted the positions of the shared-memory ring");
+        return;
+      }
       if (n > 0) {
         if (direct) {
           ReadOp& op = reads_.front();
@@ -720,7 +783,7 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         continue;
       }
       if (n == 0) {
-        if (state_ == State::kHandshake || state_ == State::kPrefetch) {
+        if (opening()) {
           refuse_or_fail("the peer closed the connection during the handshake");
         } else {
           fail(make_error("the connection with " + peer_ + " was closed by the peer"));
@@ -730,7 +793,7 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       const int err = errno;
-      if (state_ == State::kHandshake || state_ == State::kPrefetch) {
+      if (opening()) {
         refuse_or_fail("reading failed: " + errno_text(err));
       } else {
         fail(make_error("connection with " + peer_ + " lost: " + errno_text(err)));
@@ -743,7 +806,9 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
 
   void pump_writes() {
     while (!handshake_out_.empty()) {
-      const ssize_t n = ::send(fd_, handshake_out_.data(), handshake_out_.size(), MSG_NOSIGNAL);
+      const ssize_t n = pending_fd_ >= 0 ? send_with_segment()
+                                         : ::send(fd_, handshake_out_.data(), handshake_out_.size(),
+                                                  MSG_NOSIGNAL);
       if (n > 0) {
         handshake_out_.erase(0, static_cast<size_t>(n));
         continue;
@@ -769,7 +834,11 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
     if (lost != 0) {
       for (auto& fn : done)
         fn(tp::Error::kSuccess);
-      fail(make_error("connection with " + peer_ + " lost: " + errno_text(lost)));
+      if (ring_corrupt_.load(std::memory_order_relaxed)) {
+        bad_frame("the peer corrupted the positions of the shared-memory ring");
+      } else {
+        fail(make_error("connection with " + peer_ + " lost: " + errno_text(lost)));
+      }
       return;
     }
     update_interest();
@@ -794,12 +863,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
           iov[count++] = {const_cast<char*>(it->ptr) + off, it->length - off};
         }
       }
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(count);
-      const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t n = write_some_locked(fd_, iov, count);
       if (n < 0) {
-        if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         return errno;
       }
@@ -828,20 +893,253 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   void update_interest() {
     if (state_ == State::kClosed) return;
     uint32_t want = 0;
-    if (!reading_paused_) want |= EPOLLIN;
+    if (!reading_paused_ || ring_mode_) want |= EPOLLIN;
     bool queued = false;
     {
       MutexLock lock(write_mutex_);
       queued = !writes_.empty();
     }
     if (state_ == State::kConnecting || !handshake_out_.empty() ||
-        (state_ == State::kOpen && queued)) {
+        (state_ == State::kOpen && queued && !ring_mode_)) {
       want |= EPOLLOUT;
     }
     if (want != events_) {
       events_ = want;
       core_->reactor.modify(fd_, events_);
     }
+  }
+
+  bool opening() const {
+    return state_ == State::kHandshake || state_ == State::kRingSetup || state_ == State::kPrefetch;
+  }
+
+  // Loop thread: bytes from the peer, like recv(): > 0, 0 at the end of the stream, or -1
+  // with errno (EAGAIN: nothing now). In ring mode they come from the inbound ring (whose
+  // end is learnt from the socket instead, drain_wake_socket).
+  ssize_t read_some(char* into, size_t room) {
+    if (ring_mode_) {
+      bool corrupt = false;
+      const size_t n = in_.read(into, room, &corrupt);
+      if (corrupt) {
+        ring_corrupt_.store(true, std::memory_order_relaxed);
+        errno = EPROTO;
+        return -1;
+      }
+      if (n == 0) {
+        errno = EAGAIN;
+        return -1;
+      }
+      if (in_.producer_wants_wake()) send_wake(fd_);
+      return static_cast<ssize_t>(n);
+    }
+    // A "local" server may receive its ring segment's descriptor (only) before the rings are
+    // set up; anything else passed is refused.
+    const bool may_pass_fd = core_->options.family == StreamOptions::Family::kLocal &&
+                             role_ == Role::kServer &&
+                             (state_ == State::kHandshake || state_ == State::kRingSetup);
+    for (;;) {
+      ssize_t n = -1;
+      if (may_pass_fd) {
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+        iovec iov{into, room};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof(control);
+        n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+        if (n >= 0) take_descriptors(msg);
+      } else {
+        n = ::recv(fd_, into, room, 0);
+      }
+      if (n < 0 && errno == EINTR) continue;
+      return n;
+    }
+  }
+
+  void take_descriptors(msghdr& msg) {
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) fd_abuse_ = true;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (received_fd_ < 0 && !fd_abuse_) {
+          received_fd_ = fd;
+        } else {
+          ::close(fd);
+          fd_abuse_ = true;
+        }
+      }
+    }
+  }
+
+  // Any thread holding write_mutex_ (or the loop): frame bytes to the peer, like sendmsg():
+  // > 0, or -1 with errno (EAGAIN: no room now). In ring mode into the outbound ring; a full
+  // ring asks the consumer for a wake-up when it has read.
+  ssize_t write_some_locked(int fd, const iovec* iov, int count) GRADWIRE_REQUIRES(write_mutex_) {
+    if (ring_writing_) {
+      for (;;) {
+        bool corrupt = false;
+        const size_t n = out_.write(iov, count, &corrupt);
+        if (!corrupt && n > 0) {
+          want_space_.store(false, std::memory_order_relaxed);
+          if (out_.consumer_wants_wake()) send_wake(fd);
+          return static_cast<ssize_t>(n);
+        }
+        if (!corrupt && out_.wait_for_space(&corrupt)) continue;
+        if (corrupt) {
+          ring_corrupt_.store(true, std::memory_order_relaxed);
+          errno = EPROTO;
+          return -1;
+        }
+        want_space_.store(true, std::memory_order_relaxed);
+        errno = EAGAIN;
+        return -1;
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = static_cast<size_t>(count);
+    for (;;) {
+      const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      return n;
+    }
+  }
+
+  // One byte on the socket wakes the peer's loop. EAGAIN: bytes it has not read are there
+  // already, so it wakes anyway.
+  static void send_wake(int fd) {
+    const char byte = 'w';
+    ssize_t n = -1;
+    do {
+      n = ::send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+  }
+
+  // The client's setup message, its first byte carrying the ring segment's descriptor.
+  ssize_t send_with_segment() {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{handshake_out_.data(), handshake_out_.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pending_fd_, sizeof(int));
+    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      // Passed with the first byte: the mapping stays, our descriptor is no longer needed.
+      ::close(pending_fd_);
+      pending_fd_ = -1;
+    }
+    return n;
+  }
+
+  // Ring mode, the socket is readable: wake-ups are dropped; its end means the peer has
+  // gone. Returns true when that closed the connection.
+  bool drain_wake_socket() {
+    char sink[256];
+    for (;;) {
+      const ssize_t n = ::recv(fd_, sink, sizeof(sink), 0);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+      const std::string why = n == 0 ? std::string("closed by the peer") : errno_text(errno);
+      // What the peer wrote before it went is delivered first.
+      pump_reads();
+      if (state_ == State::kClosed) return true;
+      if (opening()) {
+        refuse_or_fail("the peer closed the connection during the handshake");
+      } else {
+        fail(
+            make_error("the connection with " + peer_ + " was " + (n == 0 ? why : "lost: " + why)));
+      }
+      return true;
+    }
+  }
+
+  // The server: the client's setup message is here whole; maps its segment.
+  bool attach_rings() {
+    std::string error;
+    const size_t capacity =
+        RingSegment::parse_setup(reinterpret_cast<const uint8_t*>(setup_.data()), &error);
+    if (capacity == 0) {
+      refuse_or_fail(error);
+      return false;
+    }
+    if (received_fd_ < 0) {
+      refuse_or_fail("its ring setup came without a shared-memory segment");
+      return false;
+    }
+    const int fd = received_fd_;
+    received_fd_ = -1;
+    segment_ = RingSegment::attach(fd, capacity, &error);
+    if (segment_ == nullptr) {
+      refuse_or_fail(error);
+      return false;
+    }
+    enter_ring_mode(/*read_ring=*/0, /*write_ring=*/1);
+    return true;
+  }
+
+  void enter_ring_mode(int read_ring, int write_ring) {
+    const size_t capacity = segment_->capacity();
+    in_ = RingReader(segment_->control(read_ring), segment_->data(read_ring), capacity);
+    {
+      MutexLock lock(write_mutex_);
+      out_ = RingWriter(segment_->control(write_ring), segment_->data(write_ring), capacity);
+    }
+    ring_mode_ = true;
+    // Bytes still staged came over the socket after the handshake: wake-ups, not frames.
+    staged_begin_ = staged_end_ = 0;
+    std::weak_ptr<ConnImpl> weak = weak_from_this();
+    poller_ = core_->reactor.add_poller([weak](bool arm) {
+      auto self = weak.lock();
+      return self != nullptr && self->poll_ring(arm);
+    });
+  }
+
+  // The loop's poller (Reactor::add_poller): while it spins, reads what the ring holds and
+  // writes what waited for space; before it sleeps, arms the ring's wake-up.
+  bool poll_ring(bool arm) {
+    if (state_ == State::kClosed || !ring_mode_) return false;
+    bool corrupt = false;
+    bool found = false;
+    if (arm) {
+      found = in_.arm(&corrupt) && !reading_paused_;
+    } else {
+      in_.disarm();
+      if (!reading_paused_ && in_.readable(&corrupt) && !corrupt) {
+        const uint64_t before = in_.position();
+        pump_reads();
+        if (state_ == State::kClosed) return true;
+        found = in_.position() != before;
+      }
+    }
+    if (!corrupt && want_space_.load(std::memory_order_relaxed)) {
+      bool space = false;
+      {
+        MutexLock lock(write_mutex_);
+        space = out_.writable(&corrupt);
+      }
+      if (space && !corrupt) {
+        if (arm) return true;
+        pump_writes();
+        found = true;
+      }
+    }
+    if (corrupt) {
+      bad_frame("the peer corrupted the positions of the shared-memory ring");
+      return true;
+    }
+    return found;
   }
 
   friend class ListenerImpl;
@@ -868,6 +1166,20 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   std::deque<WriteOp> writes_ GRADWIRE_GUARDED_BY(write_mutex_);
   int submitted_ GRADWIRE_GUARDED_BY(write_mutex_) = 0;   // on their way to the loop
   int direct_fd_ GRADWIRE_GUARDED_BY(write_mutex_) = -1;  // >= 0 while open
+  // Ring mode ("local"): the shared segment, the loop's end of the inbound ring and the
+  // writers' end of the outbound one.
+  std::unique_ptr<RingSegment> segment_;
+  bool ring_mode_ = false;  // loop thread
+  RingReader in_;           // loop thread
+  RingWriter out_ GRADWIRE_GUARDED_BY(write_mutex_);
+  bool ring_writing_ GRADWIRE_GUARDED_BY(write_mutex_) = false;  // open, in ring mode
+  std::atomic<bool> want_space_{false};                          // the outbound ring was full
+  std::atomic<bool> ring_corrupt_{false};  // the peer broke the ring's invariants
+  uint64_t poller_ = 0;
+  int pending_fd_ = -1;   // client: the segment to pass with the setup message
+  int received_fd_ = -1;  // server: the segment passed with it
+  bool fd_abuse_ = false;
+  std::string setup_;  // server: the setup message gathered so far
 };
 
 void ConnImpl::fail(tp::Error error) {
@@ -883,8 +1195,14 @@ void ConnImpl::fail(tp::Error error) {
     // No caller's thread writes to the descriptor once this returns.
     MutexLock lock(write_mutex_);
     direct_fd_ = -1;
+    ring_writing_ = false;
     writes.swap(writes_);
   }
+  if (poller_ != 0) {
+    core_->reactor.remove_poller(poller_);
+    poller_ = 0;
+  }
+  ring_mode_ = false;
   if (fd_ >= 0) {
     core_->reactor.remove(fd_);
     ::close(fd_);
@@ -1045,7 +1363,7 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
             peer, "too many connections in their handshake (" + std::to_string(handshaking_) + ")");
         continue;
       }
-      if (core_->options.family == StreamOptions::Family::kTcp) {
+      if (!unix_socket(core_->options.family)) {
         const int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       }
@@ -1091,20 +1409,23 @@ class ListenerHandle final : public Listener {
   std::shared_ptr<ListenerImpl> impl_;
 };
 
-std::string local_domain() {
-  // Abstract Unix sockets are shared by the processes of one host and network namespace.
+std::string host_domain(StreamOptions::Family family) {
+  // Abstract Unix sockets (and the descriptors passed over them) are shared by the
+  // processes of one host and network namespace.
   struct stat st {};
   std::string netns = "0";
   if (::stat("/proc/self/ns/net", &st) == 0) netns = std::to_string(st.st_ino);
-  return "gradwire-local:" + read_first_line("/proc/sys/kernel/random/boot_id") + ":" + netns;
+  return std::string("gradwire-") + family_name(family) + ":" +
+         read_first_line("/proc/sys/kernel/random/boot_id") + ":" + netns;
 }
 
 class ContextImpl final : public StreamContext {
  public:
   explicit ContextImpl(StreamOptions options)
       : core_(std::make_shared<Core>(std::move(options))),
-        domain_(core_->options.family == StreamOptions::Family::kTcp ? std::string("gradwire-tcp")
-                                                                     : local_domain()) {}
+        domain_(unix_socket(core_->options.family) ? host_domain(core_->options.family)
+                                                   : std::string("gradwire-tcp")),
+        viable_(core_->options.family != StreamOptions::Family::kLocal || RingSegment::viable()) {}
 
   ~ContextImpl() override {
     close();
@@ -1112,7 +1433,7 @@ class ContextImpl final : public StreamContext {
   }
 
   std::shared_ptr<Connection> connect(std::string addr) override {
-    const bool tcp = core_->options.family == StreamOptions::Family::kTcp;
+    const bool tcp = !unix_socket(core_->options.family);
     int fd = -1;
     int err = 0;
     std::string bad_address;
@@ -1149,14 +1470,14 @@ class ContextImpl final : public StreamContext {
     std::string bound = addr;
     int fd = -1;
     try {
-      if (core_->options.family == StreamOptions::Family::kLocal && addr.empty()) {
+      if (unix_socket(core_->options.family) && addr.empty()) {
         addr = unique_local_name();
       }
       const Address a = parse_address(core_->options.family, addr);
       fd = ::socket(a.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (fd < 0) throw std::runtime_error(std::string("socket: ") + errno_text(errno));
       const int one = 1;
-      if (core_->options.family == StreamOptions::Family::kTcp) {
+      if (!unix_socket(core_->options.family)) {
         ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
       }
       if (::bind(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.length) != 0) {
@@ -1179,7 +1500,8 @@ class ContextImpl final : public StreamContext {
     return std::make_shared<ListenerHandle>(std::move(impl));
   }
 
-  bool isViable() const override { return true; }
+  // "local" needs memfd segments (Linux 3.17 and a kernel that allows them).
+  bool isViable() const override { return viable_; }
   const std::string& domainDescriptor() const override { return domain_; }
   void setId(std::string /*id*/) override {}
 
@@ -1213,6 +1535,7 @@ class ContextImpl final : public StreamContext {
  private:
   std::shared_ptr<Core> core_;
   const std::string domain_;
+  const bool viable_;
   mutable Mutex mutex_;
   std::string listen_error_ GRADWIRE_GUARDED_BY(mutex_);
 };

@@ -1,8 +1,10 @@
-// gradwire's own TensorPipe transports over stream sockets: "tcp" (TCP, for every peer) and
-// "local" (Unix sockets in the abstract namespace, for peers on the same host). Both are
-// registered in a TensorPipe context through its public transport interface, run on one
-// epoll thread per context that sleeps when idle, and begin every connection with
-// gradwire's handshake (transport/handshake.h) before TensorPipe sees a byte of it:
+// gradwire's own TensorPipe transports: "tcp" (TCP, for every peer), "local" (for peers on
+// the same host: shared-memory rings, transport/ring.h, set up over a Unix socket in the
+// abstract namespace that then carries only wake-ups) and "unix" (the same Unix socket
+// carrying the bytes itself, for comparison). All are registered in a TensorPipe context
+// through its public transport interface, run on one epoll thread per context that spins
+// briefly after traffic and then sleeps, and begin every connection with gradwire's
+// handshake (transport/handshake.h) before TensorPipe sees a byte of it:
 //
 // - A connection that fails the handshake, or does not finish it within
 //   handshake_timeout, is closed and counted in TransportStats::refused, with a
@@ -13,7 +15,10 @@
 // - Bounded reads: every frame is a u64 length and its bytes; a length is checked (against
 //   the size TensorPipe expects, or max_frame_bytes) before anything is allocated for it,
 //   and a frame that does not decode fails its connection with an error, never the
-//   process.
+//   process. The rings are the peer's memory as much as ours: their positions are checked
+//   on every use, and their segment must be sealed against shrinking (transport/ring.h).
+// - A peer process that dies closes its end of the socket, which wakes a sleeping loop: its
+//   connections fail at once.
 //
 // Thread-safety: the TensorPipe interface objects may be used from any thread, as
 // TensorPipe requires; callbacks run on the context's loop thread.
@@ -37,8 +42,11 @@ struct TransportStats {
 };
 
 struct StreamOptions {
-  enum class Family { kTcp, kLocal };
+  enum class Family { kTcp, kLocal, kUnix };
   Family family = Family::kTcp;
+  // kLocal: one ring's capacity per direction (a power of two in [4 KiB, 64 MiB]). Large
+  // tensors between processes of one host go through the cma channel, not the transport.
+  size_t ring_bytes{size_t{256} << 10};
   // Shared secret for the handshake; empty: none.
   std::string secret;
   std::chrono::milliseconds handshake_timeout{10'000};
@@ -67,7 +75,7 @@ class StreamContext : public tensorpipe::transport::Context {
 
 std::shared_ptr<StreamContext> create_stream_context(StreamOptions options);
 
-// A fresh name for a "local" listener (abstract Unix socket namespace).
+// A fresh name for a "local" or "unix" listener (abstract Unix socket namespace).
 std::string unique_local_name();
 
 }  // namespace gradwire::rpc::transport
