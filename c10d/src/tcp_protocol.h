@@ -1,11 +1,14 @@
-// The TCPStore wire protocol, version 1 (documented in docs/wire-format.md).
+// The TCPStore wire protocol, version 2 (documented in docs/wire-format.md).
 //
 // Every message is a frame: u32 length | u8 opcode | u32 request id | payload, where
 // length counts the bytes after itself. Integers are little-endian; a byte string is
 // u32 length + bytes; a list is u32 count + items. The first frame of a connection is
-// HELLO (magic, version, client limits), answered by HELLO_OK (version, server limits);
-// until then the server accepts frames of at most kMaxHandshakeFrame bytes, so garbage
-// with a huge length is refused before anything is buffered.
+// HELLO (magic, version, flags, the client's nonce), answered by HELLO_OK (version, server
+// limits, flags, the server's nonce and, when the store has a secret, the server's proof);
+// with a secret the client then sends AUTH (its proof), answered by OK. Until then the
+// server accepts frames of at most kMaxHandshakeFrame bytes and no request, so garbage with
+// a huge length, or a client that does not know the secret, is refused before anything is
+// buffered or parsed.
 //
 // FrameWriter builds frames into a std::string; FrameReader decodes a payload with every
 // length checked against what is left and against a limit, recording the first problem.
@@ -19,7 +22,14 @@
 namespace gradwire::c10d::proto {
 
 inline constexpr uint32_t kMagic = 0x54535747;  // "GWST" read as a little-endian u32
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;
+// HELLO and HELLO_OK flags.
+inline constexpr uint8_t kFlagSecret = 1;
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kProofBytes = 32;
+// The labels of the two proofs: HMAC-SHA256(secret, label | client nonce | server nonce).
+inline constexpr std::string_view kServerProofLabel = "gradwire-store server";
+inline constexpr std::string_view kClientProofLabel = "gradwire-store client";
 inline constexpr uint32_t kLengthBytes = 4;
 inline constexpr uint32_t kMinFrame = 5;  // opcode + request id
 inline constexpr uint32_t kMaxHandshakeFrame = 64;
@@ -40,10 +50,12 @@ enum class Op : uint8_t {
   kMultiSet = 11,   // u32 n, n x (key, value)       -> (no reply; kError if rejected)
   kAppend = 12,     // key, value                    -> kOk
   kListKeys = 13,   //                               -> kKeys
+  kAuth = 14,       // client proof (32 raw bytes)    -> kOk (handshake only)
 };
 
 enum class Reply : uint8_t {
-  kHelloOk = 0x81,  // u16 version, u32 max_key, u32 max_value, u32 max_keys, u32 max_frame
+  kHelloOk = 0x81,  // u16 version, u32 max_key, u32 max_value, u32 max_keys, u32 max_frame,
+                    // u8 flags, server nonce (32 raw bytes), [server proof (32 raw bytes)]
   kOk = 0x82,
   kValue = 0x83,
   kInt = 0x84,
@@ -88,6 +100,8 @@ class FrameWriter {
     out_.append(static_cast<const char*>(data), size);
   }
   void str(std::string_view s) { bytes(s.data(), s.size()); }
+  // Bytes without a length (fixed-size fields: nonces, proofs).
+  void raw(std::string_view s) { out_.append(s.data(), s.size()); }
 
  private:
   void le(uint64_t v, int n) {
@@ -137,6 +151,17 @@ class FrameReader {
     }
     if (static_cast<size_t>(end_ - p_) < n) {
       fail(std::string(what) + " of " + std::to_string(n) + " bytes runs past the frame");
+      return {};
+    }
+    std::string_view s(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return s;
+  }
+  // Exactly `n` bytes without a length (fixed-size fields), viewed in place.
+  std::string_view raw(size_t n, const char* what) {
+    if (!ok()) return {};
+    if (static_cast<size_t>(end_ - p_) < n) {
+      fail(std::string("truncated ") + what);
       return {};
     }
     std::string_view s(reinterpret_cast<const char*>(p_), n);

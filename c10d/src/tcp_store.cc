@@ -29,6 +29,7 @@
 #include <unordered_map>
 
 #include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/core/auth.h"
 #include "gradwire/core/check.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
@@ -336,7 +337,8 @@ class TCPStore::Client {
       : host_(std::move(host)),
         port_(port),
         address_(host_ + ":" + std::to_string(port_)),
-        options_(options) {
+        options_(options),
+        secret_(resolve_secret(options.secret)) {
     MutexLock lock(connect_mutex_);
     connection_ = connect();
   }
@@ -422,8 +424,14 @@ class TCPStore::Client {
     int attempts = 0;
     for (;;) {
       ++attempts;
-      std::shared_ptr<Connection> conn = try_connect(deadline, last_error);
+      bool refused = false;
+      std::shared_ptr<Connection> conn = try_connect(deadline, last_error, refused);
       if (conn) return conn;
+      if (refused) {
+        // Retrying cannot change the answer.
+        GRADWIRE_THROW(NetworkError)
+            << "TCPStore: the server at " << address_ << " refused this client: " << last_error;
+      }
       const auto now = Clock::now();
       if (now >= deadline) break;
       // Jitter spreads a thousand clients that start together.
@@ -439,7 +447,8 @@ class TCPStore::Client {
                                  << attempts << " attempts; last error: " << last_error << ")";
   }
 
-  std::shared_ptr<Connection> try_connect(Clock::time_point deadline, std::string& error) {
+  std::shared_ptr<Connection> try_connect(Clock::time_point deadline, std::string& error,
+                                          bool& refused) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -459,7 +468,8 @@ class TCPStore::Client {
         error = "socket: " + errno_text(errno);
         continue;
       }
-      if (!connect_socket(fd, ai, deadline, error) || !handshake(fd, deadline, error, conn)) {
+      if (!connect_socket(fd, ai, deadline, error) ||
+          !handshake(fd, deadline, error, refused, conn)) {
         ::close(fd);
       }
     }
@@ -497,20 +507,10 @@ class TCPStore::Client {
     return true;
   }
 
-  bool handshake(int fd, Clock::time_point deadline, std::string& error,
-                 std::shared_ptr<Connection>& conn) {
-    std::string frame;
-    FrameWriter w(frame);
-    w.begin(static_cast<uint8_t>(Op::kHello), 0);
-    w.u32(proto::kMagic);
-    w.u16(proto::kVersion);
-    w.end();
-    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(frame.size())) {
-      error = "handshake send: " + errno_text(errno);
-      return false;
-    }
-    std::string in;
+  // Reads one whole frame of at most 4096 bytes into `in` (which must hold nothing else).
+  static bool read_handshake_frame(int fd, Clock::time_point deadline, std::string& in,
+                                   std::string& error) {
+    in.clear();
     for (;;) {
       if (in.size() >= proto::kLengthBytes) {
         const uint32_t len = proto::load_u32(reinterpret_cast<const uint8_t*>(in.data()));
@@ -519,7 +519,11 @@ class TCPStore::Client {
                   ")";
           return false;
         }
-        if (in.size() >= proto::kLengthBytes + len) break;
+        if (in.size() > proto::kLengthBytes + len) {
+          error = "handshake: unexpected data after the answer";
+          return false;
+        }
+        if (in.size() == proto::kLengthBytes + len) return true;
       }
       pollfd pfd{fd, POLLIN, 0};
       const int ready = ::poll(&pfd, 1, poll_ms(deadline));
@@ -528,7 +532,13 @@ class TCPStore::Client {
         return false;
       }
       char buf[4096];
-      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      // Never past the frame: the length is read first, then exactly the rest.
+      size_t want = proto::kLengthBytes - std::min(in.size(), size_t{proto::kLengthBytes});
+      if (want == 0) {
+        want = proto::kLengthBytes + proto::load_u32(reinterpret_cast<const uint8_t*>(in.data())) -
+               in.size();
+      }
+      const ssize_t n = ::recv(fd, buf, std::min(want, sizeof(buf)), 0);
       if (n <= 0) {
         error = n == 0 ? "handshake: the server closed the connection"
                        : "handshake receive: " + errno_text(errno);
@@ -536,29 +546,99 @@ class TCPStore::Client {
       }
       in.append(buf, static_cast<size_t>(n));
     }
-    const uint32_t len = proto::load_u32(reinterpret_cast<const uint8_t*>(in.data()));
-    FrameReader r(reinterpret_cast<const uint8_t*>(in.data()) + proto::kLengthBytes, len);
-    const uint8_t kind = r.u8();
-    r.u32();  // request id
-    if (kind == static_cast<uint8_t>(Reply::kError)) {
-      r.u8();
-      error = "handshake refused: " + std::string(r.bytes(4096, "message"));
+  }
+
+  // A server's kError answer: the reason, and whether it refused this client for good
+  // (authentication) rather than failing.
+  static bool refusal(FrameReader& r, uint8_t kind, std::string& error, bool& refused) {
+    if (kind != static_cast<uint8_t>(Reply::kError)) return false;
+    r.u8();
+    const std::string message(r.bytes(4096, "message"));
+    error = "handshake refused: " + message;
+    refused = message.find("authentication failed") != std::string::npos;
+    return true;
+  }
+
+  std::string proof(std::string_view label, const std::string& nonces) const {
+    const Digest256 mac = hmac_sha256(secret_, std::string(label) + nonces);
+    return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+  }
+
+  bool handshake(int fd, Clock::time_point deadline, std::string& error, bool& refused,
+                 std::shared_ptr<Connection>& conn) {
+    const std::string client_nonce = random_bytes(proto::kNonceBytes);
+    std::string frame;
+    FrameWriter w(frame);
+    w.begin(static_cast<uint8_t>(Op::kHello), 0);
+    w.u32(proto::kMagic);
+    w.u16(proto::kVersion);
+    w.u8(secret_.empty() ? 0 : proto::kFlagSecret);
+    w.raw(client_nonce);
+    w.end();
+    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(frame.size())) {
+      error = "handshake send: " + errno_text(errno);
       return false;
     }
+    std::string in;
+    if (!read_handshake_frame(fd, deadline, in, error)) return false;
+    FrameReader r(reinterpret_cast<const uint8_t*>(in.data()) + proto::kLengthBytes,
+                  in.size() - proto::kLengthBytes);
+    const uint8_t kind = r.u8();
+    r.u32();  // request id
+    if (refusal(r, kind, error, refused)) return false;
     ServerLimits limits;
     const uint16_t version = r.u16();
     limits.max_key = r.u32();
     limits.max_value = r.u32();
     limits.max_keys = r.u32();
     limits.max_frame = r.u32();
+    const uint8_t flags = r.u8();
+    const std::string server_nonce(r.raw(proto::kNonceBytes, "server nonce"));
+    const bool server_secret = (flags & proto::kFlagSecret) != 0;
+    const std::string server_proof(server_secret ? r.raw(proto::kProofBytes, "server proof")
+                                                 : std::string_view());
     if (kind != static_cast<uint8_t>(Reply::kHelloOk) || !r.done() || version != proto::kVersion) {
       error = "handshake: unexpected answer (not a gradwire TCPStore server of version " +
               std::to_string(proto::kVersion) + ")";
       return false;
     }
-    if (in.size() > proto::kLengthBytes + len) {
-      error = "handshake: unexpected data after the answer";
+    if (server_secret != !secret_.empty()) {
+      refused = true;
+      error = server_secret ? "authentication failed: the store requires a shared secret and "
+                              "none is set here (TCPStoreOptions::secret, GRADWIRE_SECRET or "
+                              "GRADWIRE_SECRET_FILE)"
+                            : "authentication failed: this client has a secret and the store "
+                              "has none";
       return false;
+    }
+    if (server_secret) {
+      const std::string nonces = client_nonce + server_nonce;
+      const std::string want = proof(proto::kServerProofLabel, nonces);
+      if (!constant_time_equal(want.data(), server_proof.data(), want.size())) {
+        refused = true;
+        error = "authentication failed: the store does not know this job's secret";
+        return false;
+      }
+      std::string auth;
+      FrameWriter a(auth);
+      a.begin(static_cast<uint8_t>(Op::kAuth), 0);
+      a.raw(proof(proto::kClientProofLabel, nonces));
+      a.end();
+      if (::send(fd, auth.data(), auth.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(auth.size())) {
+        error = "handshake send: " + errno_text(errno);
+        return false;
+      }
+      if (!read_handshake_frame(fd, deadline, in, error)) return false;
+      FrameReader ok(reinterpret_cast<const uint8_t*>(in.data()) + proto::kLengthBytes,
+                     in.size() - proto::kLengthBytes);
+      const uint8_t answer = ok.u8();
+      ok.u32();
+      if (refusal(ok, answer, error, refused)) return false;
+      if (answer != static_cast<uint8_t>(Reply::kOk) || !ok.done()) {
+        error = "handshake: unexpected answer to the client's proof";
+        return false;
+      }
     }
     conn = std::make_shared<Connection>(fd, address_, limits);
     return true;
@@ -568,6 +648,7 @@ class TCPStore::Client {
   const uint16_t port_;
   const std::string address_;
   const TCPStoreOptions options_;
+  const std::string secret_;
   std::atomic<uint32_t> next_id_{1};
   Mutex connect_mutex_;
   std::shared_ptr<Connection> connection_ GRADWIRE_GUARDED_BY(connect_mutex_);
@@ -631,6 +712,7 @@ TCPStore::TCPStore(TCPStoreOptions options) : Store(options.timeout), options_(s
     server_options.max_key_bytes = options_.max_key_bytes;
     server_options.max_value_bytes = options_.max_value_bytes;
     server_options.max_keys_per_request = options_.max_keys_per_request;
+    server_options.secret = options_.secret;
     server_ = std::make_unique<TCPStoreServer>(server_options);
     port_ = server_->port();
   }

@@ -27,6 +27,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "gradwire/core/auth.h"
+#include "gradwire/core/background_log.h"
 #include "gradwire/core/check.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
@@ -97,6 +99,8 @@ class TCPStoreServer::Impl {
 
   uint16_t port() const { return port_; }
   int64_t num_clients() const { return num_clients_.load(std::memory_order_relaxed); }
+  uint64_t num_refused() const { return num_refused_.load(std::memory_order_relaxed); }
+  bool authenticated() const { return !secret_.empty(); }
 
  private:
   struct Connection;
@@ -116,7 +120,9 @@ class TCPStoreServer::Impl {
     Impl* server;
     uint64_t serial;
     std::string peer;
-    bool hello_done = false;
+    bool hello_done = false;  // the handshake (authentication included) is complete
+    bool hello_seen = false;  // HELLO answered; with a secret, AUTH is due
+    std::string nonces;       // the client's and the server's, for the proofs
     bool closing = false;
     bool dirty = false;
     std::string in;   // an incomplete frame carried over between reads
@@ -136,12 +142,15 @@ class TCPStoreServer::Impl {
   static void on_write(uv_write_t* req, int status);
   static void on_timer(uv_timer_t* timer);
   static void on_stop(uv_async_t* async);
+  static void on_log_timer(uv_timer_t* timer);
 
   void accept_one();
   void consume(Connection* c, const char* data, size_t size);
   // Handles one complete frame; false when the connection was closed.
   bool handle_frame(Connection* c, const uint8_t* frame, size_t size);
   bool handle_hello(Connection* c, uint8_t op, uint32_t id, FrameReader& r);
+  bool handle_auth(Connection* c, uint8_t op, uint32_t id, FrameReader& r);
+  std::string proof(std::string_view label, const std::string& nonces) const;
   bool handle_request(Connection* c, uint8_t op, uint32_t id, FrameReader& r);
 
   void set_key(std::string_view key, std::string_view value);
@@ -166,6 +175,11 @@ class TCPStoreServer::Impl {
   std::string tag() const { return "[tcpstore :" + std::to_string(port_) + "] "; }
 
   TCPStoreServerOptions options_;
+  std::string secret_;
+  BackgroundLog log_;
+  EventSummary drops_{std::chrono::seconds(10)};
+  uv_timer_t log_timer_{};
+  std::atomic<uint64_t> num_refused_{0};
   uint64_t frame_limit_;
   uv_loop_t loop_{};
   uv_tcp_t listener_{};
@@ -189,12 +203,15 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions options)
     : options_(std::move(options)),
       frame_limit_(proto::frame_limit(options_.max_key_bytes, options_.max_value_bytes)) {
   options_.validate();
+  secret_ = resolve_secret(options_.secret);
   int rc = uv_loop_init(&loop_);
   if (rc != 0) GRADWIRE_THROW(StoreError) << "TCPStoreServer: uv_loop_init: " << uv_message(rc);
   uv_tcp_init(&loop_, &listener_);
   listener_.data = this;
   uv_timer_init(&loop_, &timer_);
   timer_.data = this;
+  uv_timer_init(&loop_, &log_timer_);
+  log_timer_.data = this;
   uv_async_init(&loop_, &stop_, &Impl::on_stop);
   stop_.data = this;
 
@@ -202,6 +219,7 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions options)
   auto fail = [&](const std::string& what) {
     uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&timer_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&log_timer_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&stop_), nullptr);
     uv_run(&loop_, UV_RUN_DEFAULT);
     uv_loop_close(&loop_);
@@ -269,6 +287,12 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions options)
   port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   GRADWIRE_LOG(kInfo) << tag() << "listening (" << where << ")";
+  if (secret_.empty()) {
+    GRADWIRE_LOG(kInfo) << tag()
+                        << "no secret is set (TCPStoreServerOptions::secret, GRADWIRE_SECRET or "
+                           "GRADWIRE_SECRET_FILE): anyone who can reach this port can read and "
+                           "write every key";
+  }
   thread_ = std::thread([this] {
     // libuv writes with write(), which raises SIGPIPE when a client has gone; the default
     // action would kill the whole process. Blocked in this thread only (the disposition
@@ -296,7 +320,11 @@ void TCPStoreServer::Impl::on_stop(uv_async_t* async) {
     self->close_connection(c);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->listener_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&self->log_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_), nullptr);
+  if (auto line = self->drops_.summarise("connections")) {
+    self->log_.log(LogLevel::kWarning, self->tag() + "dropped " + *line);
+  }
   GRADWIRE_LOG(kInfo) << self->tag() << "stopped; closed " << conns.size() << " connection(s)";
 }
 
@@ -349,7 +377,12 @@ void TCPStoreServer::Impl::on_read(uv_stream_t* stream, ssize_t nread, const uv_
   Impl* self = c->server;
   if (c->closing) return;
   if (nread < 0) {
-    if (nread == UV_EOF && c->in.empty()) {
+    if (nread == UV_EOF && c->hello_seen && !c->hello_done) {
+      // A client that finds the server's proof wrong leaves without its own.
+      self->disconnect(c,
+                       "authentication failed: the client left without proving that it "
+                       "knows this store's secret (it may hold another one)");
+    } else if (nread == UV_EOF && c->in.empty()) {
       GRADWIRE_LOG(kDebug) << self->tag() << "client " << c->serial << " (" << c->peer
                            << ") disconnected";
       self->close_connection(c);
@@ -402,14 +435,41 @@ bool TCPStoreServer::Impl::handle_frame(Connection* c, const uint8_t* frame, siz
   FrameReader r(frame, size);
   const uint8_t op = r.u8();
   const uint32_t id = r.u32();
-  if (!c->hello_done) return handle_hello(c, op, id, r);
+  if (!c->hello_done) {
+    return c->hello_seen ? handle_auth(c, op, id, r) : handle_hello(c, op, id, r);
+  }
   return handle_request(c, op, id, r);
+}
+
+std::string TCPStoreServer::Impl::proof(std::string_view label, const std::string& nonces) const {
+  const Digest256 mac = hmac_sha256(secret_, std::string(label) + nonces);
+  return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+}
+
+bool TCPStoreServer::Impl::handle_auth(Connection* c, uint8_t op, uint32_t id, FrameReader& r) {
+  const std::string_view got = r.raw(proto::kProofBytes, "client proof");
+  if (op != static_cast<uint8_t>(Op::kAuth) || !r.done()) {
+    disconnect(c, "authentication failed: expected the client's proof, got " +
+                      (op == static_cast<uint8_t>(Op::kAuth) ? std::string("a malformed one")
+                                                             : std::string("another request")));
+    return false;
+  }
+  const std::string want = proof(proto::kClientProofLabel, c->nonces);
+  if (!constant_time_equal(want.data(), got.data(), want.size())) {
+    disconnect(c, "authentication failed: the client does not know this store's secret");
+    return false;
+  }
+  c->hello_done = true;
+  c->nonces.clear();
+  FrameWriter w = reply(c, Reply::kOk, id);
+  end_reply(c, w);
+  return true;
 }
 
 bool TCPStoreServer::Impl::handle_hello(Connection* c, uint8_t op, uint32_t id, FrameReader& r) {
   const uint32_t magic = r.u32();
   const uint16_t version = r.u16();
-  if (op != static_cast<uint8_t>(Op::kHello) || !r.done() || magic != proto::kMagic) {
+  if (op != static_cast<uint8_t>(Op::kHello) || magic != proto::kMagic) {
     disconnect(c, "not a gradwire TCPStore client (bad handshake" +
                       (r.ok() ? std::string() : ": " + r.error()) + ")");
     return false;
@@ -419,13 +479,37 @@ bool TCPStoreServer::Impl::handle_hello(Connection* c, uint8_t op, uint32_t id, 
                       " (this server speaks version " + std::to_string(proto::kVersion) + ")");
     return false;
   }
-  c->hello_done = true;
+  const uint8_t flags = r.u8();
+  const std::string_view client_nonce = r.raw(proto::kNonceBytes, "client nonce");
+  if (!r.done() || (flags & ~proto::kFlagSecret) != 0) {
+    disconnect(c, "not a gradwire TCPStore client (bad handshake" +
+                      (r.ok() ? std::string(": unknown flags") : ": " + r.error()) + ")");
+    return false;
+  }
+  const bool client_secret = (flags & proto::kFlagSecret) != 0;
+  if (client_secret != !secret_.empty()) {
+    disconnect(c, client_secret ? "authentication failed: the client has a secret and this "
+                                  "store has none"
+                                : "authentication failed: this store requires a shared secret "
+                                  "and the client has none");
+    return false;
+  }
+  const std::string server_nonce = random_bytes(proto::kNonceBytes);
+  c->hello_seen = true;
   FrameWriter w = reply(c, Reply::kHelloOk, id);
   w.u16(proto::kVersion);
   w.u32(options_.max_key_bytes);
   w.u32(options_.max_value_bytes);
   w.u32(options_.max_keys_per_request);
   w.u32(static_cast<uint32_t>(frame_limit_));
+  w.u8(secret_.empty() ? 0 : proto::kFlagSecret);
+  w.raw(server_nonce);
+  if (secret_.empty()) {
+    c->hello_done = true;
+  } else {
+    c->nonces = std::string(client_nonce) + server_nonce;
+    w.raw(proof(proto::kServerProofLabel, c->nonces));
+  }
   end_reply(c, w);
   return true;
 }
@@ -612,6 +696,9 @@ bool TCPStoreServer::Impl::handle_request(Connection* c, uint8_t op, uint32_t id
     }
     case Op::kHello:
       disconnect(c, "second handshake on one connection");
+      return false;
+    case Op::kAuth:
+      disconnect(c, "authentication outside the handshake");
       return false;
   }
   disconnect(c, "unknown opcode " + std::to_string(op) + " in request " + std::to_string(id));
@@ -828,8 +915,17 @@ void TCPStoreServer::Impl::on_write(uv_write_t* req, int status) {
 
 void TCPStoreServer::Impl::disconnect(Connection* c, const std::string& why) {
   if (c->closing) return;
-  GRADWIRE_LOG(kWarning) << tag() << "dropping client " << c->serial << " (" << c->peer
-                         << "): " << why;
+  num_refused_.fetch_add(1, std::memory_order_relaxed);
+  const std::string what = "client " + std::to_string(c->serial) + " (" + c->peer + "): " + why;
+  if (drops_.note(what)) {
+    log_.log(LogLevel::kWarning,
+             tag() + "dropping " + what + " (further drops are summarised every 10 s)");
+  } else if (!stopping_ && uv_is_active(reinterpret_cast<uv_handle_t*>(&log_timer_)) == 0) {
+    const auto wait =
+        std::chrono::ceil<std::chrono::milliseconds>(drops_.due() - EventSummary::Clock::now());
+    uv_timer_start(&log_timer_, &Impl::on_log_timer,
+                   static_cast<uint64_t>(std::max<int64_t>(wait.count(), 0)), 0);
+  }
   // Best effort: tell the client why before closing (ignored if the kernel will not take it).
   std::string frame;
   FrameWriter w(frame);
@@ -840,6 +936,13 @@ void TCPStoreServer::Impl::disconnect(Connection* c, const std::string& why) {
   uv_buf_t buf = uv_buf_init(frame.data(), static_cast<unsigned>(frame.size()));
   uv_try_write(reinterpret_cast<uv_stream_t*>(&c->handle), &buf, 1);
   close_connection(c);
+}
+
+void TCPStoreServer::Impl::on_log_timer(uv_timer_t* timer) {
+  Impl* self = static_cast<Impl*>(timer->data);
+  if (auto line = self->drops_.summarise("connections")) {
+    self->log_.log(LogLevel::kWarning, self->tag() + "dropped " + *line);
+  }
 }
 
 void TCPStoreServer::Impl::close_connection(Connection* c) {
@@ -866,6 +969,14 @@ uint16_t TCPStoreServer::port() const {
 
 int64_t TCPStoreServer::num_clients() const {
   return impl_->num_clients();
+}
+
+uint64_t TCPStoreServer::num_refused() const {
+  return impl_->num_refused();
+}
+
+bool TCPStoreServer::authenticated() const {
+  return impl_->authenticated();
 }
 
 }  // namespace gradwire::c10d

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -324,15 +325,19 @@ std::string le32(uint32_t v) {
   return s;
 }
 
-std::string hello_frame() {
-  // length 11: op 1 (HELLO), id 0, magic "GWST", version 1
-  return le32(11) + std::string(1, '\x01') + le32(0) + le32(0x54535747) +
-         std::string("\x01\x00", 2);
+// HELLO (protocol version 2): length 44: op 1, id 0, magic "GWST", version, flags, a nonce.
+std::string hello_frame(uint8_t flags = 0, uint16_t version = 2) {
+  return le32(44) + std::string(1, '\x01') + le32(0) + le32(0x54535747) +
+         std::string(1, static_cast<char>(version & 0xff)) +
+         std::string(1, static_cast<char>(version >> 8)) +
+         std::string(1, static_cast<char>(flags)) + std::string(32, 'n');
 }
 
 TEST(TCPStoreTest, ServerSurvivesGarbageAndKeepsServing) {
   test::LogCapture log;
-  TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .max_value_bytes = 1024});
+  auto server_holder = std::make_unique<TCPStoreServer>(
+      TCPStoreServerOptions{.bind_host = "127.0.0.1", .max_value_bytes = 1024});
+  TCPStoreServer& server = *server_holder;
   const uint16_t port = server.port();
   TCPStore good(client_options(port));
   good.set("before", std::string_view("1"));
@@ -352,8 +357,11 @@ TEST(TCPStoreTest, ServerSurvivesGarbageAndKeepsServing) {
   attacks.push_back({"huge length before the handshake", le32(0xFFFFFFFFu)});
   attacks.push_back({"bad magic", le32(11) + std::string(1, '\x01') + le32(0) + le32(0xDEADBEEF) +
                                       std::string("\x01\x00", 2)});
-  attacks.push_back({"wrong version", le32(11) + std::string(1, '\x01') + le32(0) +
-                                          le32(0x54535747) + std::string("\x63\x00", 2)});
+  attacks.push_back({"wrong version", hello_frame(0, 99)});
+  attacks.push_back({"version 1 (no nonce)", le32(11) + std::string(1, '\x01') + le32(0) +
+                                                 le32(0x54535747) + std::string("\x01\x00", 2)});
+  attacks.push_back({"unknown flags", hello_frame(0x80)});
+  attacks.push_back({"a secret this store does not have", hello_frame(1)});
   attacks.push_back({"huge length after the handshake", hello_frame() + le32(0xFFFFFFF0u)});
   attacks.push_back({"zero length", hello_frame() + le32(0)});
   attacks.push_back({"unknown opcode", hello_frame() + le32(5) + std::string(1, '\x7f') + le32(9)});
@@ -400,15 +408,148 @@ TEST(TCPStoreTest, ServerSurvivesGarbageAndKeepsServing) {
   TCPStore another(client_options(port));
   EXPECT_EQ(another.get_string("after"), "2");
 
-  // Every dropped client was logged with its reason.
-  int dropped = 0;
-  bool saw_length = false;
+  // Every dropped client was counted; the log has the first in full and then, once the
+  // server stops (or every 10 s), one line for the rest.
+  const uint64_t refused = server.num_refused();
+  EXPECT_GE(refused, attacks.size() - 20);
+  server_holder.reset();
+  int full = 0;
+  std::string summary;
   for (const std::string& line : log.lines()) {
-    if (line.find("dropping client") != std::string::npos) ++dropped;
-    if (line.find("frame length 4294967295") != std::string::npos) saw_length = true;
+    if (line.find("dropping client") != std::string::npos) ++full;
+    if (line.find("more connections in the last 10 s") != std::string::npos) summary = line;
   }
-  EXPECT_GE(dropped, static_cast<int>(attacks.size()) - 20);
-  EXPECT_TRUE(saw_length);
+  EXPECT_EQ(full, 1);
+  EXPECT_THAT(summary, HasSubstr("dropped " + std::to_string(refused - 1) + " more connections"));
+  EXPECT_THAT(summary, HasSubstr("(the last: client "));
+}
+
+// ---- authentication
+
+TCPStoreOptions client_with_secret(uint16_t port, std::string secret) {
+  TCPStoreOptions options = client_options(port);
+  options.secret = std::move(secret);
+  return options;
+}
+
+// The NetworkError a client gets from a server that refuses it, and how long it took.
+std::string refusal(const TCPStoreOptions& options, std::chrono::milliseconds* took = nullptr) {
+  const auto t0 = Clock::now();
+  std::string text;
+  try {
+    TCPStore client(options);
+  } catch (const NetworkError& e) {
+    text = e.what();
+  }
+  if (took != nullptr) {
+    *took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  }
+  return text;
+}
+
+TEST(TCPStoreAuth, ClientsWithTheSecretAreServedOthersAreRefusedOnBothSides) {
+  test::LogCapture log;
+  auto server = std::make_unique<TCPStoreServer>(
+      TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = "store secret 1"});
+  EXPECT_TRUE(server->authenticated());
+  const uint16_t port = server->port();
+  TCPStore good(client_with_secret(port, "store secret 1"));
+  good.set("k", std::string_view("v"));
+  TCPStore other(client_with_secret(port, "store secret 1"));
+  EXPECT_EQ(other.get_string("k"), "v");
+
+  std::chrono::milliseconds took{};
+  const std::string wrong = refusal(client_with_secret(port, "a guess"), &took);
+  EXPECT_THAT(wrong, HasSubstr("authentication failed"));
+  EXPECT_THAT(wrong, HasSubstr("does not know this job's secret"));
+  EXPECT_THAT(wrong, ::testing::Not(HasSubstr("store secret 1")));
+  EXPECT_THAT(wrong, ::testing::Not(HasSubstr("a guess")));
+  EXPECT_LT(took, 5s) << "a refusal is final: it must not be retried until connect_timeout";
+  const std::string none = refusal(client_options(port));
+  EXPECT_THAT(none, HasSubstr("authentication failed"));
+  EXPECT_THAT(none, HasSubstr("requires a shared secret and the client has none"));
+  EXPECT_EQ(server->num_refused(), 2u);
+  EXPECT_EQ(good.get_string("k"), "v");
+  server.reset();
+  // The server's side says so too, without the secret.
+  bool logged = false;
+  for (const std::string& line : log.lines()) {
+    EXPECT_THAT(line, ::testing::Not(HasSubstr("store secret 1")));
+    if (line.find("authentication failed") != std::string::npos) logged = true;
+  }
+  EXPECT_TRUE(logged);
+}
+
+TEST(TCPStoreAuth, AClientWithASecretRefusesAServerWithout) {
+  TCPStoreServer plain(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  EXPECT_FALSE(plain.authenticated());
+  const std::string text = refusal(client_with_secret(plain.port(), "mine"));
+  EXPECT_THAT(text, HasSubstr("authentication failed"));
+  EXPECT_THAT(text, HasSubstr("has a secret"));
+  // Without secrets on either side, nothing changes.
+  TCPStore client(client_options(plain.port()));
+  client.set("x", std::string_view("1"));
+  EXPECT_EQ(client.get_string("x"), "1");
+}
+
+TEST(TCPStoreAuth, NoRequestIsParsedBeforeTheClientsProof) {
+  TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = "s3"});
+  const uint16_t port = server.port();
+  const std::string set_x =
+      le32(5 + 4 + 1 + 4 + 1) + std::string(1, '\x02') + le32(7) + le32(1) + "x" + le32(1) + "1";
+  struct Attack {
+    std::string name;
+    std::string bytes;
+  };
+  const std::vector<Attack> attacks = {
+      {"a request instead of the proof", hello_frame(1) + set_x},
+      {"a wrong proof",
+       hello_frame(1) + le32(5 + 32) + std::string(1, '\x0e') + le32(0) + std::string(32, 'p')},
+      {"a short proof",
+       hello_frame(1) + le32(5 + 8) + std::string(1, '\x0e') + le32(0) + std::string(8, 'p')},
+      {"a huge frame before the proof", hello_frame(1) + le32(1u << 30)},
+  };
+  for (const Attack& attack : attacks) {
+    RawSocket raw(port);
+    raw.send(attack.bytes);
+    EXPECT_TRUE(raw.closed_by_server(2s)) << attack.name;
+  }
+  EXPECT_EQ(server.num_refused(), attacks.size());
+  TCPStore good(client_with_secret(port, "s3"));
+  EXPECT_FALSE(good.check({"x"})) << "a request sent before authentication was applied";
+  // The master's own client and server share the secret given once.
+  TCPStoreOptions master = client_with_secret(0, "s4");
+  master.is_master = true;
+  TCPStore hosted(master);
+  hosted.set("m", std::string_view("1"));
+  EXPECT_EQ(TCPStore(client_with_secret(hosted.port(), "s4")).get_string("m"), "1");
+}
+
+// Junk connections cannot flood the log, and a log nobody drains cannot stop the store.
+TEST(TCPStoreTest, AStuckLogNeverStopsTheServer) {
+  test::CountdownLatch release(1);
+  std::atomic<int> lines{0};
+  const LogSink previous = set_log_sink([&](LogLevel, std::string_view) {
+    ++lines;
+    release.wait(30s);  // a pipe nobody reads
+  });
+  {
+    TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+    const uint16_t port = server.port();
+    for (int i = 0; i < 300; ++i) {
+      RawSocket raw(port);
+      raw.send(le32(0xFFFFFFFFu));
+      ASSERT_TRUE(raw.closed_by_server(5s)) << "junk connection " << i;
+    }
+    TCPStore good(client_options(port));
+    good.set("still", std::string_view("serving"));
+    EXPECT_EQ(good.get_string("still"), "serving");
+    EXPECT_EQ(server.num_refused(), 300u);
+    release.count_down();
+  }
+  set_log_sink(previous);
+  // 300 refusals, one line in full (the summary follows at the end of the period).
+  EXPECT_LE(lines.load(), 2);
 }
 
 TEST(TCPStoreTest, LimitsAreEnforcedOnTheClientWithTheServersValues) {

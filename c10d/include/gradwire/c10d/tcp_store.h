@@ -17,6 +17,8 @@
 // write the server rejects (possible only when its size limits are lower than this
 // client's) is reported by the next call, as StoreError naming the key.
 //
+// Authentication: see TCPStoreOptions::secret (and docs/security.md).
+//
 // When the server goes away, every pending call fails with NetworkError naming
 // host:port; the next call reconnects (retrying until connect_timeout), so a server
 // restarted on the same port serves the same client objects again.
@@ -69,6 +71,13 @@ struct TCPStoreOptions {
   uint32_t max_key_bytes{64 * 1024};
   uint32_t max_value_bytes{64u << 20};
   uint32_t max_keys_per_request{1u << 16};
+  // The job's shared secret (with is_master, the server's too); empty: GRADWIRE_SECRET,
+  // else the file named by GRADWIRE_SECRET_FILE, else none. With a secret, client and
+  // server prove to each other that they know it (HMAC-SHA256 over fresh nonces) before any
+  // request is sent; a server or client without it, or with another, fails the connection
+  // at once with NetworkError "... authentication failed: ..." (never retried, never naming
+  // the secret).
+  std::string secret{};
 
   void validate() const;
 };

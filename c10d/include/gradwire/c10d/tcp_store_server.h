@@ -5,7 +5,17 @@
 // appears or when the client's deadline (a loop timer) passes, so clients never poll.
 // The protocol (docs/wire-format.md) is versioned and bounds every length; a client that
 // sends garbage, a truncated frame or an oversized length is disconnected with a logged
-// reason (GRADWIRE_LOG_LEVEL=warning shows it) and everyone else keeps being served.
+// reason and everyone else keeps being served. Those log lines never hold up the loop:
+// the first dropped connection of every 10 s is logged in full, the rest are summarised
+// ("dropped 250 more connections in the last 10 s (the last: ...)"), and lines are
+// written by a background thread, so a stderr nobody drains cannot stop the store.
+//
+// Authentication: with a shared secret (options.secret, else GRADWIRE_SECRET, else the
+// file named by GRADWIRE_SECRET_FILE) every client must complete a mutual HMAC-SHA256
+// challenge-response over fresh nonces before any request of it is parsed; a client
+// without the secret, or with another one, is refused with "authentication failed" on
+// both sides (the secret itself is never logged or sent). Without a secret anyone who can
+// reach the port can read and write every key; the server says so once at start (info).
 //
 // A TCPStore with is_master starts one of these in-process; the gradwire-store program
 // runs one standalone. Destroying the server closes every client connection, so their
@@ -43,6 +53,8 @@ struct TCPStoreServerOptions {
   // Waits (get/wait/multi_get on missing keys) one connection may have parked at once.
   uint32_t max_pending_waits_per_client{1u << 16};
   int listen_backlog{4096};
+  // The job's shared secret; empty: GRADWIRE_SECRET, else GRADWIRE_SECRET_FILE, else none.
+  std::string secret{};
 
   void validate() const;
 };
@@ -59,6 +71,10 @@ class TCPStoreServer {
 
   // Number of client connections open now (counted on the loop; a snapshot).
   int64_t num_clients() const;
+  // Connections dropped so far for a protocol violation or a failed authentication.
+  uint64_t num_refused() const;
+  // Whether clients must authenticate (a secret is set).
+  bool authenticated() const;
 
   class Impl;
 
