@@ -101,30 +101,73 @@ void add_baseline(Figure& f, const std::optional<double>& theirs_value, const st
 
 const Register set_get_bench({"store.set_get_per_s"}, [](const auto& emit) {
   constexpr int kIters = 2000;
-  TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
-  TCPStore client(client_options(server.port()));
+  // The same workload without and with a shared secret, rounds alternating: authentication
+  // happens once per connection, so the figure must not drop.
+  const std::string kSecret = "a shared secret for the benchmark";
+  TCPStoreServer plain_server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = ""});
+  TCPStoreServer auth_server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = kSecret});
+  TCPStore plain(client_options(plain_server.port()));
+  TCPStoreOptions auth_options = client_options(auth_server.port());
+  auth_options.secret = kSecret;
+  TCPStore authenticated(auth_options);
   const std::string value(16, 'x');
-  std::vector<double> seconds;
-  for (int r = 0; r <= kRounds; ++r) {
-    const double t = time_once([&] {
+  auto round = [&](TCPStore& client) {
+    return time_once([&] {
       for (int i = 0; i < kIters; ++i) {
         const std::string key = "k" + std::to_string(i % 64);
         client.set(key, value);
         client.get(key);
       }
     });
-    if (r > 0) seconds.push_back(t);  // round 0 warms up
+  };
+  std::vector<double> seconds;
+  std::vector<double> seconds_auth;
+  for (int r = 0; r <= kRounds; ++r) {
+    const double t = round(plain);
+    const double ta = round(authenticated);
+    if (r > 0) {  // round 0 warms up
+      seconds.push_back(t);
+      seconds_auth.push_back(ta);
+    }
   }
+  // The whole connection set-up, handshake included, without and with the secret.
+  auto connect_us = [&](const TCPStoreOptions& options) {
+    std::vector<double> times;
+    for (int i = 0; i < 50; ++i)
+      times.push_back(time_once([&] { TCPStore c(options); }) * 1e6);
+    return median(times);
+  };
+  const double connect_plain = connect_us(client_options(plain_server.port()));
+  const double connect_auth = connect_us(auth_options);
   Figure f{"store.set_get_per_s",
            kIters / median(seconds),
            "round trips/s",
-           {{"iterations", double(kIters)}, {"value_bytes", 16.0}, {"clients", 1.0}}};
+           {{"iterations", double(kIters)},
+            {"value_bytes", 16.0},
+            {"clients", 1.0},
+            {"secret", "none"},
+            {"connect_us", connect_plain}}};
   std::string why, version;
   const auto theirs = pytorch_seconds(
       "set_get " + std::to_string(kIters) + " " + std::to_string(kRounds), why, version);
   add_baseline(f, theirs ? std::optional<double>(kIters / *theirs) : std::nullopt, why, version,
                true, 2.0);
   emit(f);
+  const double with_secret = kIters / median(seconds_auth);
+  emit(Figure{"store.set_get_per_s",
+              with_secret,
+              "round trips/s",
+              {{"iterations", double(kIters)},
+               {"value_bytes", 16.0},
+               {"clients", 1.0},
+               {"secret", "set"},
+               {"no_secret_per_s", f.value},
+               {"ratio_to_no_secret", with_secret / f.value},
+               {"target_ratio_to_no_secret_min", 0.95},
+               {"connect_us", connect_auth},
+               {"no_secret_connect_us", connect_plain},
+               {"statistic", "median of " + std::to_string(kRounds) +
+                                 " rounds, alternating with the run without a secret"}}});
 });
 
 // One round of a multi-process workload: forks `procs` clients that meet at a start
