@@ -82,6 +82,12 @@ void BackgroundLog::log(LogLevel level, std::string message, std::source_locatio
   state_->cv.notify_one();
 }
 
+BackgroundLog& BackgroundLog::shared() {
+  // Leaked on purpose: lines logged while the process exits must still find it.
+  static BackgroundLog* const log = new BackgroundLog();
+  return *log;
+}
+
 uint64_t BackgroundLog::dropped() const {
   MutexLock lock(state_->mutex);
   return state_->dropped;

@@ -27,6 +27,7 @@
 #include <unordered_set>
 
 #include "gradwire/core/auth.h"
+#include "gradwire/core/background_log.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
 #include "transport/handshake.h"
@@ -186,38 +187,34 @@ struct Core : std::enable_shared_from_this<Core> {
   bool run_on_loop(std::function<void()> fn) { return reactor.defer(std::move(fn)); }
 
   // Loop thread: a refused incoming connection, logged at most once per period with a
-  // count of those not logged.
+  // count of those not logged. Lines go through a background thread: the loop never
+  // waits for a log that is not draining.
   void note_refused(const std::string& peer, const std::string& why) {
     options.stats->refused.fetch_add(1, std::memory_order_relaxed);
-    const auto now = Reactor::Clock::now();
-    if (!logged_once || now - last_log >= kRefusalLogPeriod) {
-      flush_refusals();
-      GRADWIRE_LOG(kWarning) << "rpc transport " << kind() << " of '" << options.name
-                             << "': refused a connection from " << peer << ": " << why
-                             << " (further refusals are summarised every "
-                             << kRefusalLogPeriod.count() << " s)";
-      logged_once = true;
-      last_log = now;
+    if (refusals.note("from " + peer + ": " + why)) {
+      log.log(LogLevel::kWarning, prefix() + "refused a connection from " + peer + ": " + why +
+                                      " (further refusals are summarised every " +
+                                      std::to_string(kRefusalLogPeriod.count()) + " s)");
       return;
     }
-    ++suppressed;
-    last_reason = why;
-    if (suppressed == 1) {
+    if (!summary_armed) {
+      summary_armed = true;
       std::weak_ptr<Core> weak = weak_from_this();
-      reactor.add_timer(last_log + kRefusalLogPeriod, [weak] {
+      reactor.add_timer(refusals.due(), [weak] {
         if (auto self = weak.lock()) self->flush_refusals();
       });
     }
   }
 
   void flush_refusals() {
-    if (suppressed == 0) return;
-    GRADWIRE_LOG(kWarning) << "rpc transport " << kind() << " of '" << options.name << "': refused "
-                           << suppressed << " more connection" << (suppressed == 1 ? "" : "s")
-                           << " in the last " << kRefusalLogPeriod.count()
-                           << " s (the last: " << last_reason << ")";
-    suppressed = 0;
-    last_log = Reactor::Clock::now();
+    summary_armed = false;
+    if (auto line = refusals.summarise("connections refused")) {
+      log.log(LogLevel::kWarning, prefix() + *line);
+    }
+  }
+
+  std::string prefix() const {
+    return std::string("rpc transport ") + kind() + " of '" + options.name + "': ";
   }
 
   StreamOptions options;
@@ -227,10 +224,9 @@ struct Core : std::enable_shared_from_this<Core> {
   bool closed = false;
   std::unordered_set<std::shared_ptr<ConnImpl>> conns;
   std::unordered_set<std::shared_ptr<ListenerImpl>> listeners;
-  bool logged_once = false;
-  Reactor::Clock::time_point last_log{};
-  uint64_t suppressed = 0;
-  std::string last_reason;
+  EventSummary refusals{std::chrono::duration_cast<std::chrono::seconds>(kRefusalLogPeriod)};
+  bool summary_armed = false;
+  BackgroundLog& log = BackgroundLog::shared();
 };
 
 // One connection, client or server side. All state is touched on the loop thread only;
@@ -1344,10 +1340,8 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
         // Out of descriptors or memory: stop accepting for a moment (level-triggered epoll
         // would spin), then go on; the listener itself never fails.
         const int err = errno;
-        GRADWIRE_LOG(kWarning) << "rpc transport " << core_->kind() << " of '"
-                               << core_->options.name
-                               << "': accepting a connection failed: " << errno_text(err)
-                               << "; retrying in 100 ms";
+        core_->log.log(LogLevel::kWarning, core_->prefix() + "accepting a connection failed: " +
+                                               errno_text(err) + "; retrying in 100 ms");
         core_->reactor.modify(fd_, 0);
         std::weak_ptr<ListenerImpl> weak = weak_from_this();
         core_->reactor.add_timer(Reactor::Clock::now() + std::chrono::milliseconds(100), [weak] {

@@ -50,6 +50,9 @@ class BackgroundLog {
            std::source_location where = std::source_location::current());
   // Lines dropped so far because the queue was full.
   uint64_t dropped() const;
+  // A process-wide instance for code that logs rarely from many objects (one thread in all,
+  // started on first use, never destroyed).
+  static BackgroundLog& shared();
 
   struct State;
 
