@@ -3,7 +3,8 @@
 # Idempotent, and silent when everything is already present.
 #   scripts/install-deps.sh            build and test dependencies
 #   scripts/install-deps.sh --bench    also PyTorch 1.13 (python3-torch), the benchmark peer
-#   scripts/install-deps.sh --checks   also clang, for the -Wthread-safety build
+#   scripts/install-deps.sh --checks   also clang and its runtimes, for the -Wthread-safety
+#                                      build and the fuzzers (libFuzzer, ASan)
 set -euo pipefail
 
 packages=(
@@ -16,7 +17,7 @@ packages=(
 for arg in "$@"; do
   case "$arg" in
     --bench) packages+=(python3 python3-torch) ;;
-    --checks) packages+=(clang) ;;
+    --checks) packages+=(clang libclang-rt-14-dev) ;;
     *) echo "usage: scripts/install-deps.sh [--bench] [--checks]" >&2; exit 2 ;;
   esac
 done

@@ -4,7 +4,10 @@
 #   2. ThreadSanitizer over the threaded modules' tests (core, the harness, autograd's graph
 #      tasks) and tensor's intra-op pool tests (tensor.ParallelTest.*: parallel_for, concurrent
 #      GEMMs, large elementwise ops and reductions),
-#   3. clang's -Wthread-safety analysis over the libraries (warnings are errors).
+#   3. clang: the -Wthread-safety analysis over the libraries (warnings are errors), in the
+#      same build as the libFuzzer targets (ASan+UBSan), which then replay their past
+#      findings and fuzz briefly from their seeds (scripts/fuzz.sh; GRADWIRE_CI_FUZZ_SECONDS
+#      per target, default 10).
 # Each has its own build folder next to build/. Pass a step name (asan, tsan,
 # thread-safety) to run only that one.
 set -euo pipefail
@@ -37,9 +40,6 @@ if [[ $step == all || $step == tsan ]]; then
 fi
 
 if [[ $step == all || $step == thread-safety ]]; then
-  echo "== clang -Wthread-safety"
-  CXX=clang++ CC=clang cmake -S "$root" -B "$root/build-tsa" "${common[@]}" \
-    -DGRADWIRE_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" >/dev/null
-  cmake --build "$root/build-tsa" -j "$jobs"
+  echo "== clang: -Wthread-safety, and the fuzzers"
+  GRADWIRE_FUZZ_BUILD_DIR="$root/build-tsa" "$root/scripts/fuzz.sh" "${GRADWIRE_CI_FUZZ_SECONDS:-10}"
 fi

@@ -21,6 +21,7 @@
 #include "counter.h"
 #include "gradwire/core/check.h"
 #include "gradwire/core/logging.h"
+#include "little_endian.h"
 
 namespace gradwire::c10d {
 
@@ -38,17 +39,8 @@ using Clock = std::chrono::steady_clock;
                              << std::strerror(err);
 }
 
-void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i)
-    out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-uint32_t get_u32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= uint32_t{static_cast<uint8_t>(p[i])} << (8 * i);
-  return v;
-}
+using le::get_u32;
+using le::put_u32;
 
 std::string users_value(int64_t joined, int64_t finished) {
   std::string out;

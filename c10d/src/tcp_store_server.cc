@@ -32,6 +32,7 @@
 #include "gradwire/core/check.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
+#include "store_journal.h"
 #include "tcp_protocol.h"
 
 namespace gradwire::c10d {
@@ -154,6 +155,8 @@ class TCPStoreServer::Impl {
   bool handle_request(Connection* c, uint8_t op, uint32_t id, FrameReader& r);
 
   void set_key(std::string_view key, std::string_view value);
+  void open_journal();
+  StoreJournal::ForEach live_keys();
   void notify(std::string_view key);
   // Parks a waiter on the missing keys; false if the client has too many parked.
   bool park(Connection* c, uint32_t id, Op op, std::vector<std::string> keys, uint64_t timeout_ms);
@@ -177,6 +180,8 @@ class TCPStoreServer::Impl {
   TCPStoreServerOptions options_;
   std::string secret_;
   BackgroundLog log_;
+  std::unique_ptr<StoreJournal> journal_;
+  bool journal_failing_ = false;
   EventSummary drops_{std::chrono::seconds(10)};
   uv_timer_t log_timer_{};
   std::atomic<uint64_t> num_refused_{0};
@@ -204,6 +209,7 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions options)
       frame_limit_(proto::frame_limit(options_.max_key_bytes, options_.max_value_bytes)) {
   options_.validate();
   secret_ = resolve_secret(options_.secret);
+  if (!options_.journal.empty()) open_journal();
   int rc = uv_loop_init(&loop_);
   if (rc != 0) GRADWIRE_THROW(StoreError) << "TCPStoreServer: uv_loop_init: " << uv_message(rc);
   uv_tcp_init(&loop_, &listener_);
@@ -634,7 +640,10 @@ bool TCPStoreServer::Impl::handle_request(Connection* c, uint8_t op, uint32_t id
       if (!r.done()) return bad("delete_key");
       auto it = data_.find(key);
       const bool existed = it != data_.end();
-      if (existed) data_.erase(it);
+      if (existed) {
+        if (journal_) journal_->record(StoreJournal::Kind::kDelete, key);
+        data_.erase(it);
+      }
       FrameWriter w = reply(c, Reply::kBool, id);
       w.u8(existed ? 1 : 0);
       end_reply(c, w);
@@ -678,6 +687,7 @@ bool TCPStoreServer::Impl::handle_request(Connection* c, uint8_t op, uint32_t id
       if (it == data_.end()) {
         set_key(key, value);
       } else {
+        if (journal_) journal_->record(StoreJournal::Kind::kAppend, key, value);
         it->second.append(value);
         notify(key);
       }
@@ -705,7 +715,42 @@ bool TCPStoreServer::Impl::handle_request(Connection* c, uint8_t op, uint32_t id
   return false;
 }
 
+StoreJournal::ForEach TCPStoreServer::Impl::live_keys() {
+  return [this](const StoreJournal::Visit& visit) {
+    for (const auto& [key, value] : data_)
+      visit(key, value);
+  };
+}
+
+void TCPStoreServer::Impl::open_journal() {
+  journal_ = std::make_unique<StoreJournal>(
+      options_.journal,
+      [this](StoreJournal::Kind kind, std::string_view key, std::string_view value) {
+        switch (kind) {
+          case StoreJournal::Kind::kSet:
+            data_[std::string(key)] = std::string(value);
+            break;
+          case StoreJournal::Kind::kAppend:
+            data_[std::string(key)].append(value);
+            break;
+          case StoreJournal::Kind::kDelete:
+            data_.erase(std::string(key));
+            break;
+        }
+      },
+      live_keys());
+  if (!journal_->torn_tail().empty()) {
+    GRADWIRE_LOG(kWarning) << "TCPStoreServer: journal '" << options_.journal
+                           << "': dropped an incomplete last record (" << journal_->torn_tail()
+                           << "), the end of a write the previous server did not finish";
+  }
+  GRADWIRE_LOG(kInfo) << "TCPStoreServer: journal '" << options_.journal
+                      << "': " << journal_->records_replayed() << " records replayed, "
+                      << data_.size() << " keys";
+}
+
 void TCPStoreServer::Impl::set_key(std::string_view key, std::string_view value) {
+  if (journal_) journal_->record(StoreJournal::Kind::kSet, key, value);
   auto it = data_.find(key);
   if (it == data_.end()) {
     data_.emplace(std::string(key), std::string(value));
@@ -863,6 +908,21 @@ void TCPStoreServer::Impl::reply_error(Connection* c, uint32_t id, ErrorKind kin
 }
 
 void TCPStoreServer::Impl::flush_dirty() {
+  // The changes of this loop turn reach the journal before any reply about them leaves.
+  if (journal_ && journal_->pending()) {
+    std::string error;
+    if (journal_->flush(live_keys(), &error)) {
+      if (journal_failing_) {
+        log_.log(LogLevel::kWarning, tag() + "journal '" + options_.journal + "' is written again");
+      }
+      journal_failing_ = false;
+    } else if (!journal_failing_) {
+      // Kept in memory and retried on the next change; said once per failing stretch.
+      journal_failing_ = true;
+      log_.log(LogLevel::kError, tag() + "writing the journal '" + options_.journal + "' failed: " +
+                                     error + "; changes are kept and written once it works again");
+    }
+  }
   // Connections closed during this callback are still allocated (handles are freed in
   // close callbacks, which run after this one), and flush() skips them.
   for (Connection* c : dirty_) {

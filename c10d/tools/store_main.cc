@@ -1,7 +1,11 @@
 // gradwire-store: a standalone TCPStore server, for jobs whose workers should not host it.
 //
 //   gradwire-store [--port N] [--host ADDR] [--max-key-bytes N] [--max-value-bytes N]
+//                  [--journal FILE]
 //
+// --journal FILE keeps an append-only record of every change, so that the store restarted
+// with the same file has every key back (clients reconnect on their next call). The job's
+// secret, if any, comes from GRADWIRE_SECRET or GRADWIRE_SECRET_FILE (docs/security.md).
 // Prints "gradwire-store listening on port N" once it accepts connections (so a launcher
 // that passed --port 0 can read the port), and serves until SIGINT or SIGTERM.
 #include <csignal>
@@ -18,7 +22,7 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: gradwire-store [--port N] [--host ADDR] [--max-key-bytes N] "
-               "[--max-value-bytes N]\n");
+               "[--max-value-bytes N] [--journal FILE]\n");
   return 2;
 }
 
@@ -36,6 +40,8 @@ int main(int argc, char** argv) {
         options.port = static_cast<uint16_t>(gradwire::parse_int("--port", value, 0, 65535));
       } else if (flag == "--host") {
         options.bind_host = value;
+      } else if (flag == "--journal") {
+        options.journal = value;
       } else if (flag == "--max-key-bytes") {
         options.max_key_bytes =
             static_cast<uint32_t>(gradwire::parse_int("--max-key-bytes", value, 1, 16 << 20));

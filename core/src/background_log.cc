@@ -69,7 +69,7 @@ BackgroundLog::~BackgroundLog() {
   }
 }
 
-void BackgroundLog::log(LogLevel level, std::string message, std::source_location where) {
+void BackgroundLog::log(LogLevel level, std::string message, const char* file, int line) {
   if (!log_enabled(level)) return;
   MutexLock lock(state_->mutex);
   if (state_->queue.size() >= state_->capacity) {
@@ -77,8 +77,7 @@ void BackgroundLog::log(LogLevel level, std::string message, std::source_locatio
     ++state_->unreported;
     return;
   }
-  state_->queue.push_back(
-      State::Line{level, std::move(message), where.file_name(), static_cast<int>(where.line())});
+  state_->queue.push_back(State::Line{level, std::move(message), file, line});
   state_->cv.notify_one();
 }
 

@@ -341,11 +341,16 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
     IncomingTensor t;
     t.dtype = dtype_from_index(static_cast<int>(d.dtype()));
     // The element count must stay within the payload limit's order of magnitude: the
-    // product is checked step by step so that it cannot overflow.
+    // product is checked step by step so that it cannot overflow. So must the extent with
+    // empty dimensions counted as 1 (what contiguous strides multiply): a zero among the
+    // sizes makes the tensor empty, but not its other sizes harmless.
     int64_t bytes = element_size(t.dtype);
+    int64_t extent = element_size(t.dtype);
     for (int64_t s : d.sizes()) {
       if (s < 0) malformed(which + " has a negative size " + std::to_string(s));
-      if (s != 0 && bytes > (int64_t{1} << 46) / s) malformed(which + " is too large");
+      const int64_t at_least_one = std::max<int64_t>(s, 1);
+      if (extent > (int64_t{1} << 46) / at_least_one) malformed(which + " is too large");
+      extent *= at_least_one;
       bytes *= s;
       t.sizes.push_back(s);
     }

@@ -33,7 +33,12 @@ Shape contiguous_strides(const Shape& sizes) {
   int64_t s = 1;
   for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
     strides[d] = s;
-    s *= std::max<int64_t>(sizes[d], 1);
+    // An empty dimension makes the tensor empty, but the strides of the others still
+    // multiply: [0, 2^40, 2^40] must be refused, not overflow.
+    if (__builtin_mul_overflow(s, std::max<int64_t>(sizes[d], 1), &s)) {
+      GRADWIRE_THROW(InvalidArgument)
+          << "shape " << shape_to_string(sizes) << " is too large: its strides overflow int64";
+    }
   }
   return strides;
 }
@@ -43,8 +48,8 @@ int64_t shape_numel(const Shape& sizes) {
   for (int64_t s : sizes) {
     GRADWIRE_CHECK_ARG(s >= 0) << "negative size in shape " << shape_to_string(sizes);
     if (s != 0 && n > std::numeric_limits<int64_t>::max() / s) {
-      GRADWIRE_THROW(InvalidArgument) << "shape " << shape_to_string(sizes)
-                                      << " has more elements than int64 can count";
+      GRADWIRE_THROW(InvalidArgument)
+          << "shape " << shape_to_string(sizes) << " has more elements than int64 can count";
     }
     n *= s;
   }
@@ -76,12 +81,10 @@ TensorImpl::TensorImpl(Storage storage, Shape sizes, Shape strides, int64_t stor
       numel_(shape_numel(sizes_)),
       contiguous_(compute_contiguous(sizes_, strides_)) {}
 
-Tensor::Tensor(Storage storage, Shape sizes, Shape strides, int64_t storage_offset,
-               DType dtype) {
+Tensor::Tensor(Storage storage, Shape sizes, Shape strides, int64_t storage_offset, DType dtype) {
   GRADWIRE_CHECK_ARG(sizes.size() == strides.size())
       << "tensor: " << sizes.size() << " sizes but " << strides.size() << " strides";
-  GRADWIRE_CHECK_ARG(storage_offset >= 0) << "tensor: negative storage offset "
-                                          << storage_offset;
+  GRADWIRE_CHECK_ARG(storage_offset >= 0) << "tensor: negative storage offset " << storage_offset;
   int64_t numel = shape_numel(sizes);
   if (numel > 0) {
     // The lowest and highest element addressed must both lie inside the storage.
@@ -94,8 +97,7 @@ Tensor::Tensor(Storage storage, Shape sizes, Shape strides, int64_t storage_offs
     GRADWIRE_CHECK_ARG(lo >= 0 && hi < capacity)
         << "tensor: sizes " << shape_to_string(sizes) << " with strides "
         << shape_to_string(strides) << " and offset " << storage_offset
-        << " reach outside a storage of " << capacity << " " << dtype_name(dtype)
-        << " elements";
+        << " reach outside a storage of " << capacity << " " << dtype_name(dtype) << " elements";
   }
   impl_ = std::make_shared<TensorImpl>(std::move(storage), std::move(sizes), std::move(strides),
                                        storage_offset, dtype);
@@ -121,7 +123,8 @@ namespace {
 // wrap_dim accepts dim 0 of a 0-dim tensor (as PyTorch does for reductions), but ops that
 // index sizes() need at least one real dim.
 void require_dims(const Tensor& t, const char* op) {
-  GRADWIRE_CHECK_ARG(t.dim() > 0) << op << ": expects a tensor with at least 1 dim, got a 0-dim tensor";
+  GRADWIRE_CHECK_ARG(t.dim() > 0) << op
+                                  << ": expects a tensor with at least 1 dim, got a 0-dim tensor";
 }
 }  // namespace
 
@@ -139,14 +142,13 @@ void* Tensor::data_ptr() const {
 }
 
 void Tensor::check_dtype_for_access(DType expected, const char* what) const {
-  GRADWIRE_CHECK_ARG(dtype() == expected)
-      << what << ": tensor has dtype " << dtype_name(dtype()) << ", accessed as "
-      << dtype_name(expected);
+  GRADWIRE_CHECK_ARG(dtype() == expected) << what << ": tensor has dtype " << dtype_name(dtype())
+                                          << ", accessed as " << dtype_name(expected);
 }
 
 Scalar Tensor::item_scalar() const {
-  GRADWIRE_CHECK_ARG(numel() == 1) << "item: tensor of shape " << shape_string()
-                                   << " has " << numel() << " elements, expected 1";
+  GRADWIRE_CHECK_ARG(numel() == 1) << "item: tensor of shape " << shape_string() << " has "
+                                   << numel() << " elements, expected 1";
   Tensor host = is_cuda() ? to(Device::cpu()) : *this;
   return detail::dispatch_all(dtype(), "item", [&](auto tag) -> Scalar {
     using T = typename decltype(tag)::type;
@@ -201,12 +203,12 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op, const Shape
   int infer = -1;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
-      GRADWIRE_CHECK_ARG(infer < 0) << op << ": only one dimension can be -1, got "
-                                    << shape_to_string(shape);
+      GRADWIRE_CHECK_ARG(infer < 0)
+          << op << ": only one dimension can be -1, got " << shape_to_string(shape);
       infer = static_cast<int>(i);
     } else {
-      GRADWIRE_CHECK_ARG(out[i] >= 0) << op << ": invalid size " << out[i] << " in "
-                                      << shape_to_string(shape);
+      GRADWIRE_CHECK_ARG(out[i] >= 0)
+          << op << ": invalid size " << out[i] << " in " << shape_to_string(shape);
       known *= out[i];
     }
   }
@@ -346,8 +348,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   const int64_t n = sizes()[w];
   if (start < 0) start += n;
   GRADWIRE_CHECK_ARG(start >= 0 && length >= 0 && start + length <= n)
-      << "narrow: start " << start << " and length " << length
-      << " are out of range for dim " << d << " of size " << n;
+      << "narrow: start " << start << " and length " << length << " are out of range for dim " << d
+      << " of size " << n;
   return slice(w, start, start + length);
 }
 
@@ -372,9 +374,9 @@ Tensor Tensor::expand(const Shape& shape) const {
       sz[i] = have;
       st[i] = strides()[i - lead];
     } else {
-      GRADWIRE_CHECK_ARG(have == 1) << "expand: cannot expand shape " << shape_string()
-                                    << " to " << shape_to_string(shape) << " (dim " << i
-                                    << " has size " << have << ", not 1)";
+      GRADWIRE_CHECK_ARG(have == 1)
+          << "expand: cannot expand shape " << shape_string() << " to " << shape_to_string(shape)
+          << " (dim " << i << " has size " << have << ", not 1)";
       sz[i] = want;
       st[i] = 0;
     }
@@ -422,7 +424,8 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
                              << end_dim;
   Shape sz(sizes().begin(), sizes().begin() + s);
   int64_t n = 1;
-  for (int64_t d = s; d <= e; ++d) n *= sizes()[d];
+  for (int64_t d = s; d <= e; ++d)
+    n *= sizes()[d];
   sz.push_back(n);
   sz.insert(sz.end(), sizes().begin() + e + 1, sizes().end());
   return reshape(sz);
@@ -443,9 +446,8 @@ Tensor Tensor::unflatten(int64_t d, const Shape& new_sizes) const {
 namespace {
 // Strided copy with dtype conversion between two CPU tensors of the same shape.
 void cpu_copy(const Tensor& dst, const Tensor& src) {
-  auto plan = detail::make_plan<2>(
-      dst.sizes(), {detail::broadcast_byte_strides(dst, dst.sizes()),
-                    detail::broadcast_byte_strides(src, dst.sizes())});
+  auto plan = detail::make_plan<2>(dst.sizes(), {detail::broadcast_byte_strides(dst, dst.sizes()),
+                                                 detail::broadcast_byte_strides(src, dst.sizes())});
   detail::dispatch_all(dst.dtype(), "copy_", [&](auto dtag) {
     using D = typename decltype(dtag)::type;
     detail::dispatch_all(src.dtype(), "copy_", [&](auto stag) {
@@ -461,7 +463,8 @@ void cpu_copy(const Tensor& dst, const Tensor& src) {
                             if (s[0] == sizeof(D) && s[1] == sizeof(S)) {
                               D* d = reinterpret_cast<D*>(p[0]);
                               const S* x = reinterpret_cast<const S*>(p[1]);
-                              for (int64_t i = 0; i < n; ++i) d[i] = detail::convert<D>(x[i]);
+                              for (int64_t i = 0; i < n; ++i)
+                                d[i] = detail::convert<D>(x[i]);
                               return;
                             }
                             for (int64_t i = 0; i < n; ++i) {
@@ -527,7 +530,8 @@ Tensor& Tensor::fill_(Scalar value) {
                               T* d = reinterpret_cast<T*>(p[0]);
                               std::fill(d, d + n, v);
                             } else {
-                              for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
+                              for (int64_t i = 0; i < n; ++i)
+                                *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
                             }
                           });
     });
@@ -536,9 +540,13 @@ Tensor& Tensor::fill_(Scalar value) {
   return *this;
 }
 
-Tensor& Tensor::zero_() { return fill_(0); }
+Tensor& Tensor::zero_() {
+  return fill_(0);
+}
 
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+Tensor Tensor::contiguous() const {
+  return is_contiguous() ? *this : clone();
+}
 
 Tensor Tensor::clone() const {
   if (detail::autograd_dispatch(*this)) return autograd_hooks()->clone(*this);
@@ -563,12 +571,14 @@ Tensor Tensor::to(Device device) const {
   return out;
 }
 
-Tensor Tensor::to(Device device, DType t) const { return to(t).to(device); }
+Tensor Tensor::to(Device device, DType t) const {
+  return to(t).to(device);
+}
 
 // Built directly (not through as_strided) so that the result never has autograd state.
 Tensor Tensor::detach() const {
-  return Tensor(std::make_shared<TensorImpl>(storage(), sizes(), strides(), storage_offset(),
-                                             dtype()));
+  return Tensor(
+      std::make_shared<TensorImpl>(storage(), sizes(), strides(), storage_offset(), dtype()));
 }
 
 namespace detail {

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -168,7 +170,8 @@ TEST(TCPStoreTest, ThousandClientsPassABarrier) {
 
 // Runs a TCPStoreServer in a forked child (call before this process starts threads).
 // Returns the child's pid and the server's port.
-pid_t fork_server(uint16_t& port) {
+pid_t fork_server(uint16_t& port,
+                  TCPStoreServerOptions options = TCPStoreServerOptions{.bind_host = "127.0.0.1"}) {
   int fds[2];
   if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
   std::fflush(nullptr);
@@ -176,7 +179,7 @@ pid_t fork_server(uint16_t& port) {
   if (pid == 0) {
     ::close(fds[0]);
     try {
-      TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+      TCPStoreServer server(options);
       const uint16_t p = server.port();
       if (::write(fds[1], &p, sizeof(p)) != sizeof(p)) ::_exit(1);
       ::pause();  // serves until killed
@@ -550,6 +553,126 @@ TEST(TCPStoreTest, AStuckLogNeverStopsTheServer) {
   set_log_sink(previous);
   // 300 refusals, one line in full (the summary follows at the end of the period).
   EXPECT_LE(lines.load(), 2);
+}
+
+// ---- the journal
+
+std::filesystem::path fresh_dir(const std::string& tag) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("gradwire-journal-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+Bytes bytes_of(std::string_view s) {
+  return Bytes(s.begin(), s.end());
+}
+
+// Every kind of change, acknowledged by a round trip (set and multi_set are one-way).
+void change_everything(TCPStore& store) {
+  store.set("plain", std::string_view("1"));
+  store.add("counter", 5);
+  store.add("counter", 2);
+  store.compare_set("cas", {}, bytes_of("first"));
+  store.append("log", std::string_view("a"));
+  store.append("log", std::string_view("b"));
+  store.multi_set({"m1", "m2"}, {bytes_of("x"), bytes_of("y")});
+  store.set("gone", std::string_view("soon"));
+  EXPECT_TRUE(store.delete_key("gone"));
+  EXPECT_EQ(store.num_keys(), 6);
+}
+
+void expect_everything(TCPStore& store) {
+  EXPECT_EQ(store.get_string("plain"), "1");
+  EXPECT_EQ(store.add("counter", 1), 8);
+  EXPECT_EQ(store.get_string("cas"), "first");
+  EXPECT_EQ(store.get_string("log"), "ab");
+  EXPECT_EQ(store.get_string("m1"), "x");
+  EXPECT_EQ(store.get_string("m2"), "y");
+  EXPECT_FALSE(store.check({"gone"}));
+  EXPECT_EQ(store.num_keys(), 6);
+}
+
+TEST(TCPStoreJournal, AKilledServerRestartedWithItsJournalHasEveryKeyBack) {
+  const auto dir = fresh_dir("kill");
+  const std::string journal = (dir / "store.journal").string();
+  uint16_t port = 0;
+  pid_t server = fork_server(port, {.bind_host = "127.0.0.1", .journal = journal});
+  ASSERT_NE(port, 0);
+  TCPStoreOptions options = client_options(port);
+  options.connect_timeout = 20s;  // the client waits for the restarted server
+  TCPStore client(options);
+  change_everything(client);
+  ::kill(server, SIGKILL);
+  int status = 0;
+  ::waitpid(server, &status, 0);
+  uint16_t again = 0;
+  server = fork_server(again, {.bind_host = "127.0.0.1", .port = port, .journal = journal});
+  ASSERT_EQ(again, port);
+  // The same client object reconnects on its next call and finds every change.
+  expect_everything(client);
+  // What the restarted server changes is journaled too.
+  client.set("later", std::string_view("2"));
+  EXPECT_TRUE(client.check({"later"}));
+  ::kill(server, SIGKILL);
+  ::waitpid(server, &status, 0);
+  TCPStoreServer third(TCPStoreServerOptions{.bind_host = "127.0.0.1", .journal = journal});
+  TCPStore reader(client_options(third.port()));
+  EXPECT_EQ(reader.get_string("later"), "2");
+  EXPECT_EQ(reader.add("counter", 0), 8);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TCPStoreJournal, ATornLastRecordIsDroppedAndCorruptionIsRefused) {
+  const auto dir = fresh_dir("torn");
+  const std::string journal = (dir / "store.journal").string();
+  {
+    TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .journal = journal});
+    TCPStore client(client_options(server.port()));
+    change_everything(client);
+  }
+  const auto size = std::filesystem::file_size(journal);
+  // A write the dying process did not finish: the start of one more record.
+  {
+    std::ofstream out(journal, std::ios::binary | std::ios::app);
+    out << std::string("\x40\x00\x00\x00\x01\x03\x00", 7);
+  }
+  {
+    test::LogCapture log;
+    TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .journal = journal});
+    TCPStore client(client_options(server.port()));
+    expect_everything(client);
+    bool warned = false;
+    for (const std::string& line : log.lines())
+      warned = warned || line.find("dropped an incomplete last record") != std::string::npos;
+    EXPECT_TRUE(warned);
+  }
+  // A complete record whose bytes changed: refused, naming the file and the offset.
+  {
+    std::fstream f(journal, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(8 + 4 + 6));
+    f.put('#');
+  }
+  std::string error;
+  try {
+    TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .journal = journal});
+  } catch (const StoreError& e) {
+    error = e.what();
+  }
+  EXPECT_THAT(error, HasSubstr(journal));
+  EXPECT_THAT(error, HasSubstr("is corrupt at offset 8"));
+  // Not a journal at all.
+  std::ofstream(journal, std::ios::binary | std::ios::trunc) << "hello";
+  error.clear();
+  try {
+    TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .journal = journal});
+  } catch (const StoreError& e) {
+    error = e.what();
+  }
+  EXPECT_THAT(error, HasSubstr("is not a gradwire store journal"));
+  EXPECT_GT(size, 8u);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TCPStoreTest, LimitsAreEnforcedOnTheClientWithTheServersValues) {

@@ -280,6 +280,24 @@ TEST(EnvelopeTest, RequiresGradOnANonFloatingDtypeIsMalformed) {
             std::string::npos);
 }
 
+// An empty tensor's other sizes still count: [0, 2^40, 2^40] holds no element, but its
+// contiguous strides would overflow int64 (found by fuzz_envelope). Refused before anything
+// is allocated.
+TEST(EnvelopeTest, AnEmptyTensorWithHugeOtherSizesIsMalformed) {
+  Request req;
+  req.function = "f";
+  req.args = {Value(zeros({1, 3}, kInt64))};
+  std::string forged = encode(Envelope{req}, nullptr, 0).payload;
+  // The description comes last: field 4, length 6, dtype 5 (int64), packed sizes [1, 3].
+  const std::string tail("\x22\x06\x08\x05\x12\x02\x01\x03", 8);
+  ASSERT_EQ(forged.substr(forged.size() - 8), tail);
+  forged.resize(forged.size() - 8);
+  const std::string two_pow_40("\x80\x80\x80\x80\x80\x20", 6);
+  forged += std::string("\x22\x11\x08\x05\x12\x0d\x00", 7) + two_pow_40 + two_pow_40;
+  EXPECT_NE(malformed([&] { peek_tensors(forged); }).find("tensor 0 is too large"),
+            std::string::npos);
+}
+
 // Extensions: at most max_extensions entries, keys of at most max_extension_key_bytes, and
 // max_extension_bytes of values in all; each bound holds exactly at its limit.
 TEST(EnvelopeTest, ExtensionsAreBoundedInNumberKeyLengthAndValueBytes) {

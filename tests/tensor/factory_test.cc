@@ -56,6 +56,19 @@ TEST(FactoryTest, EmptyGeometry) {
   expect_invalid([] { empty({2, -1}); }, "negative size");
 }
 
+// A zero among the sizes empties the tensor but does not excuse the other sizes: their
+// strides would overflow int64.
+TEST(FactoryTest, AnEmptyShapeWhoseStridesOverflowIsRefused) {
+  const int64_t huge = int64_t{1} << 40;
+  try {
+    (void)empty({0, huge, huge});
+    ADD_FAILURE() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("strides overflow int64"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(empty({0, huge}).numel(), 0);  // within int64: fine
+}
+
 TEST(FactoryTest, ZerosOnesFullEveryDType) {
   for (DType dtype : kAllDTypes) {
     EXPECT_EQ(values(zeros({2, 2}, dtype)), std::vector<double>(4, 0.0)) << dtype;

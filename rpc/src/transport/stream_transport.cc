@@ -72,6 +72,31 @@ std::string errno_text(int err) {
   return std::strerror(err);
 }
 
+// TensorPipe's NopReader does not bounds-check the one-byte reads libnop makes for every
+// value's prefix, so a truncated control frame would make decoding read past the frame (a
+// null pointer when it ends exactly there; found by fuzz_transport). Frames are therefore
+// decoded with a guard after them, whose bytes are a prefix no encoding accepts (libnop
+// reserves 0x8a), so decoding past the end fails at its next prefix; and a decode counts
+// only if the object it produced encodes back to exactly the frame's size, so nothing of
+// the guard was taken as data.
+constexpr size_t kNopGuardBytes = 4096;
+const uint8_t* nop_guard() {
+  static const std::vector<uint8_t> guard(kNopGuardBytes, 0x8a);
+  return guard.data();
+}
+
+// Decodes a whole frame into `holder`; "" or why not.
+std::string decode_nop(tp::AbstractNopHolder& holder, const char* data, size_t size) {
+  tp::NopReader reader(reinterpret_cast<const uint8_t*>(data), size, nop_guard(), kNopGuardBytes);
+  nop::Status<void> status = holder.read(reader);
+  if (status.has_error()) return status.GetErrorMessage();
+  if (holder.getSize() != size) {
+    return "it holds " + std::to_string(size) + " bytes where its content takes " +
+           std::to_string(holder.getSize());
+  }
+  return "";
+}
+
 bool unix_socket(StreamOptions::Family family) {
   return family != StreamOptions::Family::kTcp;
 }
@@ -457,9 +482,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
       return;
     }
     if (op.kind == ReadOp::kNop) {
-      tp::NopReader reader(reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
-      nop::Status<void> status = op.nop->read(reader);
-      op.nfn(status.has_error() ? make_error("the first frame does not decode") : tp::Error());
+      const std::string why = decode_nop(*op.nop, frame.data(), frame.size());
+      op.nfn(why.empty() ? tp::Error() : make_error("the first frame does not decode: " + why));
       return;
     }
     op.rfn(tp::Error::kSuccess, frame.data(), frame.size());
@@ -685,12 +709,11 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         op.rfn(tp::Error::kSuccess, op.dest, op.length);
         return;
       case ReadOp::kNop: {
-        tp::NopReader reader(reinterpret_cast<const uint8_t*>(op.dest), op.length);
-        nop::Status<void> status = op.nop->read(reader);
-        if (status.has_error()) {
-          const tp::Error error = make_error(
-              "connection with " + peer_ + " closed: a TensorPipe control frame does not decode (" +
-              status.GetErrorMessage() + ")");
+        const std::string why = decode_nop(*op.nop, op.dest, op.length);
+        if (!why.empty()) {
+          const tp::Error error =
+              make_error("connection with " + peer_ +
+                         " closed: a TensorPipe control frame does not decode (" + why + ")");
           core_->options.stats->bad_frames.fetch_add(1, std::memory_order_relaxed);
           op.nfn(error);
           fail(error);
@@ -714,15 +737,14 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   }
 
   bool first_frame_valid(const char* data, size_t size) const {
-    tp::NopReader reader(reinterpret_cast<const uint8_t*>(data), size);
     if (core_->options.first_frame == StreamOptions::FirstFrame::kMptLaneHello) {
       // The mpt channel dereferences the ClientHello it expects without checking for it.
       tp::NopHolder<tp::channel::mpt::Packet> hello;
-      if (hello.read(reader).has_error()) return false;
+      if (!decode_nop(hello, data, size).empty()) return false;
       return hello.getObject().is<tp::channel::mpt::ClientHello>();
     }
     tp::NopHolder<tp::Packet> hello;
-    if (hello.read(reader).has_error()) return false;
+    if (!decode_nop(hello, data, size).empty()) return false;
     return hello.getObject().is<tp::SpontaneousConnection>() ||
            hello.getObject().is<tp::RequestedConnection>();
   }

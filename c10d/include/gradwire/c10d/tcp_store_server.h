@@ -21,6 +21,9 @@
 // runs one standalone. Destroying the server closes every client connection, so their
 // pending calls fail at once with NetworkError.
 //
+// Journal: with options.journal, every change is appended to a file that a restarted
+// server replays (keys, counters and appended values come back; parked waits do not).
+//
 // Thread-safety: port() and the destructor may be called from any thread; the loop runs
 // on its own thread and shares no state with callers.
 // Errors: construction throws NetworkError naming the address when it cannot bind or
@@ -55,6 +58,11 @@ struct TCPStoreServerOptions {
   int listen_backlog{4096};
   // The job's shared secret; empty: GRADWIRE_SECRET, else GRADWIRE_SECRET_FILE, else none.
   std::string secret{};
+  // An append-only journal of every change (created if missing): a server started with the
+  // file of one that stopped or was killed has every key back. Empty: none. Changes reach
+  // the file before their replies are sent; there is no fsync (a killed process loses
+  // nothing, a machine that loses power may). See docs/c10d.md.
+  std::string journal{};
 
   void validate() const;
 };

@@ -28,7 +28,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <source_location>
 #include <string>
 
 #include "gradwire/core/logging.h"
@@ -46,8 +45,9 @@ class BackgroundLog {
 
   // Queues one line at `level` (nothing if the level is below the threshold); the line
   // names the caller's file and line.
-  void log(LogLevel level, std::string message,
-           std::source_location where = std::source_location::current());
+  // (__builtin_FILE/__builtin_LINE: std::source_location is missing from clang 14.)
+  void log(LogLevel level, std::string message, const char* file = __builtin_FILE(),
+           int line = __builtin_LINE());
   // Lines dropped so far because the queue was full.
   uint64_t dropped() const;
   // A process-wide instance for code that logs rarely from many objects (one thread in all,

@@ -1,0 +1,142 @@
+// libFuzzer target: gradwire's transport handshake and framing (rpc/src/transport/). The
+// first byte picks what the rest is fed to:
+//   0-2  the handshake state machine as a server without a secret, as a server with one,
+//        and as a client with one, fed in chunks of 1 to 48 bytes;
+//   3    the ring setup message of the local transport;
+//   4    a real tcp listener: the rest follows a valid handshake on a fresh connection,
+//        which is then half-closed; the listener must close it (a frame it cannot accept)
+//        or read it to the end, and close it then. A crash, or a connection still open
+//        15 s after the client's end of the stream, is a finding.
+#include <poll.h>
+
+#include <tensorpipe/transport/connection.h>
+#include <tensorpipe/transport/listener.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "gradwire/core/logging.h"
+#include "loopback.h"
+#include "transport/handshake.h"
+#include "transport/ring.h"
+#include "transport/stream_transport.h"
+
+using namespace gradwire;
+using namespace gradwire::rpc::transport;
+namespace tp = tensorpipe;
+
+namespace {
+
+void feed_handshake(Handshake& hs, const uint8_t* data, size_t size) {
+  size_t at = 0;
+  while (at < size && hs.state() == Handshake::State::kRunning) {
+    // Chunks of 1 to 48 bytes, so that every boundary inside a step is exercised.
+    const size_t n = std::min<size_t>(1 + (at * 7 + size) % 48, size - at);
+    const size_t used = hs.feed(data + at, n);
+    if (used > n) __builtin_trap();
+    (void)hs.take_output();
+    at += n;
+  }
+  if (hs.state() == Handshake::State::kFailed && hs.error().empty()) __builtin_trap();
+  if (hs.state() == Handshake::State::kDone && hs.error().size() != 0) __builtin_trap();
+}
+
+void drain(const std::shared_ptr<tp::transport::Connection>& conn) {
+  conn->read([conn](const tp::Error& error, const void*, size_t) {
+    if (!error) drain(conn);  // on error the callback (and with it `conn`) goes away
+  });
+}
+
+void accept_forever(const std::shared_ptr<tp::transport::Listener>& listener) {
+  listener->accept(
+      [listener](const tp::Error& error, std::shared_ptr<tp::transport::Connection> conn) {
+        if (error) return;
+        drain(conn);
+        accept_forever(listener);
+      });
+}
+
+// A tcp listener on 127.0.0.1 with an accept loop, for the life of the process; its port.
+int listener_port() {
+  static const int port = [] {
+    StreamOptions options;
+    options.name = "fuzz";
+    options.max_frame_bytes = 1 << 20;
+    options.handshake_timeout = std::chrono::milliseconds(2000);
+    static auto* context = new std::shared_ptr<StreamContext>(create_stream_context(options));
+    static auto* listener =
+        new std::shared_ptr<tp::transport::Listener>((*context)->listen("127.0.0.1:0"));
+    accept_forever(*listener);
+    const std::string addr = (*listener)->addr();
+    return std::stoi(addr.substr(addr.rfind(':') + 1));
+  }();
+  return port;
+}
+
+void through_listener(const uint8_t* data, size_t size) {
+  const int fd = fuzz::connect_loopback(static_cast<uint16_t>(listener_port()));
+  Handshake hs(Handshake::Role::kClient, "");
+  bool ok = fuzz::send_all(fd, hs.take_output());
+  while (ok && hs.state() == Handshake::State::kRunning) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, fuzz::kHangMs) <= 0) __builtin_trap();
+    uint8_t byte = 0;
+    if (::recv(fd, &byte, 1, 0) != 1) __builtin_trap();  // a valid handshake is never refused
+    hs.feed(&byte, 1);
+  }
+  if (hs.state() != Handshake::State::kDone) __builtin_trap();
+  fuzz::send_all(fd, std::string(reinterpret_cast<const char*>(data), size));
+  fuzz::finish_and_wait_for_close(fd);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  set_log_level(LogLevel::kOff);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const uint8_t mode = data[0] % 5;
+  ++data;
+  --size;
+  switch (mode) {
+    case 0: {
+      Handshake hs(Handshake::Role::kServer, "");
+      feed_handshake(hs, data, size);
+      break;
+    }
+    case 1: {
+      Handshake hs(Handshake::Role::kServer, "fuzz secret");
+      feed_handshake(hs, data, size);
+      break;
+    }
+    case 2: {
+      Handshake hs(Handshake::Role::kClient, "fuzz secret");
+      (void)hs.take_output();
+      feed_handshake(hs, data, size);
+      break;
+    }
+    case 3: {
+      uint8_t setup[kRingSetupBytes] = {0};
+      std::memcpy(setup, data, std::min(size, sizeof(setup)));
+      std::string error;
+      const size_t capacity = RingSegment::parse_setup(setup, &error);
+      if ((capacity == 0) == error.empty()) __builtin_trap();
+      if (capacity != 0 && (capacity < kMinRingBytes || capacity > kMaxRingBytes)) {
+        __builtin_trap();
+      }
+      break;
+    }
+    default:
+      through_listener(data, size);
+      break;
+  }
+  return 0;
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The libFuzzer targets (fuzz/): builds them with clang, ASan+UBSan and coverage over every
+# library (clang's -Wthread-safety analysis comes with the build), replays the inputs of
+# past findings (fuzz/regressions/<target>/), then fuzzes each target for a bounded time
+# from its committed seeds (fuzz/corpus/<target>/). New inputs go to the build folder; a
+# crash, a hang or a leak stops with the input saved there.
+#   scripts/fuzz.sh [SECONDS]     seconds per target (default 60)
+#   scripts/fuzz.sh --seeds       rewrite fuzz/corpus/ with fuzz_seeds, then stop
+#   GRADWIRE_FUZZ_TARGETS="fuzz_envelope fuzz_store_server" scripts/fuzz.sh 600
+#   GRADWIRE_FUZZ_BUILD_DIR=...   build folder (default build-fuzz)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${GRADWIRE_FUZZ_BUILD_DIR:-$root/build-fuzz}
+jobs=${GRADWIRE_JOBS:-$(nproc)}
+targets=${GRADWIRE_FUZZ_TARGETS:-fuzz_envelope fuzz_value_convert fuzz_tensor_meta fuzz_store_server fuzz_transport}
+seconds=60
+seeds=0
+case "${1:-}" in
+  --seeds) seeds=1 ;;
+  "") ;;
+  *[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS | --seeds]" >&2; exit 2 ;;
+  *) seconds=$1 ;;
+esac
+
+"$root/scripts/install-deps.sh" --checks
+CXX=clang++ CC=clang cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DGRADWIRE_USE_CUDA=OFF -DGRADWIRE_BUILD_BENCH=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
+  -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_FUZZ=ON -DGRADWIRE_SANITIZE="address;undefined" \
+  -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" >/dev/null
+cmake --build "$build" -j "$jobs"
+
+if [[ $seeds == 1 ]]; then
+  rm -rf "$root/fuzz/corpus"
+  "$build/fuzz/fuzz_seeds" "$root/fuzz/corpus"
+  exit 0
+fi
+
+export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+mkdir -p "$build/artifacts"
+for t in $targets; do
+  echo "== $t"
+  if compgen -G "$root/fuzz/regressions/$t/*" >/dev/null; then
+    replayed=$("$build/fuzz/$t" -runs=1 "$root"/fuzz/regressions/"$t"/* 2>&1 | grep -c '^Executed')
+    echo "replayed $replayed past finding(s)"
+  fi
+  work="$build/corpus/$t"
+  mkdir -p "$work"
+  # -timeout: one input taking longer is a hang; -rss_limit_mb: one taking more memory is a
+  # finding too (every parser bounds what it allocates).
+  status=0
+  "$build/fuzz/$t" "$work" "$root/fuzz/corpus/$t" -max_total_time="$seconds" -timeout=30 \
+    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
+    >"$build/$t.log" 2>&1 || status=$?
+  grep -E '^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb|Done [0-9]+ runs)' \
+    "$build/$t.log" || true
+  if [[ $status -ne 0 ]]; then
+    tail -n 60 "$build/$t.log" >&2
+    echo "gradwire: $t found a problem (exit $status); the input is in $build/artifacts" >&2
+    exit 1
+  fi
+done
