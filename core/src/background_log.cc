@@ -1,5 +1,7 @@
 #include "gradwire/core/background_log.h"
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <deque>
 #include <thread>
@@ -56,7 +58,10 @@ BackgroundLog::BackgroundLog(size_t capacity) : state_(std::make_shared<State>()
   state_->capacity = capacity == 0 ? 1 : capacity;
   std::shared_ptr<State> state = state_;
   // Detached: a writer stuck on a sink that never drains must not hold up its owner.
-  std::thread([state] { state->run(); }).detach();
+  std::thread([state] {
+    ::pthread_setname_np(::pthread_self(), "gw-log");
+    state->run();
+  }).detach();
 }
 
 BackgroundLog::~BackgroundLog() {
