@@ -8,6 +8,8 @@
 #   scripts/fuzz.sh --seeds       rewrite fuzz/corpus/ with fuzz_seeds, then stop
 #   GRADWIRE_FUZZ_TARGETS="fuzz_envelope fuzz_store_server" scripts/fuzz.sh 600
 #   GRADWIRE_FUZZ_BUILD_DIR=...   build folder (default build-fuzz)
+#   GRADWIRE_FUZZ_SEED=N          libFuzzer's random seed (default: a fresh one per run; CI
+#                                 fixes it, so that its short runs are repeatable)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GRADWIRE_FUZZ_BUILD_DIR:-$root/build-fuzz}
@@ -50,6 +52,7 @@ for t in $targets; do
   # finding too (every parser bounds what it allocates).
   status=0
   "$build/fuzz/$t" "$work" "$root/fuzz/corpus/$t" -max_total_time="$seconds" -timeout=30 \
+    ${GRADWIRE_FUZZ_SEED:+-seed="$GRADWIRE_FUZZ_SEED"} \
     -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
     >"$build/$t.log" 2>&1 || status=$?
   grep -E '^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb|Done [0-9]+ runs)' \

@@ -41,5 +41,6 @@ fi
 
 if [[ $step == all || $step == thread-safety ]]; then
   echo "== clang: -Wthread-safety, and the fuzzers"
-  GRADWIRE_FUZZ_BUILD_DIR="$root/build-tsa" "$root/scripts/fuzz.sh" "${GRADWIRE_CI_FUZZ_SECONDS:-10}"
+  GRADWIRE_FUZZ_BUILD_DIR="$root/build-tsa" GRADWIRE_FUZZ_SEED="${GRADWIRE_FUZZ_SEED:-1}" \
+    "$root/scripts/fuzz.sh" "${GRADWIRE_CI_FUZZ_SECONDS:-10}"
 fi

@@ -400,8 +400,18 @@ std::vector<IncomingTensor> peek_tensors(const ParsedEnvelope& parsed,
                                          const EnvelopeLimits& limits) {
   std::vector<IncomingTensor> all = describe_tensors(parsed.message(), limits);
   std::vector<IncomingTensor> out;
+  size_t total = 0;
   for (IncomingTensor& t : all) {
-    if (!t.is_inline) out.push_back(std::move(t));
+    if (t.is_inline) continue;
+    // What the receiver is about to allocate, all tensors together (each one is already
+    // bounded, so the sum cannot overflow): checked here, for every receiver.
+    total += t.nbytes();
+    if (total > limits.max_tensor_bytes) {
+      malformed("its tensors announce " + std::to_string(total) +
+                " bytes or more, more than the limit of " +
+                std::to_string(limits.max_tensor_bytes) + " (max_tensor_bytes)");
+    }
+    out.push_back(std::move(t));
   }
   return out;
 }

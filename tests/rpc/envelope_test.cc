@@ -298,6 +298,22 @@ TEST(EnvelopeTest, AnEmptyTensorWithHugeOtherSizesIsMalformed) {
             std::string::npos);
 }
 
+// The tensors a message announces are bounded together by max_tensor_bytes before the
+// receiver allocates anything (fuzz_envelope found a 560 GB announcement passing
+// peek_tensors, which left that check to the agent).
+TEST(EnvelopeTest, TensorsAnnouncedTogetherAreBoundedByMaxTensorBytes) {
+  Request req;
+  req.function = "f";
+  req.args = {Value(zeros({1000}, kFloat32)), Value(zeros({1000}, kFloat32))};
+  const std::string payload = encode(Envelope{req}, nullptr, 0).payload;
+  EnvelopeLimits limits;
+  limits.max_tensor_bytes = 8000;
+  EXPECT_EQ(peek_tensors(payload, limits).size(), 2u);  // exactly at the limit
+  limits.max_tensor_bytes = 7999;
+  EXPECT_NE(malformed([&] { peek_tensors(payload, limits); }).find("max_tensor_bytes"),
+            std::string::npos);
+}
+
 // Extensions: at most max_extensions entries, keys of at most max_extension_key_bytes, and
 // max_extension_bytes of values in all; each bound holds exactly at its limit.
 TEST(EnvelopeTest, ExtensionsAreBoundedInNumberKeyLengthAndValueBytes) {
