@@ -25,6 +25,10 @@ inline constexpr int kHangMs = 15000;
 inline int connect_loopback(uint16_t port) {
   static uint32_t next = 0;
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // SO_REUSEADDR: these sockets linger in TIME_WAIT bound to their port, and without it
+  // they would stop other programs binding that port on every address for a minute.
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in from{};
   from.sin_family = AF_INET;
   from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + (next++ % 250));
