@@ -10,6 +10,9 @@
 #   GRADWIRE_FUZZ_BUILD_DIR=...   build folder (default build-fuzz)
 #   GRADWIRE_FUZZ_SEED=N          libFuzzer's random seed (default: a fresh one per run; CI
 #                                 fixes it, so that its short runs are repeatable)
+#   GRADWIRE_FUZZ_REPLAY_ONLY="t ..."  targets that only replay their seeds and past findings
+#                                 (CI's choice for the two that drive real servers, see
+#                                 docs/security.md)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GRADWIRE_FUZZ_BUILD_DIR:-$root/build-fuzz}
@@ -45,6 +48,12 @@ for t in $targets; do
   if compgen -G "$root/fuzz/regressions/$t/*" >/dev/null; then
     replayed=$("$build/fuzz/$t" -runs=1 "$root"/fuzz/regressions/"$t"/* 2>&1 | grep -c '^Executed')
     echo "replayed $replayed past finding(s)"
+  fi
+  if [[ " ${GRADWIRE_FUZZ_REPLAY_ONLY:-} " == *" $t "* ]]; then
+    "$build/fuzz/$t" -runs=0 "$root/fuzz/corpus/$t" >"$build/$t.log" 2>&1 ||
+      { tail -n 60 "$build/$t.log" >&2; echo "gradwire: $t failed on its seeds" >&2; exit 1; }
+    echo "replayed $(ls "$root/fuzz/corpus/$t" | wc -l) seed(s)"
+    continue
   fi
   work="$build/corpus/$t"
   mkdir -p "$work"
