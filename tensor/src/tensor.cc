@@ -58,12 +58,16 @@ int64_t shape_numel(const Shape& sizes) {
 
 namespace {
 bool compute_contiguous(const Shape& sizes, const Shape& strides) {
+  // An empty tensor is contiguous, whatever its other sizes (which may multiply past int64:
+  // [0, 2^31, 2^40] is a valid empty shape; found by fuzz_tensor_meta).
+  for (const int64_t s : sizes) {
+    if (s == 0) return true;
+  }
   int64_t expected = 1;
   for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
     if (sizes[d] == 1) continue;
-    if (sizes[d] == 0) return true;
     if (strides[d] != expected) return false;
-    expected *= sizes[d];
+    if (__builtin_mul_overflow(expected, sizes[d], &expected)) return false;
   }
   return true;
 }

@@ -67,6 +67,13 @@ TEST(FactoryTest, AnEmptyShapeWhoseStridesOverflowIsRefused) {
     EXPECT_NE(std::string(e.what()).find("strides overflow int64"), std::string::npos) << e.what();
   }
   EXPECT_EQ(empty({0, huge}).numel(), 0);  // within int64: fine
+  // Given strides that match sizes whose product passes int64, beside a zero: empty, and
+  // contiguous, without overflowing on the way (found by fuzz_tensor_meta).
+  const int64_t a = 48635065;
+  const int64_t b = 294522818916191;
+  const Tensor t = empty_strided({0, a, b}, {0, b, 1});
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_TRUE(t.is_contiguous());
 }
 
 TEST(FactoryTest, ZerosOnesFullEveryDType) {
