@@ -91,6 +91,9 @@ void TCPStoreServerOptions::validate() const {
       << "TCPStoreServerOptions.max_pending_waits_per_client must be at least 1";
   GRADWIRE_CHECK_ARG(listen_backlog >= 1)
       << "TCPStoreServerOptions.listen_backlog = " << listen_backlog << " must be positive";
+  GRADWIRE_CHECK_ARG(handshake_timeout.count() > 0)
+      << "TCPStoreServerOptions.handshake_timeout = " << handshake_timeout.count()
+      << " ms must be positive";
 }
 
 class TCPStoreServer::Impl {
@@ -121,9 +124,10 @@ class TCPStoreServer::Impl {
     Impl* server;
     uint64_t serial;
     std::string peer;
-    bool hello_done = false;  // the handshake (authentication included) is complete
-    bool hello_seen = false;  // HELLO answered; with a secret, AUTH is due
-    std::string nonces;       // the client's and the server's, for the proofs
+    bool hello_done = false;   // the handshake (authentication included) is complete
+    bool hello_seen = false;   // HELLO answered; with a secret, AUTH is due
+    uint64_t accepted_ms = 0;  // loop time of the accept, for the handshake deadline
+    std::string nonces;        // the client's and the server's, for the proofs
     bool closing = false;
     bool dirty = false;
     std::string in;   // an incomplete frame carried over between reads
@@ -144,6 +148,7 @@ class TCPStoreServer::Impl {
   static void on_timer(uv_timer_t* timer);
   static void on_stop(uv_async_t* async);
   static void on_log_timer(uv_timer_t* timer);
+  static void on_handshake_timer(uv_timer_t* timer);
 
   void accept_one();
   void consume(Connection* c, const char* data, size_t size);
@@ -184,6 +189,7 @@ class TCPStoreServer::Impl {
   bool journal_failing_ = false;
   EventSummary drops_{std::chrono::seconds(10)};
   uv_timer_t log_timer_{};
+  uv_timer_t handshake_timer_{};  // runs while some connection is in its handshake
   std::atomic<uint64_t> num_refused_{0};
   uint64_t frame_limit_;
   uv_loop_t loop_{};
@@ -218,6 +224,8 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions options)
   timer_.data = this;
   uv_timer_init(&loop_, &log_timer_);
   log_timer_.data = this;
+  uv_timer_init(&loop_, &handshake_timer_);
+  handshake_timer_.data = this;
   uv_async_init(&loop_, &stop_, &Impl::on_stop);
   stop_.data = this;
 
@@ -226,6 +234,7 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions options)
     uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&timer_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&log_timer_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&handshake_timer_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&stop_), nullptr);
     uv_run(&loop_, UV_RUN_DEFAULT);
     uv_loop_close(&loop_);
@@ -327,6 +336,7 @@ void TCPStoreServer::Impl::on_stop(uv_async_t* async) {
   uv_close(reinterpret_cast<uv_handle_t*>(&self->listener_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->log_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&self->handshake_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_), nullptr);
   if (auto line = self->drops_.summarise("connections")) {
     self->log_.log(LogLevel::kWarning, self->tag() + "dropped " + *line);
@@ -367,6 +377,13 @@ void TCPStoreServer::Impl::accept_one() {
   }
   connections_.insert(c);
   num_clients_.fetch_add(1, std::memory_order_relaxed);
+  c->accepted_ms = uv_now(&loop_);
+  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&handshake_timer_)) == 0) {
+    // Checked a few times per timeout; the deadline is never early, at most a period late.
+    const uint64_t period =
+        std::max<uint64_t>(static_cast<uint64_t>(options_.handshake_timeout.count()) / 4, 1);
+    uv_timer_start(&handshake_timer_, &Impl::on_handshake_timer, period, period);
+  }
   GRADWIRE_LOG(kDebug) << tag() << "client " << c->serial << " (" << c->peer << ") connected";
   uv_read_start(reinterpret_cast<uv_stream_t*>(&c->handle), &Impl::on_alloc, &Impl::on_read);
 }
@@ -996,6 +1013,28 @@ void TCPStoreServer::Impl::disconnect(Connection* c, const std::string& why) {
   uv_buf_t buf = uv_buf_init(frame.data(), static_cast<unsigned>(frame.size()));
   uv_try_write(reinterpret_cast<uv_stream_t*>(&c->handle), &buf, 1);
   close_connection(c);
+}
+
+void TCPStoreServer::Impl::on_handshake_timer(uv_timer_t* timer) {
+  Impl* self = static_cast<Impl*>(timer->data);
+  const uint64_t now = uv_now(&self->loop_);
+  const auto limit = static_cast<uint64_t>(self->options_.handshake_timeout.count());
+  std::vector<Connection*> late;
+  bool waiting = false;
+  for (Connection* c : self->connections_) {
+    if (c->hello_done || c->closing) continue;
+    if (now - c->accepted_ms >= limit) {
+      late.push_back(c);
+    } else {
+      waiting = true;
+    }
+  }
+  for (Connection* c : late) {
+    self->disconnect(c, "did not complete the handshake within " + std::to_string(limit) + " ms" +
+                            (c->hello_seen ? " (no proof of the secret)" : ""));
+  }
+  if (!waiting) uv_timer_stop(&self->handshake_timer_);
+  self->flush_dirty();
 }
 
 void TCPStoreServer::Impl::on_log_timer(uv_timer_t* timer) {

@@ -528,6 +528,30 @@ TEST(TCPStoreAuth, NoRequestIsParsedBeforeTheClientsProof) {
   EXPECT_EQ(TCPStore(client_with_secret(hosted.port(), "s4")).get_string("m"), "1");
 }
 
+// A client that stops half-way through the handshake (before HELLO is whole, or after it
+// without the proof the store's secret requires) is dropped at the deadline; everyone else
+// is served meanwhile.
+TEST(TCPStoreAuth, AClientStalledInTheHandshakeIsDroppedAtTheDeadline) {
+  TCPStoreServer server(
+      TCPStoreServerOptions{.bind_host = "127.0.0.1", .handshake_timeout = 200ms, .secret = "s5"});
+  const uint16_t port = server.port();
+  RawSocket half_hello(port);
+  half_hello.send(hello_frame(1).substr(0, 20));
+  RawSocket no_proof(port);
+  no_proof.send(hello_frame(1));
+  const auto t0 = Clock::now();
+  TCPStore good(client_with_secret(port, "s5"));
+  good.set("k", std::string_view("v"));
+  EXPECT_EQ(good.get_string("k"), "v");
+  EXPECT_TRUE(half_hello.closed_by_server(5s));
+  EXPECT_TRUE(no_proof.closed_by_server(5s));
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_EQ(server.num_refused(), 2u);
+  // The authenticated client is past its handshake: an idle one stays connected.
+  EXPECT_EQ(good.get_string("k"), "v");
+  EXPECT_THROW(TCPStoreServer(TCPStoreServerOptions{.handshake_timeout = 0ms}), InvalidArgument);
+}
+
 // Junk connections cannot flood the log, and a log nobody drains cannot stop the store.
 TEST(TCPStoreTest, AStuckLogNeverStopsTheServer) {
   test::CountdownLatch release(1);

@@ -456,6 +456,18 @@ bool raw_handshake(int fd, const std::string& secret) {
   return hs.state() == Handshake::State::kDone;
 }
 
+namespace tp = tensorpipe;
+
+// TensorPipe's hello packet, as an intruder's first frame would carry it.
+std::string tensorpipe_hello() {
+  tp::NopHolder<tp::Packet> hello;
+  hello.getObject() = tp::SpontaneousConnection{"intruder"};
+  std::string bytes(hello.getSize(), '\0');
+  tp::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
+  EXPECT_FALSE(hello.write(writer).has_error());
+  return bytes;
+}
+
 std::string frame(const std::string& payload) {
   const uint64_t n = payload.size();
   return std::string(reinterpret_cast<const char*>(&n), sizeof(n)) + payload;
@@ -527,29 +539,17 @@ TEST(TransportHostile, HugeLengthsAreRefusedBeforeAnythingIsAllocated) {
   {
     const int fd = raw_connect(w1);
     ASSERT_TRUE(raw_handshake(fd, ""));
-    tensorpipe::NopHolder<tensorpipe::Packet> hello;
-    hello.getObject() = tensorpipe::SpontaneousConnection{"intruder"};
-    std::string bytes(hello.getSize(), '\0');
-    tensorpipe::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
-    ASSERT_FALSE(hello.write(writer).has_error());
     const uint64_t huge = uint64_t{1} << 62;
-    send_all(fd, frame(bytes) + std::string(reinterpret_cast<const char*>(&huge), sizeof(huge)));
+    send_all(fd, frame(tensorpipe_hello()) +
+                     std::string(reinterpret_cast<const char*>(&huge), sizeof(huge)));
     EXPECT_TRUE(closed_by_peer(fd));
     ::close(fd);
     EXPECT_GE(g.agents[1]->metrics().frames_refused, 1u);
   }
   // 3. A first frame that is not TensorPipe's hello; an empty one, and a hello cut short
   //    by a byte (TensorPipe's decoder would read past the end of those: fuzz_transport).
-  for (const std::string& first :
-       {std::string("definitely not a nop packet"), std::string(), [] {
-          tensorpipe::NopHolder<tensorpipe::Packet> hello;
-          hello.getObject() = tensorpipe::SpontaneousConnection{"intruder"};
-          std::string bytes(hello.getSize(), '\0');
-          tensorpipe::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
-          EXPECT_FALSE(hello.write(writer).has_error());
-          bytes.pop_back();
-          return bytes;
-        }()}) {
+  for (const std::string& first : {std::string("definitely not a nop packet"), std::string(),
+                                   tensorpipe_hello().substr(0, tensorpipe_hello().size() - 1)}) {
     const int fd = raw_connect(w1);
     ASSERT_TRUE(raw_handshake(fd, ""));
     send_all(fd, frame(first));
@@ -582,7 +582,6 @@ TEST(TransportHostile, AHalfHandshakeIsClosedAtTheDeadlineAndBlocksNobody) {
 
 // A TensorPipe context that speaks gradwire's tcp with `secret`, as an outsider would.
 std::string outsider_call_error(const std::pair<std::string, int>& to, const std::string& secret) {
-  namespace tp = tensorpipe;
   auto context = std::make_shared<tp::Context>(tp::ContextOptions().name("outsider"));
   transport::StreamOptions o;
   o.secret = secret;
@@ -683,8 +682,6 @@ TEST(TransportIdle, ConnectedAgentsUseNoCpuWhileIdle) {
 
 // ---- hostile connections to a "local" listener (rings)
 
-namespace tp = tensorpipe;
-
 int raw_local_connect(const std::string& name) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un un{};
@@ -716,15 +713,6 @@ void send_with_fds(int fd, const std::string& bytes, const std::vector<int>& fds
   EXPECT_EQ(::sendmsg(fd, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
 }
 
-std::string tensorpipe_hello() {
-  tp::NopHolder<tp::Packet> hello;
-  hello.getObject() = tp::SpontaneousConnection{"intruder"};
-  std::string bytes(hello.getSize(), '\0');
-  tp::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
-  EXPECT_FALSE(hello.write(writer).has_error());
-  return bytes;
-}
-
 // A local listener with its stats, and a well-behaved client context.
 struct LocalListener {
   std::shared_ptr<transport::TransportStats> stats = std::make_shared<transport::TransportStats>();
@@ -737,7 +725,7 @@ struct LocalListener {
     o.family = transport::StreamOptions::Family::kLocal;
     o.stats = stats;
     o.name = "server";
-    o.handshake_timeout = 2s;
+    o.handshake_timeout = 1s;
     o.max_frame_bytes = 1 << 20;
     server = transport::create_stream_context(o);
     listener = server->listen(name);
@@ -841,9 +829,12 @@ TEST(TransportLocalHostile, BadRingSetupsAreRefusedAndTheListenerServesOn) {
   ASSERT_EQ(::pipe(two), 0);
   EXPECT_TRUE(refused(setup, {two[0], two[1]}));
   // A setup message that is not one.
-  const int fd_ok = ::dup(segment->release_fd());
-  EXPECT_TRUE(refused(std::string("GWRS\x07\x10\x00\x00", 8), {fd_ok}));
-  EXPECT_GE(l.stats->refused.load(), 5u);
+  const int memfd = segment->release_fd();
+  EXPECT_TRUE(refused(std::string("GWRS\x07\x10\x00\x00", 8), {::dup(memfd)}));
+  // Half a setup message, then nothing: closed at the handshake deadline.
+  EXPECT_TRUE(refused(setup.substr(0, 4), {::dup(memfd)}));
+  ::close(memfd);
+  EXPECT_GE(l.stats->refused.load(), 6u);
   EXPECT_EQ(l.stats->accepted.load(), 0u);
   expect_local_round_trip(l);
   EXPECT_EQ(l.stats->accepted.load(), 1u);

@@ -114,29 +114,35 @@ void Reactor::cancel_timer(uint64_t id) {
 }
 
 uint64_t Reactor::add_poller(Poller poller) {
-  auto entry = std::make_shared<PollerEntry>();
+  auto entry = std::make_unique<PollerEntry>();
   entry->id = next_poller_++;
   entry->fn = std::move(poller);
-  pollers_.push_back(entry);
-  return entry->id;
+  pollers_.push_back(std::move(entry));
+  return pollers_.back()->id;
 }
 
 void Reactor::remove_poller(uint64_t id) {
-  for (auto it = pollers_.begin(); it != pollers_.end(); ++it) {
-    if ((*it)->id == id) {
-      (*it)->removed = true;  // a turn over a copy of the list may still hold it
-      pollers_.erase(it);
+  // Marked here and erased at the start of the next turn: a turn may be iterating now.
+  for (const auto& entry : pollers_) {
+    if (entry->id == id && !entry->removed) {
+      entry->removed = true;
+      pollers_removed_ = true;
       return;
     }
   }
 }
 
 bool Reactor::run_pollers(bool arm) {
-  if (pollers_.empty()) return false;
+  if (pollers_removed_) {
+    std::erase_if(pollers_, [](const auto& entry) { return entry->removed; });
+    pollers_removed_ = false;
+  }
   bool found = false;
-  // Pollers may add or remove pollers (a connection failing): iterate over a copy.
-  const std::vector<std::shared_ptr<PollerEntry>> turn = pollers_;
-  for (const auto& entry : turn) {
+  // By index and raw pointer (no copy of the list on every turn of a spinning loop):
+  // entries stay allocated while the turn runs, and those added by a poller run next turn.
+  const size_t count = pollers_.size();
+  for (size_t i = 0; i < count; ++i) {
+    PollerEntry* entry = pollers_[i].get();
     if (entry->removed) continue;
     try {
       if (entry->fn(arm)) found = true;

@@ -107,7 +107,8 @@ class Reactor {
     Poller fn;
     bool removed = false;
   };
-  std::vector<std::shared_ptr<PollerEntry>> pollers_;
+  std::vector<std::unique_ptr<PollerEntry>> pollers_;
+  bool pollers_removed_ = false;  // some entries are marked removed
   uint64_t next_poller_ = 1;
 };
 

@@ -56,6 +56,9 @@ struct TCPStoreServerOptions {
   // Waits (get/wait/multi_get on missing keys) one connection may have parked at once.
   uint32_t max_pending_waits_per_client{1u << 16};
   int listen_backlog{4096};
+  // A connection that has not completed its handshake (HELLO, and with a secret AUTH)
+  // within this is dropped: a client that stalls half-way holds nothing for long. > 0.
+  std::chrono::milliseconds handshake_timeout{10'000};
   // The job's shared secret; empty: GRADWIRE_SECRET, else GRADWIRE_SECRET_FILE, else none.
   std::string secret{};
   // An append-only journal of every change (created if missing): a server started with the
@@ -79,7 +82,8 @@ class TCPStoreServer {
 
   // Number of client connections open now (counted on the loop; a snapshot).
   int64_t num_clients() const;
-  // Connections dropped so far for a protocol violation or a failed authentication.
+  // Connections the server dropped so far: protocol violations, failed or unfinished
+  // authentication, handshakes not completed in time, broken connections.
   uint64_t num_refused() const;
   // Whether clients must authenticate (a secret is set).
   bool authenticated() const;
