@@ -210,13 +210,13 @@ void Dispatcher::respond(const std::shared_ptr<Link>& from, const Request& reque
   try {
     for (const auto& interceptor : interceptors)
       interceptor->on_outgoing_response(from->peer, request, response);
-    writer_.write_reply(from, response, /*plain=*/false);
+    writer_.write_reply(from, request, response, /*plain=*/false);
   } catch (...) {
     ErrorReply reply = error_reply(std::current_exception());
     reply.message = "the reply to " + describe_call(request.handler, request.function) +
                     " could not be sent: " + reply.message;
     response.result = std::move(reply);
-    writer_.write_reply(from, response, /*plain=*/true);
+    writer_.write_reply(from, request, response, /*plain=*/true);
   }
   writer_.request_done(*from, tensor_bytes);
 }

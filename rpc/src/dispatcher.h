@@ -40,10 +40,11 @@ struct Link {
 class ReplyWriter {
  public:
   virtual ~ReplyWriter() = default;
-  // Encodes `response` and writes it to the sender over `link`; `plain` (an error reply)
-  // maps no device and lends nothing. Throws what encoding throws, having written nothing.
-  virtual void write_reply(const std::shared_ptr<Link>& link, const Response& response,
-                           bool plain) = 0;
+  // Encodes `response` to `request` and writes it to the sender over `link`; `plain` (an
+  // error reply) maps no device and lends nothing. Throws what encoding throws, having
+  // written nothing.
+  virtual void write_reply(const std::shared_ptr<Link>& link, const Request& request,
+                           const Response& response, bool plain) = 0;
   // The request handed to Dispatcher::serve with `tensor_bytes` is finished with: its reply
   // is written, or it was dropped because the executor is shut down.
   virtual void request_done(const Link& link, size_t tensor_bytes) = 0;

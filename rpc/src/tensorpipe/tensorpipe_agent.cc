@@ -40,6 +40,7 @@
 #include "gradwire/core/signals.h"
 #include "gradwire/core/thread_annotations.h"
 #include "gradwire/core/thread_pool.h"
+#include "gradwire/rpc/fault_injection.h"
 #include "gradwire/tensor/factory.h"
 #include "group.h"
 #include "tensorpipe/loans.h"
@@ -141,8 +142,8 @@ class TensorPipeAgent final : public RpcAgent,
   void close();
 
   // ReplyWriter: how the dispatcher's replies travel.
-  void write_reply(const std::shared_ptr<detail::Link>& link, const Response& response,
-                   bool plain) override;
+  void write_reply(const std::shared_ptr<detail::Link>& link, const Request& request,
+                   const Response& response, bool plain) override;
   void request_done(const detail::Link& link, size_t tensor_bytes) override;
 
  private:
@@ -152,6 +153,8 @@ class TensorPipeAgent final : public RpcAgent,
     uint64_t serial{0};
     std::shared_ptr<tp::Pipe> pipe;
     bool outgoing{false};
+    // Closed by a fault rule (AgentOptions::faults), which is then the reason given.
+    std::atomic<bool> cut{false};
   };
 
   void validate_options() const;
@@ -201,6 +204,14 @@ class TensorPipeAgent final : public RpcAgent,
   void on_connection_error(const std::shared_ptr<Connection>& conn, const std::string& what);
   void write(const std::shared_ptr<Connection>& conn, EncodedMessage message,
              std::function<void(const std::string& error)> on_done);
+  // Asks options_.faults about a message to `to` (kSend without one).
+  FaultDecision decide_fault(const WorkerInfo& to, bool is_reply, uint32_t handler,
+                             const std::string& function) const;
+  // Carries out `decision` on `message`, due on `conn`: writes it, drops it, writes it
+  // later, or closes the connection. `on_dropped` runs when the message is never written.
+  void apply_fault(const FaultDecision& decision, const std::shared_ptr<Connection>& conn,
+                   EncodedMessage message, std::function<void(const std::string&)> on_done,
+                   const std::function<void()>& on_dropped);
 
   void complete_call(const std::shared_ptr<Connection>& conn, Response response);
   void wait_until_idle(Clock::time_point deadline);
@@ -592,10 +603,12 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
   // Loans are tied to the connection they travel on: losing it ends them.
   Lending lending{target.id, conn->serial, {}};
   EncodedMessage message;
+  FaultDecision fault;
   try {
     for (const auto& interceptor : *interceptors)
       call.states.push_back(interceptor->on_outgoing_request(target, request));
     request.id = id;  // the agent's, whatever an interceptor did
+    fault = decide_fault(target, /*is_reply=*/false, request.handler, request.function);
     message =
         encode(Envelope{std::move(request)}, detail::device_mapper(group_.route_to(target.id)),
                kDefaultInlineTensorBytes, lender_for(lending));
@@ -625,21 +638,62 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
   // A message that never left cannot be copied from: its loans end (the connection may
   // have been lost before they were made, so its own clean-up missed them).
-  write(conn, std::move(message),
-        [weak, id, target, taken = std::move(lending.taken),
-         serial = conn->serial](const std::string& error) {
-          if (error.empty()) return;
-          auto self = weak.lock();
-          if (self == nullptr) return;
-          self->return_loans(taken, serial);
-          std::optional<PendingCall> lost = self->calls_.take(id, serial);
-          if (!lost) return;
-          self->calls_.finish(*lost, Value(),
-                              std::make_exception_ptr(
-                                  NetworkError("rpc: " + lost->what() + " to worker " +
-                                               target.describe() + " could not be sent: " + error)),
-                              CallOutcome::kNotSent);
-        });
+  auto on_written = [weak, id, target, taken = lending.taken,
+                     serial = conn->serial](const std::string& error) {
+    if (error.empty()) return;
+    auto self = weak.lock();
+    if (self == nullptr) return;
+    self->return_loans(taken, serial);
+    std::optional<PendingCall> lost = self->calls_.take(id, serial);
+    if (!lost) return;
+    self->calls_.finish(
+        *lost, Value(),
+        std::make_exception_ptr(NetworkError("rpc: " + lost->what() + " to worker " +
+                                             target.describe() + " could not be sent: " + error)),
+        CallOutcome::kNotSent);
+  };
+  if (fault.verdict == FaultDecision::Verdict::kSend) {
+    write(conn, std::move(message), std::move(on_written));
+    return;
+  }
+  // A dropped request stays pending until its deadline, as one lost on the way would.
+  apply_fault(fault, conn, std::move(message), std::move(on_written),
+              [this, &lending, &conn] { return_loans(lending.taken, conn->serial); });
+}
+
+FaultDecision TensorPipeAgent::decide_fault(const WorkerInfo& to, bool is_reply, uint32_t handler,
+                                            const std::string& function) const {
+  if (!options_.faults) return {};
+  return options_.faults->decide(OutgoingMessage{self_, to, is_reply, handler, function});
+}
+
+void TensorPipeAgent::apply_fault(const FaultDecision& decision,
+                                  const std::shared_ptr<Connection>& conn, EncodedMessage message,
+                                  std::function<void(const std::string&)> on_done,
+                                  const std::function<void()>& on_dropped) {
+  switch (decision.verdict) {
+    case FaultDecision::Verdict::kSend:
+      write(conn, std::move(message), std::move(on_done));
+      return;
+    case FaultDecision::Verdict::kDrop:
+      on_dropped();
+      return;
+    case FaultDecision::Verdict::kCut:
+      // Both ends then see the connection lost; the reason this side gives names the rule.
+      on_dropped();
+      conn->cut.store(true, std::memory_order_release);
+      conn->pipe->close();
+      return;
+    case FaultDecision::Verdict::kDelay: {
+      std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+      auto held = std::make_shared<EncodedMessage>(std::move(message));
+      options_.faults->run_later(decision.delay, [weak, conn, held, on_done = std::move(on_done)] {
+        // An agent that has gone meanwhile sends nothing; its calls have failed already.
+        if (auto self = weak.lock()) self->write(conn, std::move(*held), on_done);
+      });
+      return;
+    }
+  }
 }
 
 void TensorPipeAgent::write(const std::shared_ptr<Connection>& conn, EncodedMessage message,
@@ -1011,7 +1065,9 @@ void TensorPipeAgent::on_release(const std::shared_ptr<Connection>& conn, const 
 }
 
 void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& conn,
-                                          const std::string& what) {
+                                          const std::string& error) {
+  const std::string what =
+      conn->cut.load(std::memory_order_acquire) ? "cut by a fault rule" : error;
   // Loans made over this connection end with it: no release can come back on it.
   if (loans_) loans_->release_connection(conn->serial);
   bool closing = false;
@@ -1047,11 +1103,13 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
 
 // ---- serving
 
-void TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link,
+void TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, const Request& request,
                                   const Response& response, bool plain) {
   std::shared_ptr<Connection> conn = std::static_pointer_cast<Connection>(link);
+  const FaultDecision fault =
+      decide_fault(conn->peer, /*is_reply=*/true, request.handler, request.function);
   if (plain) {
-    write(conn, encode(Envelope{response}), nullptr);
+    apply_fault(fault, conn, encode(Envelope{response}), nullptr, [] {});
     return;
   }
   // A caller outside the group gets no route; with CUDA devices here it still needs one,
@@ -1071,11 +1129,16 @@ void TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link,
     throw;
   }
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
-  write(conn, std::move(message),
-        [weak, taken = std::move(lending.taken), serial = conn->serial](const std::string& error) {
-          if (error.empty() || taken.empty()) return;
-          if (auto self = weak.lock()) self->return_loans(taken, serial);
-        });
+  auto on_written = [weak, taken = lending.taken, serial = conn->serial](const std::string& error) {
+    if (error.empty() || taken.empty()) return;
+    if (auto self = weak.lock()) self->return_loans(taken, serial);
+  };
+  if (fault.verdict == FaultDecision::Verdict::kSend) {
+    write(conn, std::move(message), std::move(on_written));
+    return;
+  }
+  apply_fault(fault, conn, std::move(message), std::move(on_written),
+              [this, &lending, &conn] { return_loans(lending.taken, conn->serial); });
 }
 
 void TensorPipeAgent::request_done(const detail::Link& link, size_t tensor_bytes) {

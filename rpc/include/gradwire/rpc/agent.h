@@ -94,6 +94,8 @@ class Store;
 
 namespace gradwire::rpc {
 
+class FaultInjector;
+
 inline constexpr std::chrono::milliseconds kDefaultRpcTimeout{60'000};
 
 // Options of one call.
@@ -170,6 +172,9 @@ struct AgentOptions {
   std::chrono::milliseconds close_timeout{5'000};
   // The functions peers may call; nullptr means rpc::registry().
   Registry* registry{nullptr};
+  // For tests: drops, delays or cuts the messages this agent sends, on command
+  // (fault_injection.h). Null: none.
+  std::shared_ptr<FaultInjector> faults;
 };
 
 // Handles requests with one handler id, on the agent's thread pool (or inline, see
