@@ -5,6 +5,9 @@
 // verify_params_across_ranks, over ranks as threads (a shared HashStore) and ranks as
 // forked processes (a FileStore), world sizes 1 to 4.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <atomic>
 #include <chrono>
@@ -701,6 +704,45 @@ TEST(GlooFailures, APeerThatGoesAwayFailsPendingWork) {
   EXPECT_TRUE(results.ranks[0].ok) << results.summary();
   // Rank 1 left without returning from its rank function, as intended.
   EXPECT_FALSE(results.ranks[1].ok);
+}
+
+// A rank killed outright while the others are inside a collective: each survivor gets a
+// typed error naming it, within 2 s where its own connection to the dead rank drops, and
+// within the timeout (plus the time to learn who is missing) where it was waiting only on
+// another survivor; nobody hangs, and the survivors' groups are destroyed cleanly.
+TEST(GlooFailures, ARankKilledMidCollectiveFailsEverySurvivorNamingIt) {
+  constexpr auto kTimeout = 3s;
+  const RankResults results = run_group(
+      Mode::kProcesses, 3,
+      [&](ProcessGroup& group, int rank) {
+        Tensor t = ones({1 << 16}, kFloat32);
+        group.all_reduce(t).wait();  // all three take part in the first one
+        if (rank == 2) {
+          group.store()->wait({"entered0", "entered1"}, 20s);
+          ::kill(::getpid(), SIGKILL);
+        }
+        const auto start = std::chrono::steady_clock::now();
+        Work work = group.all_reduce(t);
+        group.store()->set("entered" + std::to_string(rank), std::string_view("1"));
+        std::string what;
+        bool timed_out = false;
+        try {
+          work.wait();
+          ADD_FAILURE() << "rank " << rank << ": expected an error";
+        } catch (const TimeoutError& e) {
+          what = e.what();
+          timed_out = true;
+        } catch (const NetworkError& e) {
+          what = e.what();
+        }
+        const auto elapsed = std::chrono::steady_clock::now() - start;
+        EXPECT_NE(what.find("[2]"), std::string::npos) << "rank " << rank << ": " << what;
+        EXPECT_LT(elapsed, timed_out ? kTimeout + 2s : 2s) << "rank " << rank << ": " << what;
+      },
+      ProcessGroupOptions{.timeout = kTimeout});
+  EXPECT_TRUE(results.ranks[0].ok) << results.summary();
+  EXPECT_TRUE(results.ranks[1].ok) << results.summary();
+  EXPECT_EQ(results.ranks[2].term_signal, SIGKILL) << results.summary();
 }
 
 TEST(GlooFailures, CreationTimesOutNamingMissingRanks) {

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -268,7 +270,10 @@ TEST(DistAutogradProcesses, AWorkerKilledMidBackwardFailsThePassNamingIt) {
   Registry reg;
   reg.def("dies_in_backward", [](const Tensor& x) {
     Tensor y = mul(x, x);
-    y.register_hook([](const Tensor&) -> Tensor { ::_exit(0); });
+    y.register_hook([](const Tensor&) -> Tensor {
+      ::kill(::getpid(), SIGKILL);
+      return Tensor();
+    });
     return y;
   });
   test::RankResults results = test::run_agent_processes(
@@ -286,13 +291,14 @@ TEST(DistAutogradProcesses, AWorkerKilledMidBackwardFailsThePassNamingIt) {
           da::backward(agent, ctx.id(), {sum(y)});
           ADD_FAILURE() << "no error";
         } catch (const NetworkError& e) {
-          EXPECT_NE(std::string(e.what()).find("w1"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("'w1'"), std::string::npos) << e.what();
         }
-        EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+        // The connection drops as the process dies: the pass fails well within 2 s of it.
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
         agent.shutdown(false);
       });
   EXPECT_TRUE(results.ranks[0].ok) << results.summary();
-  EXPECT_EQ(results.ranks[1].exit_code, 0) << results.summary();
+  EXPECT_EQ(results.ranks[1].term_signal, SIGKILL) << results.summary();
 }
 
 }  // namespace

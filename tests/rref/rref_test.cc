@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -611,6 +613,72 @@ TEST(RRefProcesses, ADeadOwnerFailsPendingAndLaterCallsNamingIt) {
   EXPECT_TRUE(results.ranks[0].ok) << results.summary();
   EXPECT_TRUE(results.ranks[2].ok) << results.summary();
   EXPECT_EQ(results.ranks[1].exit_code, 0) << results.summary();
+}
+
+// The store of this process's rank function, for functions it serves (one per process).
+c10d::Store*& parked_store() {
+  static c10d::Store* store = nullptr;
+  return store;
+}
+
+// A worker killed outright while it builds a value for remote(): the creator, and another
+// worker whose call it was serving, both get a NetworkError naming it within 2 s, and both
+// shut down cleanly.
+TEST(RRefProcesses, AnOwnerKilledMidRemoteFailsEveryWaiterNamingIt) {
+  Registry reg;
+  define(reg);
+  struct Doomed {
+    Doomed() { ::kill(::getpid(), SIGKILL); }
+  };
+  reg.def_class<Doomed>("Doomed").ctor<>();
+  reg.def("park", [](const CallContext&) -> int64_t {
+    // Holds w2's call until the process dies; the wait only bounds a broken test.
+    parked_store()->set("parked", "1");
+    parked_store()->wait({"never"}, 40s);
+    return 0;
+  });
+  test::RankResults results =
+      run_three_processes("sigkill", reg, [](int rank, c10d::Store& store, RpcAgent& agent) {
+        auto expect_named_quickly = [](const auto& started, const std::string& text) {
+          EXPECT_TRUE(contains(text, "'w1'")) << text;
+          EXPECT_LT(std::chrono::steady_clock::now() - started, 2s) << text;
+        };
+        if (rank == 1) {
+          parked_store() = &store;
+          store.set("w1_ready", "1");
+          store.wait({"never"}, 40s);  // serves until "Doomed" ends the process
+          return;
+        }
+        if (rank == 2) {
+          store.wait({"w1_ready"}, 20s);
+          Future<int64_t> parked = agent.rpc_async<int64_t>("w1", "park");
+          store.wait({"parked"}, 20s);
+          store.set("w2_ready", "1");
+          store.wait({"killing"}, 20s);
+          const auto t0 = std::chrono::steady_clock::now();
+          ASSERT_TRUE(parked.wait(20s));
+          expect_named_quickly(t0, error_text<NetworkError>([&] { parked.value(); }));
+          store.set("done2", "1");
+          agent.shutdown(false);
+          return;
+        }
+        store.wait({"w2_ready"}, 20s);
+        store.set("killing", "1");
+        const auto t0 = std::chrono::steady_clock::now();
+        RRef<Doomed> doomed = rref::remote<Doomed>(agent, "w1", "Doomed");
+        Future<void> confirmed = doomed.creation();
+        ASSERT_TRUE(confirmed.wait(20s));
+        expect_named_quickly(t0, error_text<NetworkError>([&] { confirmed.value(); }));
+        // Using the reference later fails at once, naming the owner too.
+        const auto t1 = std::chrono::steady_clock::now();
+        expect_named_quickly(t1, error_text<NetworkError>([&] { doomed.rpc_sync<int64_t>("x"); }));
+        doomed = {};
+        store.wait({"done2"}, 20s);
+        agent.shutdown(false);
+      });
+  EXPECT_TRUE(results.ranks[0].ok) << results.summary();
+  EXPECT_TRUE(results.ranks[2].ok) << results.summary();
+  EXPECT_EQ(results.ranks[1].term_signal, SIGKILL) << results.summary();
 }
 
 TEST(RRefProcesses, ADeadUserDoesNotPinValues) {

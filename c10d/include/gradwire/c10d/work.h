@@ -47,8 +47,10 @@ namespace gradwire::c10d {
 // How long a rank that saw a collective fail waits (at most) for its peers to report that
 // they reached it too, so that the error can name the ranks that did not. Peers fail at
 // about the same moment, since they wait on each other; this bounds the wait for ranks
-// that never came. Work::wait() without a timeout allows for it.
-inline constexpr std::chrono::milliseconds kFailureReportGrace{2000};
+// that never came. Work::wait() without a timeout allows for it. One second: a rank killed
+// mid-collective is then named to every survivor well within 2 s of its connections
+// dropping, and live peers, which fail within milliseconds of each other, still make it.
+inline constexpr std::chrono::milliseconds kFailureReportGrace{1000};
 
 // The shared state behind a Work. Backends derive from it when waiting means more than
 // waiting for the future (the NCCL backend orders the caller's stream instead).
