@@ -13,6 +13,9 @@
 
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/wire.h"
+#include "module_input.h"
+#include "proto/dist_autograd.pb.h"
+#include "proto/rref.pb.h"
 #include "tcp_protocol.h"
 #include "transport/handshake.h"
 #include "transport/ring.h"
@@ -92,6 +95,143 @@ std::string tensorpipe_hello() {
 std::string frame(const std::string& payload) {
   const uint64_t n = payload.size();
   return std::string(reinterpret_cast<const char*>(&n), sizeof(n)) + payload;
+}
+
+// Ids as worker `w` mints them.
+uint64_t id(uint64_t w, uint64_t n) {
+  return (w << 48) | n;
+}
+
+// Messages of fuzz_rref_message, sent by w1 (flags 0) unless the flags say otherwise.
+namespace rw = gradwire::rref::wire;
+std::string rref_create(uint64_t rref, uint64_t fork, const std::string& type,
+                        const std::string& name, uint64_t target = 0,
+                        const std::string& target_type = "") {
+  rw::RRefMessage m;
+  rw::Create* c = m.mutable_create();
+  c->set_rref_id(rref);
+  c->set_fork_id(fork);
+  c->set_type_name(type);
+  c->set_name(name);
+  c->set_target_rref_id(target);
+  c->set_target_type_name(target_type);
+  return m.SerializeAsString();
+}
+std::string rref_fetch(uint64_t rref, const std::string& type) {
+  rw::RRefMessage m;
+  m.mutable_fetch()->set_rref_id(rref);
+  m.mutable_fetch()->set_type_name(type);
+  return m.SerializeAsString();
+}
+std::string rref_call(uint64_t rref, const std::string& method, const std::string& type) {
+  rw::RRefMessage m;
+  m.mutable_call_method()->set_rref_id(rref);
+  m.mutable_call_method()->set_method(method);
+  m.mutable_call_method()->set_type_name(type);
+  return m.SerializeAsString();
+}
+std::string rref_add_fork(uint64_t rref, uint64_t fork, const std::string& type) {
+  rw::RRefMessage m;
+  m.mutable_add_fork()->set_rref_id(rref);
+  m.mutable_add_fork()->set_fork_id(fork);
+  m.mutable_add_fork()->set_type_name(type);
+  return m.SerializeAsString();
+}
+std::string rref_accepted(uint64_t fork) {
+  rw::RRefMessage m;
+  m.mutable_child_accepted()->add_fork_ids(fork);
+  return m.SerializeAsString();
+}
+std::string rref_delete(uint64_t rref, uint64_t fork) {
+  rw::RRefMessage m;
+  m.mutable_delete_fork()->set_rref_id(rref);
+  m.mutable_delete_fork()->set_fork_id(fork);
+  return m.SerializeAsString();
+}
+
+// Arguments in fuzz::read_value's encoding.
+const std::string kIntArg("\x01\x03", 2);                       // int 3
+const std::string kTensorArg("\x03\x01\x01\x02", 4);            // float64 ones of shape {2}
+const std::string kRRefArg("\x05\x00\x01\x01\x02\x09\x00", 7);  // owner 0, RRef 1:1, fork 2:9
+constexpr uint8_t kOneArg = 1 << 2;
+constexpr uint8_t kNoWait = 1 << 5;
+
+void rref_seeds(const fs::path& dir) {
+  using fuzz::write_message;
+  const uint64_t r = id(1, 1), f = id(1, 2);
+  write(dir, "create", write_message(kOneArg, rref_create(r, f, "Tensor", "make")) + kIntArg);
+  write(dir, "lifecycle",
+        write_message(kOneArg, rref_create(r, f, "Tensor", "make")) + kIntArg +
+            write_message(0, rref_fetch(r, "Tensor")) +
+            write_message(0, rref_add_fork(r, id(2, 5), "Tensor")) +
+            write_message(0, rref_delete(r, id(2, 5))) + write_message(0, rref_delete(r, f)));
+  write(dir, "counter",
+        write_message(kOneArg, rref_create(r, f, "Counter", "Counter")) + kIntArg +
+            write_message(kOneArg, rref_call(r, "add", "Counter")) + kIntArg +
+            write_message(0, rref_create(id(1, 3), id(1, 4), "int", "get", r, "Counter")) +
+            write_message(0, rref_fetch(id(1, 3), "int")));
+  write(dir, "early_fetch",
+        write_message(kNoWait, rref_fetch(r, "Tensor")) +
+            write_message(kOneArg, rref_create(r, f, "Tensor", "make")) + kIntArg);
+  write(dir, "failing_create",
+        write_message(kOneArg, rref_create(r, f, "int", "fail")) + kIntArg +
+            write_message(0, rref_fetch(r, "int")));
+  write(dir, "rref_argument",
+        write_message(kOneArg, rref_create(r, f, "Tensor", "make")) + kIntArg +
+            write_message(kOneArg, rref_create(id(1, 3), id(1, 4), "int", "ident")) + kRRefArg);
+  write(dir, "child_accepted", write_message(0, rref_accepted(f)));
+  write(dir, "wrong_handler", write_message(1, rref_fetch(r, "Tensor")));
+}
+
+// Messages of fuzz_dist_autograd_message, with ids below 16 naming what the target
+// recorded (flags bit 0): context 1 (its message 1) and context 2 (its message 2).
+namespace dw = gradwire::dist_autograd::wire;
+std::string da_discover(uint64_t ctx, uint64_t pass, uint64_t message) {
+  dw::DistAutogradMessage m;
+  m.mutable_discover()->set_context_id(ctx);
+  m.mutable_discover()->set_pass_id(pass);
+  m.mutable_discover()->add_message_ids(message);
+  return m.SerializeAsString();
+}
+std::string da_propagate(uint64_t ctx, uint64_t pass, uint64_t message) {
+  dw::DistAutogradMessage m;
+  m.mutable_propagate()->set_context_id(ctx);
+  m.mutable_propagate()->set_pass_id(pass);
+  m.mutable_propagate()->set_message_id(message);
+  return m.SerializeAsString();
+}
+std::string da_wait(uint64_t ctx, uint64_t pass) {
+  dw::DistAutogradMessage m;
+  m.mutable_wait()->set_context_id(ctx);
+  m.mutable_wait()->set_pass_id(pass);
+  return m.SerializeAsString();
+}
+std::string da_release(uint64_t ctx) {
+  dw::DistAutogradMessage m;
+  m.mutable_release()->set_context_id(ctx);
+  return m.SerializeAsString();
+}
+
+void dist_autograd_seeds(const fs::path& dir) {
+  using fuzz::write_message;
+  constexpr uint8_t kIds = 1;
+  const uint64_t pass = id(1, 100);
+  for (uint64_t ctx : {1, 2}) {
+    const std::string n = std::to_string(ctx);
+    write(dir, "discover" + n, write_message(kIds, da_discover(ctx, pass, ctx)));
+    write(dir, "pass" + n,
+          write_message(kIds, da_discover(ctx, pass, ctx)) +
+              write_message(kIds | kOneArg, da_propagate(ctx, pass, ctx)) + kTensorArg +
+              write_message(kIds, da_wait(ctx, pass)));
+    write(dir, "wait_then_release" + n,
+          write_message(kIds, da_discover(ctx, pass, ctx)) +
+              write_message(kIds | kNoWait, da_wait(ctx, pass)) +
+              write_message(kIds, da_release(ctx)));
+  }
+  write(dir, "propagate_first",
+        write_message(kIds | kOneArg, da_propagate(1, pass, 1)) + kTensorArg);
+  write(dir, "release", write_message(kIds, da_release(1)) + write_message(kIds, da_release(2)));
+  write(dir, "unknown_context", write_message(0, da_wait(id(2, 7), pass)));
 }
 
 }  // namespace
@@ -190,6 +330,8 @@ int main(int argc, char** argv) {
     write(root / "fuzz_transport", "ring_setup", std::string(1, '\x03') + segment->setup_message());
   write(root / "fuzz_transport", "frames",
         std::string(1, '\x04') + frame(tensorpipe_hello()) + frame("a control frame") + frame(""));
+  rref_seeds(root / "fuzz_rref_message");
+  dist_autograd_seeds(root / "fuzz_dist_autograd_message");
   std::printf("seeds written under %s\n", root.c_str());
   return 0;
 }

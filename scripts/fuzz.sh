@@ -17,7 +17,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GRADWIRE_FUZZ_BUILD_DIR:-$root/build-fuzz}
 jobs=${GRADWIRE_JOBS:-$(nproc)}
-targets=${GRADWIRE_FUZZ_TARGETS:-fuzz_envelope fuzz_value_convert fuzz_tensor_meta fuzz_store_server fuzz_transport}
+# The network targets come last: CI only replays them (GRADWIRE_FUZZ_REPLAY_ONLY).
+targets=${GRADWIRE_FUZZ_TARGETS:-fuzz_envelope fuzz_value_convert fuzz_tensor_meta fuzz_rref_message \
+  fuzz_dist_autograd_message fuzz_store_server fuzz_transport}
 seconds=60
 seeds=0
 case "${1:-}" in
