@@ -12,6 +12,11 @@
 // it off with --no-prefix). The first worker that fails stops the others (SIGTERM, then
 // SIGKILL after --grace-ms) and its exit status becomes the launcher's (128 + N for a
 // signal N); with --max-restarts R the whole local group is started again, up to R times.
+// With --restart-workers W a worker that fails is instead started again alone, under the
+// same rank, while the others run on (up to W such restarts in all, then the rule above):
+// it gets GRADWIRE_RPC_REJOIN=1, so init_rpc makes it take its predecessor's place in the
+// running group (AgentOptions::rejoin), and RESTART_COUNT counts its own restarts — the way
+// a parameter server's trainer that was killed comes back while the job goes on.
 // SIGINT and SIGTERM sent to the launcher reach every worker and end the run.
 //
 // Errors: a bad command line (an unknown flag, a missing value, N < 1, a program that
@@ -51,6 +56,7 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   int max_restarts = 0;
+  int restart_workers = 0;
   int grace_ms = 5000;
   bool prefix = true;
   std::vector<std::string> program;  // program and its arguments
@@ -64,6 +70,7 @@ class UsageError : public std::runtime_error {
 const char* const kUsage =
     "usage: gradwire-run [--nproc-per-node N] [--nnodes M --node-rank K]\n"
     "                    [--master-addr A] [--master-port P] [--max-restarts R]\n"
+    "                    [--restart-workers W]\n"
     "                    [--grace-ms MS] [--no-prefix] [--] program [args...]\n";
 
 int parse_int(const std::string& flag, const std::string& text, int min, int max) {
@@ -116,6 +123,8 @@ Options parse(int argc, char** argv) {
       port_given = true;
     } else if (arg == "--max-restarts" || arg == "--max_restarts") {
       o.max_restarts = parse_int("--max-restarts", get(arg), 0, 1000);
+    } else if (arg == "--restart-workers" || arg == "--restart_workers") {
+      o.restart_workers = parse_int("--restart-workers", get(arg), 0, 1000);
     } else if (arg == "--grace-ms") {
       o.grace_ms = parse_int("--grace-ms", get(arg), 0, 3'600'000);
     } else if (arg == "--no-prefix") {
@@ -203,6 +212,8 @@ struct Stream {
 
 struct Worker {
   int rank = 0;
+  int local_rank = 0;
+  int restarts = 0;  // of this rank alone (--restart-workers)
   pid_t pid = -1;
   int pidfd = -1;
   Stream streams[2];
@@ -231,7 +242,9 @@ int exit_code(int wstatus) {
   return 1;
 }
 
-Worker spawn(const Options& o, const std::string& path, int local_rank, int restart) {
+// `rejoin`: the worker replaces a lost one of the running group (--restart-workers).
+Worker spawn(const Options& o, const std::string& path, int local_rank, int restart,
+             bool rejoin = false) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
     throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
@@ -242,8 +255,8 @@ Worker spawn(const Options& o, const std::string& path, int local_rank, int rest
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry = *e;
     static const char* const kOurs[] = {
-        "RANK=",       "LOCAL_RANK=",  "WORLD_SIZE=",  "LOCAL_WORLD_SIZE=",
-        "GROUP_RANK=", "MASTER_ADDR=", "MASTER_PORT=", "RESTART_COUNT="};
+        "RANK=",        "LOCAL_RANK=",  "WORLD_SIZE=",    "LOCAL_WORLD_SIZE=",   "GROUP_RANK=",
+        "MASTER_ADDR=", "MASTER_PORT=", "RESTART_COUNT=", "GRADWIRE_RPC_REJOIN="};
     bool ours = false;
     for (const char* k : kOurs)
       ours = ours || entry.rfind(k, 0) == 0;
@@ -257,6 +270,7 @@ Worker spawn(const Options& o, const std::string& path, int local_rank, int rest
   env.push_back("MASTER_ADDR=" + o.master_addr);
   env.push_back("MASTER_PORT=" + std::to_string(o.master_port));
   env.push_back("RESTART_COUNT=" + std::to_string(restart));
+  if (rejoin) env.push_back("GRADWIRE_RPC_REJOIN=1");
   std::vector<char*> envp, argv;
   for (auto& e : env)
     envp.push_back(e.data());
@@ -296,6 +310,7 @@ Worker spawn(const Options& o, const std::string& path, int local_rank, int rest
   ::close(err[1]);
   Worker w;
   w.rank = rank;
+  w.local_rank = local_rank;
   w.pid = pid;
   w.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (w.pidfd < 0) throw std::runtime_error(std::string("pidfd_open: ") + std::strerror(errno));
@@ -307,8 +322,10 @@ Worker spawn(const Options& o, const std::string& path, int local_rank, int rest
 using Clock = std::chrono::steady_clock;
 
 // Runs one attempt of the local group. Returns the first failure's status (0: all
-// succeeded) and sets `interrupted` when a signal ended it.
-int run_group(const Options& o, const std::string& path, int restart, int& interrupted) {
+// succeeded) and sets `interrupted` when a signal ended it. `worker_restarts` counts the
+// workers restarted alone so far (--restart-workers), over every attempt.
+int run_group(const Options& o, const std::string& path, int restart, int& interrupted,
+              int& worker_restarts) {
   std::vector<Worker> workers;
   for (int r = 0; r < o.nproc_per_node; ++r)
     workers.push_back(spawn(o, path, r, restart));
@@ -323,6 +340,8 @@ int run_group(const Options& o, const std::string& path, int restart, int& inter
     }
   };
   for (;;) {
+    // Workers to start again alone, once this round's events are handled.
+    std::vector<std::pair<int, int>> respawn;  // (local rank, its restarts so far)
     std::vector<pollfd> fds;
     std::vector<std::pair<size_t, int>> owners;  // (worker, stream index or -1 for pidfd)
     fds.push_back(pollfd{g_signal_pipe[0], POLLIN, 0});
@@ -396,7 +415,14 @@ int run_group(const Options& o, const std::string& path, int restart, int& inter
           w.status = exit_code(wstatus);
           ::close(w.pidfd);
           w.pidfd = -1;
-          if (*w.status != 0 && first_failure == 0 && !stopping) {
+          if (*w.status != 0 && !stopping && worker_restarts < o.restart_workers) {
+            ++worker_restarts;
+            std::fprintf(stderr,
+                         "gradwire-run: rank %d failed (exit status %d); starting it again to "
+                         "rejoin the running group (worker restart %d of %d)\n",
+                         w.rank, *w.status, worker_restarts, o.restart_workers);
+            respawn.emplace_back(w.local_rank, w.restarts);
+          } else if (*w.status != 0 && first_failure == 0 && !stopping) {
             first_failure = *w.status;
             std::fprintf(stderr,
                          "gradwire-run: rank %d failed (exit status %d); stopping the others\n",
@@ -419,6 +445,10 @@ int run_group(const Options& o, const std::string& path, int restart, int& inter
         ::close(s.fd);
         s.fd = -1;
       }
+    }
+    for (const auto& [local_rank, restarts] : respawn) {
+      workers.push_back(spawn(o, path, local_rank, restarts + 1, /*rejoin=*/true));
+      workers.back().restarts = restarts + 1;
     }
   }
   for (auto& w : workers) {
@@ -461,9 +491,10 @@ int main(int argc, char** argv) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   try {
+    int worker_restarts = 0;
     for (int restart = 0;; ++restart) {
       int interrupted = 0;
-      const int status = run_group(o, path, restart, interrupted);
+      const int status = run_group(o, path, restart, interrupted, worker_restarts);
       if (interrupted != 0) return 128 + interrupted;
       if (status == 0) return 0;
       if (restart >= o.max_restarts) return status;

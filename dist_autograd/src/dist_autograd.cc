@@ -208,7 +208,14 @@ class Container : public rpc::Interceptor,
     return a;
   }
 
-  uint64_t mint() { return (static_cast<uint64_t>(self_.id) << 48) | next_id_.fetch_add(1); }
+  // Ids name their minter (the top 16 bits) and keep successive incarnations of its rank
+  // apart (the next 8: AgentOptions::rejoin), so a restarted worker never reuses an id its
+  // predecessor's peers may still hold.
+  uint64_t mint() {
+    uint64_t incarnation = 0;
+    if (auto a = agent_.lock()) incarnation = static_cast<uint64_t>(a->incarnation());
+    return (static_cast<uint64_t>(self_.id) << 48) | (incarnation << 40) | next_id_.fetch_add(1);
+  }
 
   std::shared_ptr<ContextState> create_context() {
     const uint64_t id = mint();
@@ -697,6 +704,25 @@ class Container : public rpc::Interceptor,
   }
 
   // ---- listener
+
+  // The contexts a lost worker started are released here and on the workers they reached
+  // from here: nobody is left to release them (its replacement, if one comes, starts its
+  // own). Not waited for: this runs on an I/O thread.
+  void on_worker_lost(const WorkerInfo& worker, const std::string&) override {
+    std::vector<uint64_t> theirs;
+    {
+      MutexLock lock(mutex_);
+      for (const auto& [id, state] : contexts_) {
+        if (worker_of(id) == worker.id) theirs.push_back(id);
+      }
+    }
+    for (uint64_t id : theirs)
+      release(id, worker.id);
+    if (!theirs.empty()) {
+      GRADWIRE_LOG(kInfo) << "dist_autograd worker " << self_.describe() << ": released "
+                          << theirs.size() << " contexts of lost worker " << worker.describe();
+    }
+  }
 
   void on_graceful_shutdown(Clock::time_point) override {
     std::vector<uint64_t> mine;

@@ -18,7 +18,17 @@
 // --resume continues from there (with one trainer, to the very parameters an uninterrupted
 // run reaches; with several, the trainers are asynchronous and the run continues from the
 // saved state).
+//
+// Surviving a trainer's death: with --kill-trainer-after B, trainer1 kills itself (SIGKILL)
+// after B batches, as a crash would. Run under `gradwire-run --restart-workers 1`, the
+// launcher starts it again alone; it rejoins the running job under its old name
+// (AgentOptions::rejoin) and trains again, while the server, which has released the dead
+// trainer's references and autograd contexts, serves on and the other trainers never stop:
+//   gradwire-run --nproc-per-node 3 --restart-workers 1 gradwire-ps-train --kill-trainer-after 20
 #include <gradwire/gradwire.h>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -49,13 +59,15 @@ struct Options {
   int servers = 1;         // --servers P: the model's layers split over P servers
   std::string checkpoint;  // --checkpoint DIR: saved after every epoch
   bool resume = false;     // --resume: continue from --checkpoint DIR
+  int64_t kill_after = 0;  // --kill-trainer-after B: trainer1's first life ends after B batches
 };
 
 Options parse_args(int argc, char** argv) {
   Options o;
   examples::Args args(argc, argv,
                       "--epochs N, --batch B, --lr LR, --min-accuracy A, --data FILE.csv, "
-                      "--test-fraction F, --mnist DIR, --servers P, --checkpoint DIR, --resume");
+                      "--test-fraction F, --mnist DIR, --servers P, --checkpoint DIR, --resume, "
+                      "--kill-trainer-after B");
   while (args.next()) {
     if (args.is("--epochs")) {
       o.epochs = static_cast<int>(args.integer(1, 100000));
@@ -77,6 +89,8 @@ Options parse_args(int argc, char** argv) {
       o.checkpoint = args.value();
     } else if (args.is("--resume")) {
       o.resume = true;
+    } else if (args.is("--kill-trainer-after")) {
+      o.kill_after = args.integer(1, int64_t{1} << 40);
     } else {
       args.unknown();
     }
@@ -166,6 +180,31 @@ std::shared_ptr<ParameterServer> make_shard(int s, int servers, int64_t features
   return std::make_shared<ParameterServer>(std::move(sizes), last < layers, int64_t{1 + s});
 }
 
+// Tells what the server does when a trainer dies and when its replacement comes back. The
+// agent's modules (rref/, dist_autograd/) hear of a loss before this listener, so what it
+// prints is what is left once they have released the lost trainer's share.
+class TrainerWatch : public rpc::AgentListener {
+ public:
+  explicit TrainerWatch(rpc::RpcAgent& agent) : agent_(agent) {}
+  void on_worker_lost(const rpc::WorkerInfo& worker, const std::string& why) override {
+    const rref::RRefMetrics refs = rref::metrics(agent_);
+    std::printf(
+        "%s: lost %s (%s); released its references and autograd contexts: %zu contexts and "
+        "%lld references held for the others remain\n",
+        agent_.worker_info().name.c_str(), worker.name.c_str(), why.c_str(),
+        dist_autograd::num_contexts(agent_), static_cast<long long>(refs.owned_forks));
+    std::fflush(stdout);
+  }
+  void on_worker_rejoined(const rpc::WorkerInfo& worker, int incarnation) override {
+    std::printf("%s: %s rejoined (incarnation %d); serving it\n", agent_.worker_info().name.c_str(),
+                worker.name.c_str(), incarnation);
+    std::fflush(stdout);
+  }
+
+ private:
+  rpc::RpcAgent& agent_;
+};
+
 // The server's one ParameterServer, handed to every trainer that asks. Set once the
 // server's agent is up; a request that comes before waits for it.
 struct ServerSlot {
@@ -225,6 +264,12 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
     std::printf("%s resumed after epoch %d from %s\n", me.c_str(), first_epoch - 1,
                 opt.checkpoint.c_str());
   }
+  if (agent.incarnation() > 0) {
+    std::printf("%s rejoined the running job (incarnation %d); training again\n", me.c_str(),
+                agent.incarnation());
+    std::fflush(stdout);
+  }
+  int64_t batches = 0;
   const auto start = std::chrono::steady_clock::now();
   double test_accuracy = 0;
   for (int epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
@@ -245,6 +290,13 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
       train_correct += examples::accuracy_of(logits.detach(), yb) * static_cast<double>(xb.size(0));
       seen += xb.size(0);
       ++correct_batches;
+      if (opt.kill_after > 0 && trainer == 1 && agent.incarnation() == 0 &&
+          ++batches == opt.kill_after) {
+        std::printf("%s: killing itself after %lld batches (--kill-trainer-after)\n", me.c_str(),
+                    static_cast<long long>(batches));
+        std::fflush(stdout);
+        ::kill(::getpid(), SIGKILL);
+      }
     }
     test_accuracy = examples::accuracy_of(forward(test_x), test_y);
     const double epoch_s =
@@ -310,6 +362,7 @@ int main(int argc, char** argv) {
       // This server's shard, handed to every trainer that asks.
       auto shard = make_shard(rank, opt.servers, train.features(), train.classes);
       if (opt.resume) shard->load(opt.checkpoint + "/model-" + std::to_string(rank) + ".gw");
+      agent->add_listener(std::make_shared<TrainerWatch>(*agent));
       slot->ps.set_value(rref::make_local(*agent, shard));
       std::printf("%s serving shard %d of %d to %d trainers\n", name.c_str(), rank + 1, opt.servers,
                   world - opt.servers);

@@ -30,6 +30,7 @@ std::shared_ptr<ServeScope> Interceptor::capture_thread_state() {
 }
 
 void AgentListener::on_worker_lost(const WorkerInfo&, const std::string&) {}
+void AgentListener::on_worker_rejoined(const WorkerInfo&, int) {}
 void AgentListener::on_graceful_shutdown(Clock::time_point) {}
 void AgentListener::on_closed() {}
 
@@ -51,6 +52,17 @@ void RpcAgent::notify_worker_lost(const WorkerInfo& worker, const std::string& w
     } catch (const std::exception& e) {
       GRADWIRE_LOG(kError) << "rpc worker " << worker_info().describe()
                            << ": a listener's on_worker_lost threw: " << e.what();
+    }
+  }
+}
+
+void RpcAgent::notify_worker_rejoined(const WorkerInfo& worker, int incarnation) const {
+  for (const auto& listener : listeners()) {
+    try {
+      listener->on_worker_rejoined(worker, incarnation);
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "rpc worker " << worker_info().describe()
+                           << ": a listener's on_worker_rejoined threw: " << e.what();
     }
   }
 }

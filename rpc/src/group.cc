@@ -21,11 +21,13 @@ struct WorkerRecord {
   std::map<std::string, DeviceMap> device_maps;
   std::string boot_id;
   std::optional<LoanTableAddress> loans;
+  int incarnation{0};
 };
 
 std::string format_record(const WorkerRecord& r) {
   std::string out = "gradwire-rpc 1\nname " + r.name + "\nurl " + r.url + "\ndevices " +
                     std::to_string(r.cuda_devices) + "\n";
+  if (r.incarnation > 0) out += "incarnation " + std::to_string(r.incarnation) + "\n";
   for (const auto& [worker, pairs] : r.device_maps) {
     for (const auto& [from, to] : pairs)
       out += "map " + worker + " " + from.str() + " " + to.str() + "\n";
@@ -59,6 +61,10 @@ WorkerRecord parse_record(const std::string& text, int rank) {
     } else if (tag == "devices") {
       if (!(fields >> r.cuda_devices) || r.cuda_devices < 0 || r.cuda_devices > 4096) {
         throw bad("devices line '" + line + "'");
+      }
+    } else if (tag == "incarnation") {
+      if (!(fields >> r.incarnation) || r.incarnation < 1 || r.incarnation > kMaxIncarnation) {
+        throw bad("incarnation line '" + line + "'");
       }
     } else if (tag == "loans") {
       LoanTableAddress a;
@@ -151,10 +157,29 @@ void GroupDirectory::validate_device_maps(const std::string& who,
   }
 }
 
-void GroupDirectory::join(const Announcement& me, bool direct_copies) {
+void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoin) {
   const std::string rank_text = std::to_string(self_.id);
-  // Each rank counts its own starts on this store; see the file comment.
-  prefix_ = "rpc/" + std::to_string(store_->add("rpc/starts/" + rank_text, 1)) + "/";
+  if (rejoin) {
+    // The running generation: the one this rank's predecessor started.
+    const int64_t started = store_->add("rpc/starts/" + rank_text, 0);
+    if (started < 1) {
+      throw InvalidArgument("rpc agent " + self_.describe() +
+                            " was asked to rejoin, but no group has started on this store for "
+                            "rank " +
+                            rank_text);
+    }
+    prefix_ = "rpc/" + std::to_string(started) + "/";
+    const int64_t incarnation = store_->add(key("incarnation/" + rank_text), 1);
+    if (incarnation > kMaxIncarnation) {
+      throw InvalidArgument("rpc agent " + self_.describe() + ": rank " + rank_text +
+                            " has been taken over " + std::to_string(kMaxIncarnation) +
+                            " times already, the most a group allows");
+    }
+    incarnation_ = static_cast<int>(incarnation);
+  } else {
+    // Each rank counts its own starts on this store; see the file comment.
+    prefix_ = "rpc/" + std::to_string(store_->add("rpc/starts/" + rank_text, 1)) + "/";
+  }
   // Names are unique: the first rank to claim one keeps it.
   const c10d::Bytes owner =
       store_->compare_set(key("name/" + self_.name), {}, c10d::to_bytes(rank_text));
@@ -162,19 +187,25 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies) {
     throw InvalidArgument("rpc agent " + self_.describe() + ": the worker name '" + self_.name +
                           "' is already taken by rank " + c10d::to_string(owner));
   }
-  store_->set(key("worker/" + rank_text),
-              format_record(WorkerRecord{self_.name, me.url, me.cuda_devices, me.device_maps,
-                                         me.boot_id, me.loans}));
+  // A rejoining worker announces no loan table: it lends nothing (see the file comment).
+  store_->set(
+      key("worker/" + rank_text),
+      format_record(WorkerRecord{self_.name, me.url, me.cuda_devices, me.device_maps, me.boot_id,
+                                 rejoin ? std::nullopt : me.loans, incarnation_}));
   const std::vector<std::string> values = gather("worker/", "to start");
   std::vector<WorkerRecord> records;
   for (int r = 0; r < world_size_; ++r)
     records.push_back(parse_record(values[static_cast<size_t>(r)], r));
-  for (int r = 0; r < world_size_; ++r) {
-    const WorkerRecord& rec = records[static_cast<size_t>(r)];
-    cuda_devices_.push_back(rec.cuda_devices);
-    workers_.push_back(WorkerInfo{rec.name, r});
-    urls_.push_back(rec.url);
-    ids_by_name_[rec.name] = r;
+  {
+    MutexLock lock(mutable_mutex_);
+    for (int r = 0; r < world_size_; ++r) {
+      const WorkerRecord& rec = records[static_cast<size_t>(r)];
+      cuda_devices_.push_back(rec.cuda_devices);
+      workers_.push_back(WorkerInfo{rec.name, r});
+      urls_.push_back(rec.url);
+      incarnations_.push_back(rec.incarnation);
+      ids_by_name_[rec.name] = r;
+    }
   }
   cuda_devices_here_ = me.cuda_devices;
   device_maps_ = me.device_maps;
@@ -210,6 +241,7 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies) {
       can_read += " " + std::to_string(r);
     }
   }
+  if (rejoin) return;  // lends to nobody; the others' records stand
   store_->set(key("direct/" + rank_text), can_read);
   const std::vector<std::string> readers = gather("direct/", "to check its peers");
   for (int r = 0; direct_copies && r < world_size_; ++r) {
@@ -223,6 +255,26 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies) {
     for (int id = 0; in >> id;) {
       if (id == self_.id) lend_to_[static_cast<size_t>(r)] = true;
     }
+  }
+}
+
+int GroupDirectory::refresh(int id, std::chrono::milliseconds timeout) {
+  try {
+    const WorkerRecord rec = parse_record(
+        c10d::to_string(store_->get(key("worker/" + std::to_string(id)), timeout)), id);
+    MutexLock lock(mutable_mutex_);
+    // A record never goes back to an earlier incarnation, nor changes its name.
+    if (rec.name == workers_[static_cast<size_t>(id)].name &&
+        rec.incarnation >= incarnations_[static_cast<size_t>(id)]) {
+      urls_[static_cast<size_t>(id)] = rec.url;
+      incarnations_[static_cast<size_t>(id)] = rec.incarnation;
+    }
+    return incarnations_[static_cast<size_t>(id)];
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": could not re-read the record of "
+                        << workers_[static_cast<size_t>(id)].describe() << ": " << e.what();
+    MutexLock lock(mutable_mutex_);
+    return incarnations_[static_cast<size_t>(id)];
   }
 }
 

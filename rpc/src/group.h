@@ -8,6 +8,12 @@
 // every worker reads every record, and the workers that lend tensors to each other agree on
 // who can read whose memory. The same store carries the graceful-shutdown barriers.
 //
+// Rejoining: a worker that was lost can be replaced by a new process under the same name and
+// rank (join with `rejoin`). It joins the running generation instead of starting a new one,
+// counts itself a new incarnation of the rank, and replaces the rank's record; the others
+// read the new record when they next connect to the rank (refresh). A rejoined worker lends
+// nothing: the others learnt who can read whose memory from its predecessor.
+//
 // Nothing here knows the transport: an address is an opaque string, a loan table a
 // LoanTableAddress.
 #pragma once
@@ -19,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "gradwire/core/mutex.h"
 #include "gradwire/rpc/agent.h"
 #include "tensorpipe/loans.h"
 
@@ -88,7 +95,13 @@ class GroupDirectory {
   // records; with `direct_copies`, also finds whose memory this worker can read and who can
   // read its own. Throws InvalidArgument for a name already taken or a bad record,
   // TimeoutError naming the workers that did not arrive within join_timeout.
-  void join(const Announcement& me, bool direct_copies);
+  // With `rejoin`, replaces a lost worker of the running group instead (see the file
+  // comment): InvalidArgument when no group has started on the store for this rank, or
+  // the name is another rank's.
+  void join(const Announcement& me, bool direct_copies, bool rejoin = false);
+  // Re-reads worker `id`'s record: its address and incarnation now. Returns the incarnation;
+  // keeps what it knew when the store cannot be read within `timeout`.
+  int refresh(int id, std::chrono::milliseconds timeout);
   // Checks this worker's device maps against the devices of both ends (after join):
   // InvalidArgument for a worker not in the group or a device one end lacks.
   void check_device_maps() const;
@@ -110,7 +123,17 @@ class GroupDirectory {
   // The worker named `name`, or -1.
   int id_of(const std::string& name) const;
   const WorkerInfo& worker(int id) const { return workers_[static_cast<size_t>(id)]; }
-  const std::string& url(int id) const { return urls_[static_cast<size_t>(id)]; }
+  std::string url(int id) const {
+    MutexLock lock(mutable_mutex_);
+    return urls_[static_cast<size_t>(id)];
+  }
+  // How many times worker `id`'s rank had been taken over before its current record (0:
+  // the worker that started with the group); this worker's own.
+  int incarnation(int id) const {
+    MutexLock lock(mutable_mutex_);
+    return incarnations_[static_cast<size_t>(id)];
+  }
+  int incarnation() const { return incarnation_; }
   // Routes of requests to, and replies back to, worker `id`: null when this worker has no
   // CUDA device (so no tensor needs mapping) or for an id outside the group.
   const DeviceRoute* route_to(int id) const;
@@ -140,7 +163,11 @@ class GroupDirectory {
   std::string prefix_;  // "rpc/<generation>/"
   std::vector<WorkerInfo> workers_;
   std::map<std::string, int, std::less<>> ids_by_name_;
-  std::vector<std::string> urls_;
+  int incarnation_{0};
+  // What a rejoining worker changes: read under the lock.
+  mutable Mutex mutable_mutex_;
+  std::vector<std::string> urls_ GRADWIRE_GUARDED_BY(mutable_mutex_);
+  std::vector<int> incarnations_ GRADWIRE_GUARDED_BY(mutable_mutex_);
   std::vector<int> cuda_devices_;  // per worker id
   int cuda_devices_here_{0};
   std::map<std::string, DeviceMap> device_maps_;  // this worker's own

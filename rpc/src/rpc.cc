@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "gradwire/c10d/rendezvous.h"
+#include "gradwire/core/env.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 
 namespace gradwire::rpc {
@@ -26,6 +27,8 @@ std::shared_ptr<RpcAgent> init_rpc(std::string name, int rank, int world_size,
                   current->worker_info().describe() + "; call shutdown() first");
     }
   }
+  // A worker that a launcher restarted alone replaces its lost predecessor.
+  if (!options.rejoin) options.rejoin = env_bool("GRADWIRE_RPC_REJOIN", false);
   std::shared_ptr<c10d::Store> store = options.store;
   if (store == nullptr) {
     // The rendezvous URL may carry rank and world size; the explicit arguments win.

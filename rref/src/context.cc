@@ -757,6 +757,14 @@ void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& wh
                       << " references to its values are now dead";
 }
 
+void RRefContext::on_worker_rejoined(const WorkerInfo& worker, int incarnation) {
+  MutexLock lock(mutex_);
+  if (lost_.erase(worker.id) != 0) {
+    GRADWIRE_LOG(kInfo) << "rref worker " << self_.describe() << ": " << worker.describe()
+                        << " is back as incarnation " << incarnation;
+  }
+}
+
 void RRefContext::on_graceful_shutdown(Clock::time_point deadline) {
   {
     MutexLock lock(mutex_);

@@ -61,7 +61,14 @@ class RRefContext : public rpc::Interceptor,
   std::shared_ptr<rpc::RpcAgent> agent() const;
   // The agent or null, for clean-up paths.
   std::shared_ptr<rpc::RpcAgent> agent_or_null() const;
-  uint64_t mint() { return (static_cast<uint64_t>(self_.id) << 48) | next_id_.fetch_add(1); }
+  // Ids name their minter (the top 16 bits) and keep successive incarnations of its rank
+  // apart (the next 8: AgentOptions::rejoin), so a restarted worker never reuses an id its
+  // predecessor's peers may still hold.
+  uint64_t mint() {
+    uint64_t incarnation = 0;
+    if (auto a = agent_.lock()) incarnation = static_cast<uint64_t>(a->incarnation());
+    return (static_cast<uint64_t>(self_.id) << 48) | (incarnation << 40) | next_id_.fetch_add(1);
+  }
 
   // ---- references made here
   std::shared_ptr<UserRRef> create_remote(const rpc::WorkerInfo& owner, std::string name,
@@ -123,6 +130,8 @@ class RRefContext : public rpc::Interceptor,
 
   // ---- AgentListener
   void on_worker_lost(const rpc::WorkerInfo& worker, const std::string& why) override;
+  // Its replacement is served like any worker: what was lost stays released.
+  void on_worker_rejoined(const rpc::WorkerInfo& worker, int incarnation) override;
   void on_graceful_shutdown(Clock::time_point deadline) override;
   void on_closed() override;
 

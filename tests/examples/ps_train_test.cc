@@ -11,9 +11,11 @@
 namespace {
 
 #ifdef GRADWIRE_PS_TRAIN_PATH
-// Runs `args` under the launcher; returns the output, and the exit status in `status`.
-std::string run(const std::string& args, int& status) {
-  const std::string command = std::string(GRADWIRE_RUN_PATH) + " --nproc-per-node 2 " +
+// Runs `args` under the launcher (with `launcher` flags); returns the output, and the exit
+// status in `status`.
+std::string run(const std::string& args, int& status,
+                const std::string& launcher = "--nproc-per-node 2") {
+  const std::string command = std::string(GRADWIRE_RUN_PATH) + " " + launcher + " " +
                               GRADWIRE_PS_TRAIN_PATH + " " + args + " 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");
   std::string out;
@@ -58,6 +60,36 @@ TEST(PsTrain, ResumingFromACheckpointEndsWhereAnUninterruptedRunDoes) {
   EXPECT_NE(status, 0);
   EXPECT_NE(bad_lr.find("--lr=\"abc\" is invalid"), std::string::npos) << bad_lr;
   std::filesystem::remove_all(dir);
+#endif
+}
+
+// A trainer SIGKILLed mid-training: the launcher starts it again alone, it rejoins the running
+// job under its name, the server (which released what the dead one held) serves it, the
+// other trainer never stops, and both reach the accuracy they must (--min-accuracy, 0.85 by
+// default; single runs reach about 0.95).
+TEST(PsTrain, AKilledTrainerIsRestartedAndRejoinsWhileTrainingGoesOn) {
+#ifndef GRADWIRE_PS_TRAIN_PATH
+  GTEST_SKIP() << "the examples are not built";
+#else
+  int status = 0;
+  const std::string out =
+      run("--epochs 6 --kill-trainer-after 15", status, "--nproc-per-node 3 --restart-workers 1");
+  ASSERT_EQ(status, 0) << out;
+  for (const char* line :
+       {"trainer1: killing itself after 15 batches", "rank 1 failed (exit status 137)",
+        "ps0: lost trainer1", "released its references and autograd contexts",
+        "ps0: trainer1 rejoined (incarnation 1)",
+        "trainer1 rejoined the running job (incarnation 1)", "trainer1 done: held-out accuracy",
+        "trainer2 done: held-out accuracy"}) {
+    EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << out;
+  }
+  // The survivor trained every epoch once, without a restart.
+  EXPECT_EQ(out.find("trainer2 rejoined"), std::string::npos) << out;
+  // Without --restart-workers the first failure ends the job, as before.
+  const std::string ended = run("--epochs 6 --kill-trainer-after 15", status, "--nproc-per-node 3");
+  EXPECT_NE(status, 0) << ended;
+  EXPECT_NE(ended.find("rank 1 failed (exit status 137); stopping the others"), std::string::npos)
+      << ended;
 #endif
 }
 

@@ -10,7 +10,10 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "gradwire/c10d/hash_store.h"
 #include "gradwire/core/error.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/registry.h"
@@ -252,6 +255,89 @@ TEST_F(FaultsOnAgents, ACutReplyFailsTheCallerWithANetworkErrorNamingTheCallee) 
   EXPECT_LT(Clock::now() - start, 2s);
   EXPECT_EQ(served_.load(), 1);
   EXPECT_EQ(w0().rpc_sync<int64_t>("w1", "count"), 2);
+}
+
+// ---- a lost worker replaced by a new one under its name (AgentOptions::rejoin)
+
+// Told of lost and rejoined workers, in order.
+class Membership : public AgentListener {
+ public:
+  void on_worker_lost(const WorkerInfo& worker, const std::string&) override {
+    MutexLock lock(mutex_);
+    events_.push_back("lost " + worker.name);
+    cv_.notify_all();
+  }
+  void on_worker_rejoined(const WorkerInfo& worker, int incarnation) override {
+    MutexLock lock(mutex_);
+    events_.push_back("rejoined " + worker.name + " #" + std::to_string(incarnation));
+    cv_.notify_all();
+  }
+  // Waits until `n` events have come; returns them.
+  std::vector<std::string> wait_for(size_t n, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    MutexLock lock(mutex_);
+    while (events_.size() < n) {
+      if (lock.wait_until(cv_, deadline) == std::cv_status::timeout) break;
+    }
+    return events_;
+  }
+
+ private:
+  Mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::string> events_ GRADWIRE_GUARDED_BY(mutex_);
+};
+
+TEST(Rejoin, ALostWorkerIsReplacedUnderItsNameAndTheOthersServeAndCallIt) {
+  Registry reg;
+  reg.def("add", [](int64_t a, int64_t b) { return a + b; });
+  reg.def("incarnation",
+          [](const CallContext& ctx) -> int64_t { return ctx.agent()->incarnation(); });
+  AgentOptions options = test::agent_options(reg);
+  auto store = std::make_shared<c10d::HashStore>(20s);
+  std::vector<std::shared_ptr<Membership>> seen;
+  test::Agents agents(3);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      seen.push_back(std::make_shared<Membership>());
+      agents[static_cast<size_t>(r)] =
+          create_tensorpipe_agent(test::worker_name(r), r, 3, store, options);
+      agents[static_cast<size_t>(r)]->add_listener(seen.back());
+    }
+    for (int r = 0; r < 3; ++r)
+      threads.emplace_back([&, r] { agents[static_cast<size_t>(r)]->start(); });
+    for (auto& t : threads)
+      t.join();
+  }
+  // w0 and w2 both know w1; then w1 goes without a word.
+  for (int r : {0, 2})
+    EXPECT_EQ(agents[static_cast<size_t>(r)]->rpc_sync<int64_t>("w1", "incarnation"), 0);
+  agents[1]->shutdown(false);
+  for (int r : {0, 2}) {
+    EXPECT_EQ(seen[static_cast<size_t>(r)]->wait_for(1, 10s), std::vector<std::string>{"lost w1"});
+    EXPECT_THROW(agents[static_cast<size_t>(r)]->rpc_sync<int64_t>("w1", "incarnation"),
+                 NetworkError);
+  }
+  // A replacement needs a running group.
+  AgentOptions rejoining = options;
+  rejoining.rejoin = true;
+  EXPECT_THROW(make_tensorpipe_agent("w1", 1, 3, std::make_shared<c10d::HashStore>(1s), rejoining),
+               InvalidArgument);
+
+  // The replacement joins without anyone waiting for it and is a new incarnation.
+  auto w1 = make_tensorpipe_agent("w1", 1, 3, store, rejoining);
+  EXPECT_EQ(w1->incarnation(), 1);
+  // It calls w0 (which is told it rejoined before serving it), and w0 and w2 call it at its
+  // new address.
+  EXPECT_EQ(w1->rpc_sync<int64_t>("w0", "add", int64_t{40}, int64_t{2}), 42);
+  EXPECT_EQ(seen[0]->wait_for(2, 10s), (std::vector<std::string>{"lost w1", "rejoined w1 #1"}));
+  for (int r : {0, 2})
+    EXPECT_EQ(agents[static_cast<size_t>(r)]->rpc_sync<int64_t>("w1", "incarnation"), 1);
+  EXPECT_EQ(seen[2]->wait_for(2, 10s), (std::vector<std::string>{"lost w1", "rejoined w1 #1"}));
+  // The group shuts down gracefully with the replacement in the old one's place.
+  agents[1] = w1;
+  test::shutdown_agents(agents);
 }
 
 }  // namespace

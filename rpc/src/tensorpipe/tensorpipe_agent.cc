@@ -102,7 +102,14 @@ class TensorPipeAgent final : public RpcAgent,
         group_(self_, world_size_, store_, options_.join_timeout),
         calls_(self_.describe()),
         dispatcher_(self_, *this),
-        clients_(new std::atomic<std::shared_ptr<Connection>>[static_cast<size_t>(world_size_)]) {}
+        clients_(new std::atomic<std::shared_ptr<Connection>>[static_cast<size_t>(world_size_)]),
+        lost_peers_(new std::atomic<bool>[static_cast<size_t>(world_size_)]),
+        rejoined_(new std::atomic<int>[static_cast<size_t>(world_size_)]) {
+    for (int i = 0; i < world_size_; ++i) {
+      lost_peers_[static_cast<size_t>(i)].store(false);
+      rejoined_[static_cast<size_t>(i)].store(0);
+    }
+  }
 
   ~TensorPipeAgent() override { close(); }
 
@@ -137,6 +144,7 @@ class TensorPipeAgent final : public RpcAgent,
   void shutdown(bool graceful) override;
   bool is_shut_down() const override { return !running_.load(std::memory_order_acquire); }
   AgentMetrics metrics() const override;
+  int incarnation() const override { return group_.incarnation(); }
 
   // Forced close: fails what is pending, closes TensorPipe, stops the threads. Idempotent.
   void close();
@@ -214,6 +222,9 @@ class TensorPipeAgent final : public RpcAgent,
                    const std::function<void()>& on_dropped);
 
   void complete_call(const std::shared_ptr<Connection>& conn, Response response);
+  // A peer whose connection was lost may have been replaced (AgentOptions::rejoin): re-reads
+  // its record, and tells the listeners when a new incarnation has taken over.
+  void check_rejoined(int id);
   void wait_until_idle(Clock::time_point deadline);
 
   const WorkerInfo self_;
@@ -246,6 +257,10 @@ class TensorPipeAgent final : public RpcAgent,
   std::atomic<uint64_t> bytes_copied_in_{0};
   // Outgoing connections, per peer id: read without mutex_, made and cleared under it.
   const std::unique_ptr<std::atomic<std::shared_ptr<Connection>>[]> clients_;
+  // Per peer id: a connection to or from it was lost since it was last seen (re-read its
+  // record before connecting), and the newest incarnation the listeners were told of.
+  const std::unique_ptr<std::atomic<bool>[]> lost_peers_;
+  const std::unique_ptr<std::atomic<int>[]> rejoined_;
 
   mutable Mutex mutex_;
   std::condition_variable idle_cv_;
@@ -499,7 +514,11 @@ void TensorPipeAgent::start_serving() {
                                           std::nullopt, std::string()};
   if (loans_) me.boot_id = detail::boot_id();
   if (loans_ && !me.boot_id.empty()) me.loans = loans_->address();
-  group_.join(me, /*direct_copies=*/loans_ != nullptr);
+  group_.join(me, /*direct_copies=*/loans_ != nullptr, options_.rejoin);
+  if (options_.rejoin) {
+    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe()
+                        << " rejoined its group as incarnation " << group_.incarnation();
+  }
   group_.check_device_maps();
   joined_.store(true, std::memory_order_release);
   {
@@ -556,6 +575,9 @@ std::shared_ptr<TensorPipeAgent::Connection> TensorPipeAgent::connection_to(
   made->serial = serial;
   made->peer = target;
   made->outgoing = true;
+  // A peer lost earlier may be back at another address.
+  if (lost_peers_[static_cast<size_t>(target.id)].load(std::memory_order_acquire))
+    check_rejoined(target.id);
   made->pipe = context_->connect(group_.url(target.id), tp::PipeOptions().remoteName(target.name));
   std::shared_ptr<Connection> existing;
   if (!slot.compare_exchange_strong(existing, made, std::memory_order_acq_rel)) {
@@ -732,6 +754,9 @@ void TensorPipeAgent::accept_next() {
     const std::string& remote = conn->pipe->getRemoteName();
     const int id = self->group_.id_of(remote);
     conn->peer = id < 0 ? WorkerInfo{remote, -1} : self->group_.worker(id);
+    // Told before any of the new process's messages is read.
+    if (id >= 0 && self->lost_peers_[static_cast<size_t>(id)].load(std::memory_order_acquire))
+      self->check_rejoined(id);
     {
       MutexLock lock(self->mutex_);
       if (self->state_ == State::kClosed) return;
@@ -1089,8 +1114,10 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
                         << conn->peer.describe() << " lost: " << what;
   }
   // A peer of the group that went away while this agent runs: the modules above release
-  // what it held (a connection from outside the group has id -1).
-  if (!closing && conn->peer.id >= 0 && conn->peer.id < world_size_ && conn->peer.id != self_.id)
+  // what it held (a connection from outside the group has id -1). They are told once per
+  // loss, whichever of its connections goes first, until a replacement rejoins.
+  if (!closing && conn->peer.id >= 0 && conn->peer.id < world_size_ && conn->peer.id != self_.id &&
+      !lost_peers_[static_cast<size_t>(conn->peer.id)].exchange(true, std::memory_order_acq_rel))
     notify_worker_lost(conn->peer, what);
   for (PendingCall& call : lost) {
     calls_.finish(call, Value(),
@@ -1176,6 +1203,23 @@ void TensorPipeAgent::complete_call(const std::shared_ptr<Connection>& conn, Res
 }
 
 // ---- shutdown
+
+void TensorPipeAgent::check_rejoined(int id) {
+  const int incarnation =
+      group_.refresh(id, std::min(options_.rpc_timeout, std::chrono::milliseconds(5'000)));
+  std::atomic<int>& told = rejoined_[static_cast<size_t>(id)];
+  int before = told.load(std::memory_order_acquire);
+  while (incarnation > before) {
+    if (told.compare_exchange_weak(before, incarnation, std::memory_order_acq_rel)) {
+      lost_peers_[static_cast<size_t>(id)].store(false, std::memory_order_release);
+      GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": worker "
+                          << group_.worker(id).describe() << " rejoined as incarnation "
+                          << incarnation;
+      notify_worker_rejoined(group_.worker(id), incarnation);
+      return;
+    }
+  }
+}
 
 void TensorPipeAgent::wait_until_idle(Clock::time_point deadline) {
   // Pending calls, running handlers and loans (a peer may still be copying a reply this

@@ -97,6 +97,8 @@ namespace gradwire::rpc {
 class FaultInjector;
 
 inline constexpr std::chrono::milliseconds kDefaultRpcTimeout{60'000};
+// The most times one rank of a group can be taken over by a new process (AgentOptions::rejoin).
+inline constexpr int kMaxIncarnation = 255;
 
 // Options of one call.
 struct CallOptions {
@@ -172,6 +174,14 @@ struct AgentOptions {
   std::chrono::milliseconds close_timeout{5'000};
   // The functions peers may call; nullptr means rpc::registry().
   Registry* registry{nullptr};
+  // This worker replaces one of the running group that was lost (its process died): it
+  // takes over the lost worker's name and rank, joins the group as it runs (no other
+  // worker waits for it or restarts), and the others accept it from then on — the way a
+  // restarted trainer comes back to its parameter servers. Its rank's earlier worker must
+  // be gone: the others refuse nothing, and a live one would share its name. The
+  // rejoined worker lends no tensor (direct copies) to its peers; they may lend to it.
+  // init_rpc turns it on when GRADWIRE_RPC_REJOIN=1 (gradwire-run --restart-workers).
+  bool rejoin{false};
   // For tests: drops, delays or cuts the messages this agent sends, on command
   // (fault_injection.h). Null: none.
   std::shared_ptr<FaultInjector> faults;
@@ -282,6 +292,7 @@ class CapturedState {
 // on_worker_lost: a connection to or from `worker` was lost while the agent ran (the
 //   worker died, or closed without a graceful shutdown). Runs on an I/O thread: must not
 //   block. `why` is the transport's reason.
+// on_worker_rejoined: a lost worker's replacement has connected (see the method).
 // on_graceful_shutdown: a graceful shutdown has begun and the agent still serves and
 //   sends; the listener may finish its module's work (send its last messages, wait for
 //   their replies) until `deadline`. Runs on the thread calling shutdown(); a throw fails
@@ -293,6 +304,10 @@ class AgentListener {
   using Clock = std::chrono::steady_clock;
   virtual ~AgentListener() = default;
   virtual void on_worker_lost(const WorkerInfo& worker, const std::string& why);
+  // A worker lost earlier has been replaced by a new process under the same name and rank
+  // (AgentOptions::rejoin), of incarnation `incarnation`. Runs on an I/O thread before
+  // any message of the new process is served; must not block.
+  virtual void on_worker_rejoined(const WorkerInfo& worker, int incarnation);
   virtual void on_graceful_shutdown(Clock::time_point deadline);
   virtual void on_closed();
 };
@@ -401,6 +416,12 @@ class RpcAgent {
 
   virtual AgentMetrics metrics() const = 0;
 
+  // How many workers had this one's name and rank before it in the running group: 0 for a
+  // worker that started with the group, k for the k-th that took over a lost one
+  // (AgentOptions::rejoin); at most kMaxIncarnation. Modules that mint ids (rref/,
+  // dist_autograd/) keep the ids of successive incarnations apart with it. Valid after start().
+  virtual int incarnation() const { return 0; }
+
   // The deadline a call with these options gets.
   std::chrono::milliseconds effective_timeout(const CallOptions& options) const;
   // How long a caller waits on the future of a call with this deadline: the deadline fails
@@ -416,6 +437,7 @@ class RpcAgent {
   // For implementations: tell every listener (see AgentListener). notify_worker_lost and
   // notify_closed log what a listener throws; notify_graceful_shutdown lets it through.
   void notify_worker_lost(const WorkerInfo& worker, const std::string& why) const;
+  void notify_worker_rejoined(const WorkerInfo& worker, int incarnation) const;
   void notify_graceful_shutdown(AgentListener::Clock::time_point deadline) const;
   void notify_closed() const;
 

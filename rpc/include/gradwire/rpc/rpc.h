@@ -7,6 +7,8 @@
 //
 // init_rpc(name, rank, world_size, options) rendezvouses through options.store when set,
 // else through options.init_method (env:// by default: MASTER_ADDR and MASTER_PORT).
+// GRADWIRE_RPC_REJOIN=1 sets options.rejoin: the worker replaces a lost one of the running
+// group under the same name and rank (gradwire-run --restart-workers sets it).
 //
 // Thread-safety: every function may be called from any thread; init_rpc and shutdown are
 // serialised with each other.
