@@ -29,6 +29,7 @@
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
 #include "support/harness.h"
+#include "support/sync.h"
 
 namespace gradwire {
 namespace {
@@ -264,6 +265,44 @@ TEST_F(DistAutograd, ErrorsAreTypedAndNamed) {
     EXPECT_NE(std::string(e.what()).find("hook exploded"), std::string::npos) << e.what();
     EXPECT_EQ(e.worker(), "w1");
   }
+}
+
+// Told when a worker is lost; added after dist_autograd/'s own listener, so it runs after it.
+class LossLatch : public rpc::AgentListener {
+ public:
+  void on_worker_lost(const rpc::WorkerInfo&, const std::string&) override { lost.count_down(); }
+  test::CountdownLatch lost{1};
+};
+
+// A worker that goes without releasing its contexts: the workers its passes reached release
+// them for it, so nothing it started is kept for ever.
+TEST(DistAutogradLoss, TheContextsOfALostWorkerAreReleasedWhereverTheyReached) {
+  Registry reg;
+  reg.def("square", [](const Tensor& x) { return mul(x, x); });
+  rpc::AgentOptions options = test::agent_options(reg);
+  test::Agents agents = test::start_agents(3, options);
+  auto w0_saw = std::make_shared<LossLatch>();
+  auto w2_saw = std::make_shared<LossLatch>();
+  agents[0]->add_listener(w0_saw);
+  agents[2]->add_listener(w2_saw);
+  // w1 starts a context that reaches w0 and w2; w2 starts one of its own on w0.
+  auto c1 = std::make_unique<da::Context>(*agents[1]);
+  (void)agents[1]->rpc_sync<Tensor>("w0", "square", leaf({1.0, 2.0}));
+  (void)agents[1]->rpc_sync<Tensor>("w2", "square", leaf({3.0}));
+  da::Context theirs(*agents[2]);
+  (void)agents[2]->rpc_sync<Tensor>("w0", "square", leaf({5.0}));
+  EXPECT_EQ(da::num_contexts(*agents[0]), 2u);  // c1's and w2's
+  EXPECT_EQ(da::num_contexts(*agents[2]), 2u);  // c1's and its own
+  // w1 goes without releasing c1.
+  agents[1]->shutdown(false);
+  ASSERT_TRUE(w0_saw->lost.wait(10s));
+  ASSERT_TRUE(w2_saw->lost.wait(10s));
+  EXPECT_EQ(da::num_contexts(*agents[0]), 1u);  // w2's stays
+  EXPECT_EQ(da::num_contexts(*agents[2]), 1u);
+  EXPECT_NO_THROW(da::get_gradients(*agents[0], theirs.id()));
+  c1.reset();
+  for (size_t r : {0u, 2u})
+    agents[r]->shutdown(false);
 }
 
 TEST(DistAutogradProcesses, AWorkerKilledMidBackwardFailsThePassNamingIt) {

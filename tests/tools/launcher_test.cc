@@ -183,13 +183,43 @@ TEST(Launcher, RestartsTheGroupWithARestartCount) {
   Launch run({"--nproc-per-node", "2", "--max-restarts", "2", "sh", "-c",
               "echo attempt $RESTART_COUNT; [ $RANK = 1 ] || [ $RESTART_COUNT = 2 ] || exit 3"});
   EXPECT_EQ(run.wait(), 0) << run.err();
-  for (const char* line : {"[rank0]: attempt 0", "[rank0]: attempt 1", "[rank0]: attempt 2",
-                           "[rank1]: attempt 2"}) {
+  for (const char* line :
+       {"[rank0]: attempt 0", "[rank0]: attempt 1", "[rank0]: attempt 2", "[rank1]: attempt 2"}) {
     EXPECT_EQ(count(run.out(), line), 1u) << line << " in\n" << run.out();
   }
   EXPECT_EQ(count(run.err(), "restarting the local group"), 2u) << run.err();
   Launch out_of_restarts({"--nproc-per-node", "1", "--max-restarts", "1", "sh", "-c", "exit 4"});
   EXPECT_EQ(out_of_restarts.wait(), 4);
+}
+
+// --restart-workers: a failed worker is started again alone, told to rejoin, while the others
+// run on; once the restarts are spent, a failure stops the job as before.
+TEST(Launcher, RestartsAFailedWorkerAloneAndTellsItToRejoin) {
+  // Rank 1 fails twice; rank 0 waits for rank 1's third life to print before it ends, so it
+  // is certainly never restarted or stopped meanwhile.
+  const std::string marker = "/tmp/gradwire-launcher-rejoin-" + std::to_string(::getpid());
+  Launch run({"--nproc-per-node", "2", "--restart-workers", "2", "sh", "-c",
+              "echo life $RESTART_COUNT rejoin=${GRADWIRE_RPC_REJOIN:-0}; "
+              "if [ $RANK = 1 ]; then [ $RESTART_COUNT = 2 ] && touch " +
+                  marker +
+                  " && exit 0; exit 5; fi; "
+                  "while [ ! -e " +
+                  marker + " ]; do sleep 0.02; done; rm -f " + marker});
+  EXPECT_EQ(run.wait(), 0) << run.err();
+  for (const char* line : {"[rank0]: life 0 rejoin=0", "[rank1]: life 0 rejoin=0",
+                           "[rank1]: life 1 rejoin=1", "[rank1]: life 2 rejoin=1"}) {
+    EXPECT_EQ(count(run.out(), line), 1u) << line << " in\n" << run.out();
+  }
+  EXPECT_EQ(count(run.out(), "[rank0]: life"), 1u) << run.out();
+  EXPECT_EQ(count(run.err(), "starting it again to rejoin the running group"), 2u) << run.err();
+  EXPECT_NE(run.err().find("(worker restart 2 of 2)"), std::string::npos) << run.err();
+
+  Launch spent({"--nproc-per-node", "2", "--restart-workers", "1", "--grace-ms", "2000", "sh", "-c",
+                "if [ $RANK = 1 ]; then exit 6; fi; exec sleep 60"});
+  EXPECT_EQ(spent.wait(), 6) << spent.err();
+  EXPECT_NE(spent.err().find("rank 1 failed (exit status 6); stopping the others"),
+            std::string::npos)
+      << spent.err();
 }
 
 TEST(Launcher, SignalsReachEveryWorker) {
