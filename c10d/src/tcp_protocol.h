@@ -64,6 +64,9 @@ enum class Reply : uint8_t {
   kKeys = 0x87,
   kTimeout = 0x88,  // keys still missing
   kError = 0x89,    // u8 ErrorKind, message; request id 0 when the connection is closed
+  // The handshake's authentication failed (message); the connection is closed, and the
+  // client must not try again with the same secret. Request id 0.
+  kRefused = 0x8a,
 };
 
 const char* op_name(uint8_t op);

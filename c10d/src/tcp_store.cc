@@ -548,14 +548,14 @@ class TCPStore::Client {
     }
   }
 
-  // A server's kError answer: the reason, and whether it refused this client for good
-  // (authentication) rather than failing.
+  // A server's kRefused (authentication failed: final) or kError (it failed otherwise)
+  // answer to the handshake: the reason, and whether it refused this client for good.
   static bool refusal(FrameReader& r, uint8_t kind, std::string& error, bool& refused) {
-    if (kind != static_cast<uint8_t>(Reply::kError)) return false;
-    r.u8();
+    refused = kind == static_cast<uint8_t>(Reply::kRefused);
+    if (!refused && kind != static_cast<uint8_t>(Reply::kError)) return false;
+    if (!refused) r.u8();  // the error kind
     const std::string message(r.bytes(4096, "message"));
     error = "handshake refused: " + message;
-    refused = message.find("authentication failed") != std::string::npos;
     return true;
   }
 

@@ -177,7 +177,8 @@ class TCPStoreServer::Impl {
   void flush_dirty();
   void flush(Connection* c);
   // Logs why, sends a best-effort error frame, and closes the connection.
-  void disconnect(Connection* c, const std::string& why);
+  // Drops `c`, telling it why; `refused`: an authentication failure (Reply::kRefused).
+  void disconnect(Connection* c, const std::string& why, bool refused = false);
   void close_connection(Connection* c);
 
   std::string tag() const { return "[tcpstore :" + std::to_string(port_) + "] "; }
@@ -404,7 +405,8 @@ void TCPStoreServer::Impl::on_read(uv_stream_t* stream, ssize_t nread, const uv_
       // A client that finds the server's proof wrong leaves without its own.
       self->disconnect(c,
                        "authentication failed: the client left without proving that it "
-                       "knows this store's secret (it may hold another one)");
+                       "knows this store's secret (it may hold another one)",
+                       /*refused=*/true);
     } else if (nread == UV_EOF && c->in.empty()) {
       GRADWIRE_LOG(kDebug) << self->tag() << "client " << c->serial << " (" << c->peer
                            << ") disconnected";
@@ -472,14 +474,17 @@ std::string TCPStoreServer::Impl::proof(std::string_view label, const std::strin
 bool TCPStoreServer::Impl::handle_auth(Connection* c, uint8_t op, uint32_t id, FrameReader& r) {
   const std::string_view got = r.raw(proto::kProofBytes, "client proof");
   if (op != static_cast<uint8_t>(Op::kAuth) || !r.done()) {
-    disconnect(c, "authentication failed: expected the client's proof, got " +
-                      (op == static_cast<uint8_t>(Op::kAuth) ? std::string("a malformed one")
-                                                             : std::string("another request")));
+    disconnect(c,
+               "authentication failed: expected the client's proof, got " +
+                   (op == static_cast<uint8_t>(Op::kAuth) ? std::string("a malformed one")
+                                                          : std::string("another request")),
+               /*refused=*/true);
     return false;
   }
   const std::string want = proof(proto::kClientProofLabel, c->nonces);
   if (!constant_time_equal(want.data(), got.data(), want.size())) {
-    disconnect(c, "authentication failed: the client does not know this store's secret");
+    disconnect(c, "authentication failed: the client does not know this store's secret",
+               /*refused=*/true);
     return false;
   }
   c->hello_done = true;
@@ -511,10 +516,12 @@ bool TCPStoreServer::Impl::handle_hello(Connection* c, uint8_t op, uint32_t id, 
   }
   const bool client_secret = (flags & proto::kFlagSecret) != 0;
   if (client_secret != !secret_.empty()) {
-    disconnect(c, client_secret ? "authentication failed: the client has a secret and this "
-                                  "store has none"
-                                : "authentication failed: this store requires a shared secret "
-                                  "and the client has none");
+    disconnect(c,
+               client_secret ? "authentication failed: the client has a secret and this "
+                               "store has none"
+                             : "authentication failed: this store requires a shared secret "
+                               "and the client has none",
+               /*refused=*/true);
     return false;
   }
   const std::string server_nonce = random_bytes(proto::kNonceBytes);
@@ -990,7 +997,7 @@ void TCPStoreServer::Impl::on_write(uv_write_t* req, int status) {
   }
 }
 
-void TCPStoreServer::Impl::disconnect(Connection* c, const std::string& why) {
+void TCPStoreServer::Impl::disconnect(Connection* c, const std::string& why, bool refused) {
   if (c->closing) return;
   num_refused_.fetch_add(1, std::memory_order_relaxed);
   const std::string what = "client " + std::to_string(c->serial) + " (" + c->peer + "): " + why;
@@ -1006,8 +1013,8 @@ void TCPStoreServer::Impl::disconnect(Connection* c, const std::string& why) {
   // Best effort: tell the client why before closing (ignored if the kernel will not take it).
   std::string frame;
   FrameWriter w(frame);
-  w.begin(static_cast<uint8_t>(Reply::kError), 0);
-  w.u8(static_cast<uint8_t>(ErrorKind::kStore));
+  w.begin(static_cast<uint8_t>(refused ? Reply::kRefused : Reply::kError), 0);
+  if (!refused) w.u8(static_cast<uint8_t>(ErrorKind::kStore));
   w.str("server dropped the connection: " + why);
   w.end();
   uv_buf_t buf = uv_buf_init(frame.data(), static_cast<unsigned>(frame.size()));
