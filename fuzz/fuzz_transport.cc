@@ -13,6 +13,7 @@
 #include <tensorpipe/transport/listener.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -83,10 +84,11 @@ void through_listener(const uint8_t* data, size_t size) {
   Handshake hs(Handshake::Role::kClient, "");
   bool ok = fuzz::send_all(fd, hs.take_output());
   while (ok && hs.state() == Handshake::State::kRunning) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, fuzz::kHangMs) <= 0) __builtin_trap();
+    if (!fuzz::wait_for(fd, POLLIN, fuzz::kHangMs)) fuzz::report_hang(fd, "no handshake reply");
     uint8_t byte = 0;
-    if (::recv(fd, &byte, 1, 0) != 1) __builtin_trap();  // a valid handshake is never refused
+    const ssize_t n = ::recv(fd, &byte, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != 1) __builtin_trap();  // a valid handshake is never refused
     hs.feed(&byte, 1);
   }
   if (hs.state() != Handshake::State::kDone) __builtin_trap();

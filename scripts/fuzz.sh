@@ -11,13 +11,11 @@
 #   GRADWIRE_FUZZ_SEED=N          libFuzzer's random seed (default: a fresh one per run; CI
 #                                 fixes it, so that its short runs are repeatable)
 #   GRADWIRE_FUZZ_REPLAY_ONLY="t ..."  targets that only replay their seeds and past findings
-#                                 (CI's choice for the two that drive real servers, see
-#                                 docs/security.md)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GRADWIRE_FUZZ_BUILD_DIR:-$root/build-fuzz}
 jobs=${GRADWIRE_JOBS:-$(nproc)}
-# The network targets come last: CI only replays them (GRADWIRE_FUZZ_REPLAY_ONLY).
+# The in-process targets first, then the two that drive real servers over loopback.
 targets=${GRADWIRE_FUZZ_TARGETS:-fuzz_envelope fuzz_value_convert fuzz_tensor_meta fuzz_rref_message \
   fuzz_dist_autograd_message fuzz_store_server fuzz_transport}
 seconds=60
