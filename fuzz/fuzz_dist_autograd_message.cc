@@ -25,7 +25,6 @@
 #include <cstdio>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gradwire/autograd/variable.h"
@@ -176,15 +175,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
-  std::string why;
-  const auto deadline = std::chrono::steady_clock::now() + 15s;
-  while (!settled(why)) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "fuzz: dist_autograd state left after the input ended: %s\n",
-                   why.c_str());
-      __builtin_trap();
-    }
-    std::this_thread::sleep_for(1ms);
-  }
+  fuzz::expect_settled("dist_autograd", 15s, settled);
   return 0;
 }

@@ -176,14 +176,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Protocol messages the input set off (accepts, forks of references among arguments and
   // their deletes) settle within a few round trips.
-  std::string why;
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!settled(why)) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "fuzz: rref state left after the input ended: %s\n", why.c_str());
-      __builtin_trap();
-    }
-    std::this_thread::sleep_for(1ms);
-  }
+  fuzz::expect_settled("rref", 10s, settled);
   return 0;
 }

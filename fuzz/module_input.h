@@ -116,6 +116,21 @@ inline std::string write_message(uint8_t flags, const std::string& payload) {
          std::string(1, static_cast<char>(payload.size())) + payload;
 }
 
+// Waits, at most `limit`, until `settled(why)` holds; then traps, naming `what` and why. The
+// modules' bookkeeping has no event to wait on, so it is polled every millisecond.
+template <typename Settled>
+inline void expect_settled(const char* what, std::chrono::milliseconds limit, Settled settled) {
+  std::string why;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!settled(why)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "fuzz: %s state left after the input ended: %s\n", what, why.c_str());
+      __builtin_trap();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 // Agents "w0" .. "w2" on one store, started concurrently (each waits for all), never shut
 // down: they serve every input of the run.
 inline std::vector<std::shared_ptr<rpc::RpcAgent>> start_agents(rpc::Registry& registry) {

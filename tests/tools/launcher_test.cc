@@ -248,6 +248,7 @@ TEST(Launcher, BadCommandLinesAreRefusedWithTheReason) {
       {{"--nnodes", "2", "--node-rank", "2", "--master-port", "1", "true"},
        "is not below --nnodes"},
       {{}, "no program to run"},
+      {{"--restart-workers", "-1", "true"}, "--restart-workers takes an integer in [0, 1000]"},
   };
   for (const Case& c : cases) {
     Launch run(c.args);

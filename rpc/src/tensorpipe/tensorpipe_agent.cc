@@ -215,11 +215,13 @@ class TensorPipeAgent final : public RpcAgent,
   // Asks options_.faults about a message to `to` (kSend without one).
   FaultDecision decide_fault(const WorkerInfo& to, bool is_reply, uint32_t handler,
                              const std::string& function) const;
-  // Carries out `decision` on `message`, due on `conn`: writes it, drops it, writes it
-  // later, or closes the connection. `on_dropped` runs when the message is never written.
+  // A message `decision` will never write (dropped, or its connection cut) lends nothing:
+  // its loans end here, before its completion is built from what is left of them.
+  void return_unsent_loans(const FaultDecision& decision, Lending& lending);
+  // Writes `message` on `conn` as `decision` says: now, later, or never (dropped, or with
+  // the connection closed).
   void apply_fault(const FaultDecision& decision, const std::shared_ptr<Connection>& conn,
-                   EncodedMessage message, std::function<void(const std::string&)> on_done,
-                   const std::function<void()>& on_dropped);
+                   EncodedMessage message, std::function<void(const std::string&)> on_done);
 
   void complete_call(const std::shared_ptr<Connection>& conn, Response response);
   // A peer whose connection was lost may have been replaced (AgentOptions::rejoin): re-reads
@@ -660,7 +662,8 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
   // A message that never left cannot be copied from: its loans end (the connection may
   // have been lost before they were made, so its own clean-up missed them).
-  auto on_written = [weak, id, target, taken = lending.taken,
+  return_unsent_loans(fault, lending);
+  auto on_written = [weak, id, target, taken = std::move(lending.taken),
                      serial = conn->serial](const std::string& error) {
     if (error.empty()) return;
     auto self = weak.lock();
@@ -674,13 +677,8 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
                                              target.describe() + " could not be sent: " + error)),
         CallOutcome::kNotSent);
   };
-  if (fault.verdict == FaultDecision::Verdict::kSend) {
-    write(conn, std::move(message), std::move(on_written));
-    return;
-  }
   // A dropped request stays pending until its deadline, as one lost on the way would.
-  apply_fault(fault, conn, std::move(message), std::move(on_written),
-              [this, &lending, &conn] { return_loans(lending.taken, conn->serial); });
+  apply_fault(fault, conn, std::move(message), std::move(on_written));
 }
 
 FaultDecision TensorPipeAgent::decide_fault(const WorkerInfo& to, bool is_reply, uint32_t handler,
@@ -689,20 +687,25 @@ FaultDecision TensorPipeAgent::decide_fault(const WorkerInfo& to, bool is_reply,
   return options_.faults->decide(OutgoingMessage{self_, to, is_reply, handler, function});
 }
 
+void TensorPipeAgent::return_unsent_loans(const FaultDecision& decision, Lending& lending) {
+  if (decision.verdict != FaultDecision::Verdict::kDrop &&
+      decision.verdict != FaultDecision::Verdict::kCut)
+    return;
+  return_loans(lending.taken, lending.connection);
+  lending.taken.clear();
+}
+
 void TensorPipeAgent::apply_fault(const FaultDecision& decision,
                                   const std::shared_ptr<Connection>& conn, EncodedMessage message,
-                                  std::function<void(const std::string&)> on_done,
-                                  const std::function<void()>& on_dropped) {
+                                  std::function<void(const std::string&)> on_done) {
   switch (decision.verdict) {
     case FaultDecision::Verdict::kSend:
       write(conn, std::move(message), std::move(on_done));
       return;
     case FaultDecision::Verdict::kDrop:
-      on_dropped();
       return;
     case FaultDecision::Verdict::kCut:
       // Both ends then see the connection lost; the reason this side gives names the rule.
-      on_dropped();
       conn->cut.store(true, std::memory_order_release);
       conn->pipe->close();
       return;
@@ -1136,7 +1139,7 @@ void TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, con
   const FaultDecision fault =
       decide_fault(conn->peer, /*is_reply=*/true, request.handler, request.function);
   if (plain) {
-    apply_fault(fault, conn, encode(Envelope{response}), nullptr, [] {});
+    apply_fault(fault, conn, encode(Envelope{response}), nullptr);
     return;
   }
   // A caller outside the group gets no route; with CUDA devices here it still needs one,
@@ -1156,16 +1159,13 @@ void TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, con
     throw;
   }
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
-  auto on_written = [weak, taken = lending.taken, serial = conn->serial](const std::string& error) {
-    if (error.empty() || taken.empty()) return;
-    if (auto self = weak.lock()) self->return_loans(taken, serial);
-  };
-  if (fault.verdict == FaultDecision::Verdict::kSend) {
-    write(conn, std::move(message), std::move(on_written));
-    return;
-  }
-  apply_fault(fault, conn, std::move(message), std::move(on_written),
-              [this, &lending, &conn] { return_loans(lending.taken, conn->serial); });
+  return_unsent_loans(fault, lending);
+  apply_fault(
+      fault, conn, std::move(message),
+      [weak, taken = std::move(lending.taken), serial = conn->serial](const std::string& error) {
+        if (error.empty() || taken.empty()) return;
+        if (auto self = weak.lock()) self->return_loans(taken, serial);
+      });
 }
 
 void TensorPipeAgent::request_done(const detail::Link& link, size_t tensor_bytes) {
