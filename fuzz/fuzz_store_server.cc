@@ -24,17 +24,17 @@ std::string le32(uint32_t v) {
   return s;
 }
 
-// HELLO, protocol version 2, no secret.
+// HELLO, protocol version 3, no secret.
 std::string hello() {
   return le32(44) + std::string(1, '\x01') + le32(0) + le32(0x54535747) +
-         std::string("\x02\x00\x00", 3) + std::string(32, 'n');
+         std::string("\x03\x00\x00", 3) + std::string(32, 'n');
 }
 
 c10d::TCPStoreServer& server(bool secret) {
-  static auto* plain = new c10d::TCPStoreServer(
-      c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1", .max_value_bytes = 1 << 16});
-  static auto* authenticated = new c10d::TCPStoreServer(c10d::TCPStoreServerOptions{
-      .bind_host = "127.0.0.1", .max_value_bytes = 1 << 16, .secret = "fuzz"});
+  static auto* plain =
+      new c10d::TCPStoreServer(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  static auto* authenticated = new c10d::TCPStoreServer(
+      c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = "fuzz target secret"});
   return secret ? *authenticated : *plain;
 }
 

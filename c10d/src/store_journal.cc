@@ -71,12 +71,18 @@ bool write_all(int fd, const std::string& bytes, size_t* done, std::string* erro
   return true;
 }
 
+// Why open() failed, saying so plainly for a symbolic link refused by O_NOFOLLOW.
+std::string open_error(int err) {
+  if (err == ELOOP) return "it is a symbolic link (refused: the journal is never followed)";
+  return std::strerror(err);
+}
+
 std::string read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     if (errno == ENOENT) return std::string();
     GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path
-                               << "': cannot open it: " << std::strerror(errno);
+                               << "': cannot open it: " << open_error(errno);
   }
   std::string out;
   char buf[1 << 16];
@@ -98,8 +104,8 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
-StoreJournal::StoreJournal(std::string path, const Apply& apply, const ForEach& live)
-    : path_(std::move(path)) {
+StoreJournal::StoreJournal(std::string path, const Apply& apply, const ForEach& live, bool fsync)
+    : path_(std::move(path)), fsync_(fsync) {
   const std::string bytes = read_file(path_);
   if (!bytes.empty()) {
     if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 4) != 0) {
@@ -161,11 +167,24 @@ void StoreJournal::rewrite(const ForEach& live) {
     append_record(snapshot, Kind::kSet, key, value);
   });
   const std::string tmp = path_ + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A regular file left by a server that died while compacting is removed; anything else
+  // there was put there by someone else, and nothing is written through it.
+  struct stat st {};
+  if (::lstat(tmp.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      GRADWIRE_THROW(StoreError)
+          << "TCPStore journal '" << path_ << "': '" << tmp << "' exists and is "
+          << (S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file")
+          << "; refusing to write the journal through it (remove it if it is yours)";
+    }
+    ::unlink(tmp.c_str());
+  }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   std::string error;
   if (fd < 0) {
     GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path_ << "': cannot create '" << tmp
-                               << "': " << std::strerror(errno);
+                               << "': " << open_error(errno)
+                               << (errno == EEXIST ? " (created by someone else meanwhile)" : "");
   }
   size_t done = 0;
   if (!write_all(fd, snapshot, &done, &error) || ::fsync(fd) != 0) {
@@ -183,10 +202,10 @@ void StoreJournal::rewrite(const ForEach& live) {
                                << "': cannot replace it: " << std::strerror(err);
   }
   if (fd_ >= 0) ::close(fd_);
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
   if (fd_ < 0) {
     GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path_
-                               << "': cannot open it for appending: " << std::strerror(errno);
+                               << "': cannot open it for appending: " << open_error(errno);
   }
   live_bytes_ = snapshot.size();
   written_since_compaction_ = 0;
@@ -197,7 +216,7 @@ void StoreJournal::record(Kind kind, std::string_view key, std::string_view valu
 }
 
 bool StoreJournal::flush(const ForEach& live, std::string* error) {
-  if (buffer_.empty()) return true;
+  if (buffer_.empty() && !unsynced_) return true;
   size_t done = 0;
   const bool ok = write_all(fd_, buffer_, &done, error);
   // What reached the file stays there; the rest follows it on the next flush, so the file
@@ -205,6 +224,16 @@ bool StoreJournal::flush(const ForEach& live, std::string* error) {
   written_since_compaction_ += done;
   buffer_.erase(0, done);
   if (!ok) return false;
+  if (fsync_) {
+    // Until a sync succeeds, what was written is not known to be on the disk.
+    unsynced_ = true;
+    if (::fdatasync(fd_) != 0) {
+      *error = std::string("fdatasync: ") + std::strerror(errno);
+      return false;
+    }
+    unsynced_ = false;
+  }
+  if (buffer_.capacity() > (size_t{4} << 20)) buffer_.shrink_to_fit();
   if (written_since_compaction_ > kCompactAfterBytes &&
       written_since_compaction_ > 4 * live_bytes_) {
     try {

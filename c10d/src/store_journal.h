@@ -7,8 +7,13 @@
 // empty for delete), u64 FNV-1a of kind..value. Integers are little-endian. The server
 // records each change as it applies it and writes the records of one loop turn with one
 // write() before it sends that turn's replies, so an acknowledged change has reached the
-// kernel: it survives the server process being killed (not the machine losing power: there
-// is no fsync).
+// kernel: it survives the server process being killed; with `fsync` each write is followed
+// by fdatasync(), so it survives the machine losing power too.
+//
+// Files: the journal is never opened through a symbolic link (O_NOFOLLOW), and the
+// compaction's temporary file (path + ".tmp") is created with O_EXCL|O_NOFOLLOW: one left by
+// a server that died while compacting is removed first if it is a regular file, and
+// anything else found there (a symbolic link someone planted) is refused.
 //
 // Opening replays the file, then compacts it (one set per live key, written to a temporary
 // file and renamed over it); it is compacted again when what was written since exceeds
@@ -17,9 +22,9 @@
 // check out is corruption, and opening fails naming the file and the offset.
 //
 // Thread-safety: none; the server's loop thread owns it.
-// Errors: the constructor throws StoreError naming the path (cannot open, not a journal,
-// corrupt); flush() returns false with the reason (the records stay buffered and are
-// retried by the next flush).
+// Errors: the constructor throws StoreError naming the path (cannot open, a symbolic link,
+// not a journal, corrupt); flush() returns false with the reason (the records stay
+// buffered and are retried by the next flush; the server refuses writes meanwhile).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +43,7 @@ class StoreJournal {
   using ForEach = std::function<void(const Visit& visit)>;
 
   // Replays `path` (created if missing) through `apply`, then rewrites it from `live`.
-  StoreJournal(std::string path, const Apply& apply, const ForEach& live);
+  StoreJournal(std::string path, const Apply& apply, const ForEach& live, bool fsync = false);
   ~StoreJournal();
   StoreJournal(const StoreJournal&) = delete;
   StoreJournal& operator=(const StoreJournal&) = delete;
@@ -46,7 +51,9 @@ class StoreJournal {
   void record(Kind kind, std::string_view key, std::string_view value = {});
   // Writes what was recorded since the last flush; compacts from `live` when due.
   bool flush(const ForEach& live, std::string* error);
-  bool pending() const { return !buffer_.empty(); }
+  bool pending() const { return !buffer_.empty() || unsynced_; }
+  // Bytes recorded that have not reached the file.
+  uint64_t buffered() const { return buffer_.size(); }
 
   uint64_t records_replayed() const { return replayed_; }
   // What the last open dropped at the end of the file ("" if nothing).
@@ -57,6 +64,8 @@ class StoreJournal {
   void rewrite(const ForEach& live);
 
   std::string path_;
+  bool fsync_ = false;
+  bool unsynced_ = false;  // written, but the last fdatasync failed
   int fd_ = -1;
   std::string buffer_;
   uint64_t written_since_compaction_ = 0;

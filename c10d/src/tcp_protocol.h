@@ -1,14 +1,16 @@
-// The TCPStore wire protocol, version 2 (documented in docs/wire-format.md).
+// The TCPStore wire protocol, version 3 (documented in docs/wire-format.md).
 //
 // Every message is a frame: u32 length | u8 opcode | u32 request id | payload, where
 // length counts the bytes after itself. Integers are little-endian; a byte string is
 // u32 length + bytes; a list is u32 count + items. The first frame of a connection is
 // HELLO (magic, version, flags, the client's nonce), answered by HELLO_OK (version, server
-// limits, flags, the server's nonce and, when the store has a secret, the server's proof);
-// with a secret the client then sends AUTH (its proof), answered by OK. Until then the
-// server accepts frames of at most kMaxHandshakeFrame bytes and no request, so garbage with
-// a huge length, or a client that does not know the secret, is refused before anything is
-// buffered or parsed.
+// limits, flags, the server's nonce; never a proof). With a secret the client proves first:
+// AUTH (its proof), answered by OK carrying the server's proof, or by REFUSED. So a
+// stranger who does not know the secret never receives an HMAC it could test guesses
+// against. Both proofs cover the version, both flags, both nonces and the limits the server
+// announced (see transcript()). Until the handshake is complete the server accepts frames
+// of at most kMaxHandshakeFrame bytes and no request, so garbage with a huge length, or a
+// client that does not know the secret, is refused before anything is buffered or parsed.
 //
 // FrameWriter builds frames into a std::string; FrameReader decodes a payload with every
 // length checked against what is left and against a limit, recording the first problem.
@@ -16,20 +18,21 @@
 
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
 namespace gradwire::c10d::proto {
 
 inline constexpr uint32_t kMagic = 0x54535747;  // "GWST" read as a little-endian u32
-inline constexpr uint16_t kVersion = 2;
+inline constexpr uint16_t kVersion = 3;
 // HELLO and HELLO_OK flags.
 inline constexpr uint8_t kFlagSecret = 1;
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kProofBytes = 32;
-// The labels of the two proofs: HMAC-SHA256(secret, label | client nonce | server nonce).
-inline constexpr std::string_view kServerProofLabel = "gradwire-store server";
-inline constexpr std::string_view kClientProofLabel = "gradwire-store client";
+// The labels of the two proofs: HMAC-SHA256(secret, label | transcript), see transcript().
+inline constexpr std::string_view kServerProofLabel = "gradwire-store v3 server";
+inline constexpr std::string_view kClientProofLabel = "gradwire-store v3 client";
 inline constexpr uint32_t kLengthBytes = 4;
 inline constexpr uint32_t kMinFrame = 5;  // opcode + request id
 inline constexpr uint32_t kMaxHandshakeFrame = 64;
@@ -50,13 +53,13 @@ enum class Op : uint8_t {
   kMultiSet = 11,   // u32 n, n x (key, value)       -> (no reply; kError if rejected)
   kAppend = 12,     // key, value                    -> kOk
   kListKeys = 13,   //                               -> kKeys
-  kAuth = 14,       // client proof (32 raw bytes)    -> kOk (handshake only)
+  kAuth = 14,       // client proof (32 raw bytes)    -> kOk (server proof) | kRefused
 };
 
 enum class Reply : uint8_t {
   kHelloOk = 0x81,  // u16 version, u32 max_key, u32 max_value, u32 max_keys, u32 max_frame,
-                    // u8 flags, server nonce (32 raw bytes), [server proof (32 raw bytes)]
-  kOk = 0x82,
+                    // u8 flags, server nonce (32 raw bytes)
+  kOk = 0x82,       // (empty); the answer to AUTH carries the server proof (32 raw bytes)
   kValue = 0x83,
   kInt = 0x84,
   kBool = 0x85,
@@ -64,10 +67,49 @@ enum class Reply : uint8_t {
   kKeys = 0x87,
   kTimeout = 0x88,  // keys still missing
   kError = 0x89,    // u8 ErrorKind, message; request id 0 when the connection is closed
-  // The handshake's authentication failed (message); the connection is closed, and the
-  // client must not try again with the same secret. Request id 0.
+  // The handshake failed for good (message): authentication, or a protocol version this
+  // server does not speak. The connection is closed; the client must not try again. Id 0.
   kRefused = 0x8a,
+  // A request refused by one of the server's limits: u8 Limit, u64 the limit, message. The
+  // store is unchanged by it. With request id 0 the connection itself is refused or closed
+  // (kConnections, kUnsentReplies); the client may try again later.
+  kLimit = 0x8b,
 };
+
+// The server limits a kLimit reply names.
+enum class Limit : uint8_t {
+  kReplyBytes = 1,     // a reply would exceed the frame limit (max_frame)
+  kConnections = 2,    // max_connections
+  kKeys = 3,           // max_keys
+  kTotalBytes = 4,     // max_total_bytes (keys and values held)
+  kParkedWaits = 5,    // max_parked_waits (all clients together)
+  kClientWaits = 6,    // max_pending_waits_per_client
+  kJournal = 7,        // the journal cannot keep up or cannot be written: writes refused
+  kUnsentReplies = 8,  // the client does not read its replies
+};
+
+// The option a Limit stands for, as messages name it.
+inline const char* limit_name(Limit limit) {
+  switch (limit) {
+    case Limit::kReplyBytes:
+      return "max_frame";
+    case Limit::kConnections:
+      return "max_connections";
+    case Limit::kKeys:
+      return "max_keys";
+    case Limit::kTotalBytes:
+      return "max_total_bytes";
+    case Limit::kParkedWaits:
+      return "max_parked_waits";
+    case Limit::kClientWaits:
+      return "max_pending_waits_per_client";
+    case Limit::kJournal:
+      return "journal_buffer_bytes";
+    case Limit::kUnsentReplies:
+      return "unsent_high_water_bytes";
+  }
+  return "an unknown limit";
+}
 
 const char* op_name(uint8_t op);
 
@@ -75,6 +117,20 @@ const char* op_name(uint8_t op);
 inline uint64_t frame_limit(uint32_t max_key, uint32_t max_value) {
   return uint64_t{max_key} + 2 * uint64_t{max_value} + kFrameSlack;
 }
+
+// What both proofs sign after their label: u16 version, u8 client flags, u8 server flags,
+// the client's nonce, the server's nonce, and the four u32 limits of HELLO_OK (max_key,
+// max_value, max_keys, max_frame), so that nobody in the middle can change any of them.
+struct Transcript {
+  uint8_t client_flags = 0;
+  uint8_t server_flags = 0;
+  std::string client_nonce;
+  std::string server_nonce;
+  uint32_t max_key = 0;
+  uint32_t max_value = 0;
+  uint32_t max_keys = 0;
+  uint32_t max_frame = 0;
+};
 
 class FrameWriter {
  public:
@@ -86,9 +142,16 @@ class FrameWriter {
     u8(op);
     u32(id);
   }
-  // Patches the length of the frame begun last; returns its size in bytes.
+  // Patches the length of the frame begun last; returns its size in bytes. A frame whose
+  // length does not fit the u32 length field is refused (std::length_error), never cut:
+  // callers bound their frames first, so this is the last line of defence.
   size_t end() {
     const uint64_t len = out_.size() - start_ - kLengthBytes;
+    if (len > UINT32_MAX) {
+      out_.resize(start_);
+      throw std::length_error("a TCPStore frame of " + std::to_string(len) +
+                              " bytes does not fit the protocol's u32 length");
+    }
     for (int i = 0; i < 4; ++i)
       out_[start_ + i] = static_cast<char>((len >> (8 * i)) & 0xff);
     return out_.size() - start_;
@@ -99,6 +162,10 @@ class FrameWriter {
   void u64(uint64_t v) { le(v, 8); }
   void i64(int64_t v) { le(static_cast<uint64_t>(v), 8); }
   void bytes(const void* data, size_t size) {
+    if (size > UINT32_MAX) {
+      throw std::length_error("a TCPStore byte string of " + std::to_string(size) +
+                              " bytes does not fit the protocol's u32 length");
+    }
     u32(static_cast<uint32_t>(size));
     out_.append(static_cast<const char*>(data), size);
   }
@@ -116,6 +183,22 @@ class FrameWriter {
   std::string& out_;
   size_t start_ = 0;
 };
+
+// The bytes a proof is the HMAC-SHA256 of: label | the fields of `t` (see Transcript).
+inline std::string transcript(std::string_view label, const Transcript& t) {
+  std::string out(label);
+  FrameWriter w(out);
+  w.u16(kVersion);
+  w.u8(t.client_flags);
+  w.u8(t.server_flags);
+  w.raw(t.client_nonce);
+  w.raw(t.server_nonce);
+  w.u32(t.max_key);
+  w.u32(t.max_value);
+  w.u32(t.max_keys);
+  w.u32(t.max_frame);
+  return out;
+}
 
 inline uint32_t load_u32(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;

@@ -83,6 +83,16 @@ struct Response {
   std::string payload;
 };
 
+// The message of a kLimit reply: which limit, its value, and the server's explanation.
+std::string limit_message(const std::string& payload) {
+  FrameReader r(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
+  const auto limit = static_cast<proto::Limit>(r.u8());
+  const uint64_t value = r.u64();
+  const std::string text(r.bytes(UINT32_MAX, "message"));
+  return "refused by the store's limit " + std::string(proto::limit_name(limit)) + " = " +
+         std::to_string(value) + ": " + text;
+}
+
 }  // namespace
 
 void TCPStoreOptions::validate() const {
@@ -295,11 +305,18 @@ class Connection {
         pending_.erase(it);
         continue;
       }
-      if (response.kind != static_cast<uint8_t>(Reply::kError)) continue;  // a late reply
-      FrameReader er(reinterpret_cast<const uint8_t*>(response.payload.data()),
-                     response.payload.size());
-      const auto kind = static_cast<ErrorKind>(er.u8());
-      const std::string message(er.bytes(UINT32_MAX, "message"));
+      ErrorKind kind = ErrorKind::kStore;
+      std::string message;
+      if (response.kind == static_cast<uint8_t>(Reply::kLimit)) {
+        message = limit_message(response.payload);
+      } else if (response.kind == static_cast<uint8_t>(Reply::kError)) {
+        FrameReader er(reinterpret_cast<const uint8_t*>(response.payload.data()),
+                       response.payload.size());
+        kind = static_cast<ErrorKind>(er.u8());
+        message = std::string(er.bytes(UINT32_MAX, "message"));
+      } else {
+        continue;  // a late reply
+      }
       if (id == 0) {
         // The server is closing this connection and says why.
         if (!broken_) broken_ = message;
@@ -362,6 +379,10 @@ class TCPStore::Client {
         << "TCPStore " << what << ": request of " << size << " bytes exceeds the server's frame "
         << "limit of " << limit << " bytes; split it into smaller requests";
     Response r = conn->call(frame, id, reply, deadline, what);
+    if (reply && r.kind == static_cast<uint8_t>(Reply::kLimit)) {
+      GRADWIRE_THROW(StoreError) << "TCPStore " << what << " (server " << address_
+                                 << "): " << limit_message(r.payload);
+    }
     if (reply && r.kind == static_cast<uint8_t>(Reply::kError)) {
       FrameReader er(reinterpret_cast<const uint8_t*>(r.payload.data()), r.payload.size());
       const auto kind = static_cast<ErrorKind>(er.u8());
@@ -425,6 +446,7 @@ class TCPStore::Client {
     for (;;) {
       ++attempts;
       bool refused = false;
+      limit_refused_ = false;
       std::shared_ptr<Connection> conn = try_connect(deadline, last_error, refused);
       if (conn) return conn;
       if (refused) {
@@ -441,6 +463,14 @@ class TCPStore::Client {
           std::min(pause, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
       std::this_thread::sleep_for(pause);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    }
+    if (limit_refused_) {
+      // The server is there and answering: it is full (max_connections), which the caller
+      // should hear as the store's limit rather than as a network failure.
+      GRADWIRE_THROW(StoreError) << "TCPStore: the server at " << address_
+                                 << " did not accept this client within "
+                                 << options_.connect_timeout.count() << " ms (" << attempts
+                                 << " attempts): " << last_error;
     }
     GRADWIRE_THROW(NetworkError) << "TCPStore: cannot connect to the server at " << address_
                                  << " within " << options_.connect_timeout.count() << " ms ("
@@ -548,10 +578,18 @@ class TCPStore::Client {
     }
   }
 
-  // A server's kRefused (authentication failed: final) or kError (it failed otherwise)
-  // answer to the handshake: the reason, and whether it refused this client for good.
-  static bool refusal(FrameReader& r, uint8_t kind, std::string& error, bool& refused) {
+  // A server's kRefused (final: authentication failed, or another protocol version),
+  // kLimit (its connection limit: try again later) or kError (it failed otherwise) answer
+  // to the handshake: the reason, and whether it refused this client for good.
+  bool refusal(FrameReader& r, uint8_t kind, const std::string& payload, std::string& error,
+               bool& refused) {
     refused = kind == static_cast<uint8_t>(Reply::kRefused);
+    if (kind == static_cast<uint8_t>(Reply::kLimit)) {
+      // The payload starts after the request id.
+      error = "the server refused the connection: " + limit_message(payload.substr(9));
+      limit_refused_ = true;
+      return true;
+    }
     if (!refused && kind != static_cast<uint8_t>(Reply::kError)) return false;
     if (!refused) r.u8();  // the error kind
     const std::string message(r.bytes(4096, "message"));
@@ -559,21 +597,25 @@ class TCPStore::Client {
     return true;
   }
 
-  std::string proof(std::string_view label, const std::string& nonces) const {
-    const Digest256 mac = hmac_sha256(secret_, std::string(label) + nonces);
+  std::string proof(std::string_view label, const proto::Transcript& t) const {
+    const Digest256 mac = hmac_sha256(secret_, proto::transcript(label, t));
     return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
   }
 
+  // Protocol version 3: HELLO -> HELLO_OK (no proof); with a secret the client proves first
+  // (AUTH), and only then does the server prove itself (OK carrying its proof).
   bool handshake(int fd, Clock::time_point deadline, std::string& error, bool& refused,
                  std::shared_ptr<Connection>& conn) {
-    const std::string client_nonce = random_bytes(proto::kNonceBytes);
+    proto::Transcript t;
+    t.client_nonce = random_bytes(proto::kNonceBytes);
+    t.client_flags = secret_.empty() ? 0 : proto::kFlagSecret;
     std::string frame;
     FrameWriter w(frame);
     w.begin(static_cast<uint8_t>(Op::kHello), 0);
     w.u32(proto::kMagic);
     w.u16(proto::kVersion);
-    w.u8(secret_.empty() ? 0 : proto::kFlagSecret);
-    w.raw(client_nonce);
+    w.u8(t.client_flags);
+    w.raw(t.client_nonce);
     w.end();
     if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) !=
         static_cast<ssize_t>(frame.size())) {
@@ -586,23 +628,21 @@ class TCPStore::Client {
                   in.size() - proto::kLengthBytes);
     const uint8_t kind = r.u8();
     r.u32();  // request id
-    if (refusal(r, kind, error, refused)) return false;
+    if (refusal(r, kind, in, error, refused)) return false;
     ServerLimits limits;
     const uint16_t version = r.u16();
     limits.max_key = r.u32();
     limits.max_value = r.u32();
     limits.max_keys = r.u32();
     limits.max_frame = r.u32();
-    const uint8_t flags = r.u8();
-    const std::string server_nonce(r.raw(proto::kNonceBytes, "server nonce"));
-    const bool server_secret = (flags & proto::kFlagSecret) != 0;
-    const std::string server_proof(server_secret ? r.raw(proto::kProofBytes, "server proof")
-                                                 : std::string_view());
+    t.server_flags = r.u8();
+    t.server_nonce = std::string(r.raw(proto::kNonceBytes, "server nonce"));
     if (kind != static_cast<uint8_t>(Reply::kHelloOk) || !r.done() || version != proto::kVersion) {
       error = "handshake: unexpected answer (not a gradwire TCPStore server of version " +
               std::to_string(proto::kVersion) + ")";
       return false;
     }
+    const bool server_secret = (t.server_flags & proto::kFlagSecret) != 0;
     if (server_secret != !secret_.empty()) {
       refused = true;
       error = server_secret ? "authentication failed: the store requires a shared secret and "
@@ -613,17 +653,25 @@ class TCPStore::Client {
       return false;
     }
     if (server_secret) {
-      const std::string nonces = client_nonce + server_nonce;
-      const std::string want = proof(proto::kServerProofLabel, nonces);
-      if (!constant_time_equal(want.data(), server_proof.data(), want.size())) {
+      t.max_key = limits.max_key;
+      t.max_value = limits.max_value;
+      t.max_keys = limits.max_keys;
+      t.max_frame = limits.max_frame;
+      std::string client_proof;
+      std::string want;
+      try {
+        client_proof = proof(proto::kClientProofLabel, t);
+        want = proof(proto::kServerProofLabel, t);
+      } catch (const Error& e) {
+        // Fail closed: nothing is sent without a real proof.
         refused = true;
-        error = "authentication failed: the store does not know this job's secret";
+        error = std::string("authentication failed: ") + e.what();
         return false;
       }
       std::string auth;
       FrameWriter a(auth);
       a.begin(static_cast<uint8_t>(Op::kAuth), 0);
-      a.raw(proof(proto::kClientProofLabel, nonces));
+      a.raw(client_proof);
       a.end();
       if (::send(fd, auth.data(), auth.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(auth.size())) {
         error = "handshake send: " + errno_text(errno);
@@ -634,9 +682,24 @@ class TCPStore::Client {
                      in.size() - proto::kLengthBytes);
       const uint8_t answer = ok.u8();
       ok.u32();
-      if (refusal(ok, answer, error, refused)) return false;
+      if (answer == static_cast<uint8_t>(Reply::kRefused)) {
+        refused = true;
+        error =
+            "authentication failed: the store does not know this job's secret (it refused "
+            "this client's proof)";
+        return false;
+      }
+      if (refusal(ok, answer, in, error, refused)) return false;
+      const std::string_view server_proof = ok.raw(proto::kProofBytes, "server proof");
       if (answer != static_cast<uint8_t>(Reply::kOk) || !ok.done()) {
         error = "handshake: unexpected answer to the client's proof";
+        return false;
+      }
+      if (!constant_time_equal(want.data(), server_proof.data(), want.size())) {
+        refused = true;
+        error =
+            "authentication failed: the store does not know this job's secret (its proof "
+            "is wrong)";
         return false;
       }
     }
@@ -651,6 +714,7 @@ class TCPStore::Client {
   const std::string secret_;
   std::atomic<uint32_t> next_id_{1};
   Mutex connect_mutex_;
+  bool limit_refused_ = false;  // the last attempt was refused by max_connections (connect)
   std::shared_ptr<Connection> connection_ GRADWIRE_GUARDED_BY(connect_mutex_);
 };
 

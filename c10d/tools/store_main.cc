@@ -1,14 +1,20 @@
 // gradwire-store: a standalone TCPStore server, for jobs whose workers should not host it.
 //
 //   gradwire-store [--port N] [--host ADDR] [--max-key-bytes N] [--max-value-bytes N]
-//                  [--journal FILE]
+//                  [--max-connections N] [--max-keys N] [--max-total-bytes N]
+//                  [--max-parked-waits N] [--unsent-high-water-bytes N]
+//                  [--slow-client-timeout-ms N] [--journal FILE] [--journal-fsync]
 //
 // --journal FILE keeps an append-only record of every change, so that the store restarted
-// with the same file has every key back (clients reconnect on their next call). The job's
+// with the same file has every key back (clients reconnect on their next call);
+// --journal-fsync makes each batch of changes reach the disk (fdatasync) before its
+// replies. The limits are TCPStoreServerOptions' (docs/c10d.md, docs/security.md). The job's
 // secret, if any, comes from GRADWIRE_SECRET or GRADWIRE_SECRET_FILE (docs/security.md).
 // Prints "gradwire-store listening on port N" once it accepts connections (so a launcher
 // that passed --port 0 can read the port), and serves until SIGINT or SIGTERM.
+#include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -22,7 +28,11 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: gradwire-store [--port N] [--host ADDR] [--max-key-bytes N] "
-               "[--max-value-bytes N] [--journal FILE]\n");
+               "[--max-value-bytes N]\n"
+               "                      [--max-connections N] [--max-keys N] "
+               "[--max-total-bytes N] [--max-parked-waits N]\n"
+               "                      [--unsent-high-water-bytes N] "
+               "[--slow-client-timeout-ms N] [--journal FILE] [--journal-fsync]\n");
   return 2;
 }
 
@@ -34,6 +44,10 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
       if (flag == "--help" || flag == "-h") return usage(), 0;
+      if (flag == "--journal-fsync") {
+        options.journal_fsync = true;
+        continue;
+      }
       if (i + 1 >= argc) return usage();
       const std::string value = argv[++i];
       if (flag == "--port") {
@@ -48,6 +62,23 @@ int main(int argc, char** argv) {
       } else if (flag == "--max-value-bytes") {
         options.max_value_bytes =
             static_cast<uint32_t>(gradwire::parse_int("--max-value-bytes", value, 1, 1 << 30));
+      } else if (flag == "--max-connections") {
+        options.max_connections =
+            static_cast<uint32_t>(gradwire::parse_int(flag, value, 1, 1 << 24));
+      } else if (flag == "--max-keys") {
+        options.max_keys = static_cast<uint64_t>(gradwire::parse_int(flag, value, 1, INT64_MAX));
+      } else if (flag == "--max-total-bytes") {
+        options.max_total_bytes =
+            static_cast<uint64_t>(gradwire::parse_int(flag, value, 1, INT64_MAX));
+      } else if (flag == "--max-parked-waits") {
+        options.max_parked_waits =
+            static_cast<uint32_t>(gradwire::parse_int(flag, value, 1, UINT32_MAX));
+      } else if (flag == "--unsent-high-water-bytes") {
+        options.unsent_high_water_bytes =
+            static_cast<uint64_t>(gradwire::parse_int(flag, value, 2, INT64_MAX));
+      } else if (flag == "--slow-client-timeout-ms") {
+        options.slow_client_timeout =
+            std::chrono::milliseconds(gradwire::parse_int(flag, value, 1, INT64_MAX));
       } else {
         return usage();
       }

@@ -328,8 +328,8 @@ std::string le32(uint32_t v) {
   return s;
 }
 
-// HELLO (protocol version 2): length 44: op 1, id 0, magic "GWST", version, flags, a nonce.
-std::string hello_frame(uint8_t flags = 0, uint16_t version = 2) {
+// HELLO (protocol version 3): length 44: op 1, id 0, magic "GWST", version, flags, a nonce.
+std::string hello_frame(uint8_t flags = 0, uint16_t version = 3) {
   return le32(44) + std::string(1, '\x01') + le32(0) + le32(0x54535747) +
          std::string(1, static_cast<char>(version & 0xff)) +
          std::string(1, static_cast<char>(version >> 8)) +
@@ -361,6 +361,7 @@ TEST(TCPStoreTest, ServerSurvivesGarbageAndKeepsServing) {
   attacks.push_back({"bad magic", le32(11) + std::string(1, '\x01') + le32(0) + le32(0xDEADBEEF) +
                                       std::string("\x01\x00", 2)});
   attacks.push_back({"wrong version", hello_frame(0, 99)});
+  attacks.push_back({"version 2 (the server proved first)", hello_frame(0, 2)});
   attacks.push_back({"version 1 (no nonce)", le32(11) + std::string(1, '\x01') + le32(0) +
                                                  le32(0x54535747) + std::string("\x01\x00", 2)});
   attacks.push_back({"unknown flags", hello_frame(0x80)});
@@ -453,20 +454,20 @@ std::string refusal(const TCPStoreOptions& options, std::chrono::milliseconds* t
 TEST(TCPStoreAuth, ClientsWithTheSecretAreServedOthersAreRefusedOnBothSides) {
   test::LogCapture log;
   auto server = std::make_unique<TCPStoreServer>(
-      TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = "store secret 1"});
+      TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = "store secret number one"});
   EXPECT_TRUE(server->authenticated());
   const uint16_t port = server->port();
-  TCPStore good(client_with_secret(port, "store secret 1"));
+  TCPStore good(client_with_secret(port, "store secret number one"));
   good.set("k", std::string_view("v"));
-  TCPStore other(client_with_secret(port, "store secret 1"));
+  TCPStore other(client_with_secret(port, "store secret number one"));
   EXPECT_EQ(other.get_string("k"), "v");
 
   std::chrono::milliseconds took{};
-  const std::string wrong = refusal(client_with_secret(port, "a guess"), &took);
+  const std::string wrong = refusal(client_with_secret(port, "a guess of sixteen bytes"), &took);
   EXPECT_THAT(wrong, HasSubstr("authentication failed"));
   EXPECT_THAT(wrong, HasSubstr("does not know this job's secret"));
-  EXPECT_THAT(wrong, ::testing::Not(HasSubstr("store secret 1")));
-  EXPECT_THAT(wrong, ::testing::Not(HasSubstr("a guess")));
+  EXPECT_THAT(wrong, ::testing::Not(HasSubstr("store secret number one")));
+  EXPECT_THAT(wrong, ::testing::Not(HasSubstr("a guess of sixteen bytes")));
   EXPECT_LT(took, 5s) << "a refusal is final: it must not be retried until connect_timeout";
   const std::string none = refusal(client_options(port));
   EXPECT_THAT(none, HasSubstr("authentication failed"));
@@ -477,7 +478,7 @@ TEST(TCPStoreAuth, ClientsWithTheSecretAreServedOthersAreRefusedOnBothSides) {
   // The server's side says so too, without the secret.
   bool logged = false;
   for (const std::string& line : log.lines()) {
-    EXPECT_THAT(line, ::testing::Not(HasSubstr("store secret 1")));
+    EXPECT_THAT(line, ::testing::Not(HasSubstr("store secret number one")));
     if (line.find("authentication failed") != std::string::npos) logged = true;
   }
   EXPECT_TRUE(logged);
@@ -486,7 +487,7 @@ TEST(TCPStoreAuth, ClientsWithTheSecretAreServedOthersAreRefusedOnBothSides) {
 TEST(TCPStoreAuth, AClientWithASecretRefusesAServerWithout) {
   TCPStoreServer plain(TCPStoreServerOptions{.bind_host = "127.0.0.1"});
   EXPECT_FALSE(plain.authenticated());
-  const std::string text = refusal(client_with_secret(plain.port(), "mine"));
+  const std::string text = refusal(client_with_secret(plain.port(), "mine, sixteen bytes long"));
   EXPECT_THAT(text, HasSubstr("authentication failed"));
   EXPECT_THAT(text, HasSubstr("has a secret"));
   // Without secrets on either side, nothing changes.
@@ -496,7 +497,8 @@ TEST(TCPStoreAuth, AClientWithASecretRefusesAServerWithout) {
 }
 
 TEST(TCPStoreAuth, NoRequestIsParsedBeforeTheClientsProof) {
-  TCPStoreServer server(TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = "s3"});
+  TCPStoreServer server(
+      TCPStoreServerOptions{.bind_host = "127.0.0.1", .secret = "secret s3 of the store"});
   const uint16_t port = server.port();
   const std::string set_x =
       le32(5 + 4 + 1 + 4 + 1) + std::string(1, '\x02') + le32(7) + le32(1) + "x" + le32(1) + "1";
@@ -518,29 +520,30 @@ TEST(TCPStoreAuth, NoRequestIsParsedBeforeTheClientsProof) {
     EXPECT_TRUE(raw.closed_by_server(2s)) << attack.name;
   }
   EXPECT_EQ(server.num_refused(), attacks.size());
-  TCPStore good(client_with_secret(port, "s3"));
+  TCPStore good(client_with_secret(port, "secret s3 of the store"));
   EXPECT_FALSE(good.check({"x"})) << "a request sent before authentication was applied";
   // The master's own client and server share the secret given once.
-  TCPStoreOptions master = client_with_secret(0, "s4");
+  TCPStoreOptions master = client_with_secret(0, "secret s4 of the store");
   master.is_master = true;
   TCPStore hosted(master);
   hosted.set("m", std::string_view("1"));
-  EXPECT_EQ(TCPStore(client_with_secret(hosted.port(), "s4")).get_string("m"), "1");
+  EXPECT_EQ(TCPStore(client_with_secret(hosted.port(), "secret s4 of the store")).get_string("m"),
+            "1");
 }
 
 // A client that stops half-way through the handshake (before HELLO is whole, or after it
 // without the proof the store's secret requires) is dropped at the deadline; everyone else
 // is served meanwhile.
 TEST(TCPStoreAuth, AClientStalledInTheHandshakeIsDroppedAtTheDeadline) {
-  TCPStoreServer server(
-      TCPStoreServerOptions{.bind_host = "127.0.0.1", .handshake_timeout = 200ms, .secret = "s5"});
+  TCPStoreServer server(TCPStoreServerOptions{
+      .bind_host = "127.0.0.1", .handshake_timeout = 200ms, .secret = "secret s5 of the store"});
   const uint16_t port = server.port();
   RawSocket half_hello(port);
   half_hello.send(hello_frame(1).substr(0, 20));
   RawSocket no_proof(port);
   no_proof.send(hello_frame(1));
   const auto t0 = Clock::now();
-  TCPStore good(client_with_secret(port, "s5"));
+  TCPStore good(client_with_secret(port, "secret s5 of the store"));
   good.set("k", std::string_view("v"));
   EXPECT_EQ(good.get_string("k"), "v");
   EXPECT_TRUE(half_hello.closed_by_server(5s));

@@ -11,11 +11,23 @@
 // written by a background thread, so a stderr nobody drains cannot stop the store.
 //
 // Authentication: with a shared secret (options.secret, else GRADWIRE_SECRET, else the
-// file named by GRADWIRE_SECRET_FILE) every client must complete a mutual HMAC-SHA256
-// challenge-response over fresh nonces before any request of it is parsed; a client
-// without the secret, or with another one, is refused with "authentication failed" on
-// both sides (the secret itself is never logged or sent). Without a secret anyone who can
-// reach the port can read and write every key; the server says so once at start (info).
+// file named by GRADWIRE_SECRET_FILE; at least 16 bytes) every client must complete a
+// mutual HMAC-SHA256 challenge-response over fresh nonces before any request of it is
+// parsed. The client proves first, so a stranger never receives a proof to test guesses
+// against; a client without the secret, or with another one, is refused with
+// "authentication failed" on both sides (the secret itself is never logged or sent).
+// Without a secret anyone who can reach the port can read and write every key; the server
+// says so once at start (info).
+//
+// Memory: everything a client can make the server hold is bounded by an option below. A
+// request whose reply would exceed the frame limit, or that would pass a global limit
+// (keys, stored bytes, parked waits), gets a typed refusal naming the limit (the client
+// throws StoreError) and changes nothing. A client that does not read its replies is no
+// longer read once its unsent replies pass unsent_high_water_bytes, and is dropped if it
+// stays there for slow_client_timeout. Connections past max_connections are accepted,
+// told why, and closed. An exception while handling a request (std::bad_alloc included)
+// closes that request's connection only. Keys in logs and errors are escaped and cut
+// (gradwire::printable).
 //
 // A TCPStore with is_master starts one of these in-process; the gradwire-store program
 // runs one standalone. Destroying the server closes every client connection, so their
@@ -36,6 +48,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -55,17 +68,41 @@ struct TCPStoreServerOptions {
   uint32_t max_keys_per_request{1u << 16};
   // Waits (get/wait/multi_get on missing keys) one connection may have parked at once.
   uint32_t max_pending_waits_per_client{1u << 16};
+  // Waits parked by all clients together, and the bytes of the keys they name (a key named
+  // several times in one request counts once). Past either, a wait is refused (StoreError).
+  uint32_t max_parked_waits{1u << 18};
+  uint64_t max_parked_bytes{uint64_t{256} << 20};
+  // Client connections open at once; one more is accepted, told why and closed at once.
+  uint32_t max_connections{16384};
+  // Keys held, and the bytes of every key and value held together; a write past either is
+  // refused (StoreError naming the limit) and changes nothing.
+  uint64_t max_keys{1u << 20};
+  uint64_t max_total_bytes{uint64_t{2} << 30};
+  // Back-pressure: once a connection's replies not yet taken by the kernel exceed the high
+  // water mark, the server stops reading its requests until they drain below half of it;
+  // a connection that stays above it for slow_client_timeout is dropped. A single reply may
+  // pass the mark (a reply is at most a frame); a connection whose unsent replies would
+  // exceed the mark plus one frame (waits completing together) is dropped at once.
+  uint64_t unsent_high_water_bytes{uint64_t{64} << 20};
+  std::chrono::milliseconds slow_client_timeout{30'000};
   int listen_backlog{4096};
   // A connection that has not completed its handshake (HELLO, and with a secret AUTH)
   // within this is dropped: a client that stalls half-way holds nothing for long. > 0.
   std::chrono::milliseconds handshake_timeout{10'000};
   // The job's shared secret; empty: GRADWIRE_SECRET, else GRADWIRE_SECRET_FILE, else none.
   std::string secret{};
-  // An append-only journal of every change (created if missing): a server started with the
-  // file of one that stopped or was killed has every key back. Empty: none. Changes reach
-  // the file before their replies are sent; there is no fsync (a killed process loses
-  // nothing, a machine that loses power may). See docs/c10d.md.
+  // An append-only journal of every change (created if missing; never through a symbolic
+  // link): a server started with the file of one that stopped or was killed has every key
+  // back. Empty: none. Changes reach the file before their replies are sent; without
+  // journal_fsync a killed process loses nothing, a machine that loses power may.
+  // See docs/c10d.md.
   std::string journal{};
+  // fsync the journal after each batch of changes, before their replies are sent.
+  bool journal_fsync{false};
+  // Changes the journal may hold that have not reached the file. While the journal cannot
+  // be written (a full disk), or holds more than this, every write is refused (StoreError
+  // naming journal_buffer_bytes) rather than kept in memory; reads go on.
+  uint64_t journal_buffer_bytes{uint64_t{64} << 20};
 
   void validate() const;
 };
@@ -89,9 +126,18 @@ class TCPStoreServer {
   bool authenticated() const;
 
   class Impl;
+  friend struct TCPStoreServerTestPeer;
 
  private:
   std::unique_ptr<Impl> impl_;
+};
+
+// For tests only: runs `hook` on the loop thread before each request (after the handshake)
+// is handled, with the request's opcode; an exception it throws is handled as one thrown by
+// the request's handler (the connection is closed, the server goes on). Set it before any
+// client connects.
+struct TCPStoreServerTestPeer {
+  static void set_request_hook(TCPStoreServer& server, std::function<void(uint8_t op)> hook);
 };
 
 }  // namespace gradwire::c10d
