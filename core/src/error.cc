@@ -18,13 +18,14 @@ std::string_view error_kind_name(ErrorKind kind) {
       return "StoreError";
     case ErrorKind::kRemote:
       return "RemoteError";
+    case ErrorKind::kBusy:
+      return "BusyError";
   }
   return "Error";
 }
 
 RemoteError::RemoteError(std::string worker, std::string remote_type, std::string message)
-    : Error(ErrorKind::kRemote,
-            remote_type + " on worker '" + worker + "': " + message),
+    : Error(ErrorKind::kRemote, remote_type + " on worker '" + worker + "': " + message),
       worker_(std::move(worker)),
       remote_type_(std::move(remote_type)),
       remote_message_(std::move(message)) {}
@@ -39,6 +40,8 @@ void throw_error(ErrorKind kind, const std::string& message) {
       throw NetworkError(message);
     case ErrorKind::kStore:
       throw StoreError(message);
+    case ErrorKind::kBusy:
+      throw BusyError(message);
     case ErrorKind::kError:
     case ErrorKind::kRemote:
       break;

@@ -17,6 +17,7 @@
 #include "gradwire/autograd/variable.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/printable.h"
 #include "gradwire/rpc/registry.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/tensor/factory.h"
@@ -542,7 +543,34 @@ class Container : public rpc::Interceptor,
 
   // ---- the handler
 
+  // Whether worker `w` takes part in the context: its creator, or a worker it exchanged a
+  // message with from here (both ends record each other, so the set is symmetric).
+  static bool participant(const std::shared_ptr<ContextState>& state, int w) {
+    if (w == worker_of(state->id)) return true;
+    MutexLock lock(state->mutex);
+    return state->touched.count(w) != 0;
+  }
+
+  // The context a message from `caller` is about, refused unless the caller takes part.
+  std::shared_ptr<ContextState> get_for(uint64_t id, const WorkerInfo& caller,
+                                        const char* what) const {
+    std::shared_ptr<ContextState> state = get(id);
+    if (!participant(state, caller.id)) {
+      throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a " + what +
+                         " for context " + ctx_text(id) + " from worker " + caller.describe() +
+                         ", which takes no part in it");
+    }
+    return state;
+  }
+
   Future<Value> handle(const CallContext& ctx, const rpc::Request& request) {
+    // Only members of the group speak for a context; each message is then checked against
+    // the workers that take part in the context (or pass) it names.
+    const WorkerInfo& caller = ctx.caller();
+    if (caller.id < 0) {
+      throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a message from '" +
+                         printable(caller.name) + "', which is not a member of the group");
+    }
     wire::DistAutogradMessage message;
     if (request.payload.empty() ||
         !message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()))) {
@@ -551,7 +579,7 @@ class Container : public rpc::Interceptor,
     switch (message.op_case()) {
       case wire::DistAutogradMessage::kDiscover: {
         const wire::Discover& d = message.discover();
-        std::shared_ptr<ContextState> state = get(d.context_id());
+        std::shared_ptr<ContextState> state = get_for(d.context_id(), caller, "discovery");
         std::shared_ptr<autograd::GraphTask> task = make_task(state, d.pass_id(), d.retain_graph());
         std::vector<autograd::Edge> edges;
         for (uint64_t m : d.message_ids()) {
@@ -581,7 +609,7 @@ class Container : public rpc::Interceptor,
       }
       case wire::DistAutogradMessage::kPropagate: {
         const wire::Propagate& p = message.propagate();
-        std::shared_ptr<ContextState> state = get(p.context_id());
+        std::shared_ptr<ContextState> state = get_for(p.context_id(), caller, "gradient");
         std::shared_ptr<SendBackward> send;
         std::shared_ptr<autograd::GraphTask> task;
         {
@@ -610,7 +638,13 @@ class Container : public rpc::Interceptor,
       }
       case wire::DistAutogradMessage::kWait: {
         const wire::Wait& w = message.wait();
-        std::shared_ptr<ContextState> state = get(w.context_id());
+        // Only the pass's initiator (who minted its id) waits for it.
+        if (worker_of(w.pass_id()) != caller.id) {
+          throw CallRejected("dist_autograd: worker " + self_.describe() +
+                             " refused a wait for pass " + ctx_text(w.pass_id()) + " from worker " +
+                             caller.describe() + ", which did not start it");
+        }
+        std::shared_ptr<ContextState> state = get_for(w.context_id(), caller, "wait");
         std::shared_ptr<autograd::GraphTask> task;
         {
           MutexLock lock(state->mutex);
@@ -639,9 +673,15 @@ class Container : public rpc::Interceptor,
           return Value();
         });
       }
-      case wire::DistAutogradMessage::kRelease:
-        return release(message.release().context_id(), ctx.caller().id)
-            .then(agent()->executor(), [](Future<void>) { return Value(); });
+      case wire::DistAutogradMessage::kRelease: {
+        const uint64_t id = message.release().context_id();
+        // Unknown here (never seen, or already released): nothing to do, whoever asks.
+        if (find(id) == nullptr) return make_ready_future(Value());
+        get_for(id, caller, "release");
+        return release(id, caller.id).then(agent()->executor(), [](Future<void>) {
+          return Value();
+        });
+      }
       case wire::DistAutogradMessage::OP_NOT_SET:
         break;
     }

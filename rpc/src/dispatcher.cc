@@ -1,6 +1,7 @@
 #include "dispatcher.h"
 
 #include "gradwire/core/error.h"
+#include "gradwire/core/printable.h"
 #include "text.h"
 
 namespace gradwire::rpc::detail {
@@ -16,6 +17,8 @@ std::exception_ptr error_of_kind(ErrorKind kind, const std::string& message) {
       return std::make_exception_ptr(NetworkError(message));
     case ErrorKind::kStore:
       return std::make_exception_ptr(StoreError(message));
+    case ErrorKind::kBusy:
+      return std::make_exception_ptr(BusyError(message));
     default:
       return std::make_exception_ptr(Error(message));
   }
@@ -157,21 +160,21 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
     ScopesEntered entered(scopes);
     if (!failed) {
       try {
+        // What is registered is not listed to the caller: a peer learns only that the
+        // name it sent is unknown (the worker's own log and registry() have the list).
         if (entry == nullptr) {
-          std::string known;
-          for (const auto& [id, e] : *handlers)
-            known += (known.empty() ? "" : ", ") + std::to_string(id) + " (" + e.name + ")";
           throw CallRejected("worker " + self_.describe() + " has no handler with id " +
-                             std::to_string(request.handler) + " (registered: " + known + ")");
+                             std::to_string(request.handler));
         }
         const CallContext context(agent.get(), from->peer, request.id,
                                   request.timeout.count() > 0
                                       ? deadline_after(request.timeout)
                                       : std::chrono::steady_clock::time_point::max());
         if (request.handler == kCallHandler) {
-          result = function != nullptr ? function->invoke(context, request.args, executor_)
-                                       : make_failed_future<Value>(std::make_exception_ptr(
-                                             agent->registry().unknown_function(request.function)));
+          result = function != nullptr
+                       ? function->invoke(context, request.args, executor_)
+                       : make_failed_future<Value>(std::make_exception_ptr(CallRejected(
+                             "no function '" + printable(request.function) + "' is registered")));
         } else {
           result = entry->handler(context, request);
         }

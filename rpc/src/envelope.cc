@@ -2,6 +2,8 @@
 // against EnvelopeLimits before it builds anything from them.
 #include "wire.h"
 
+#include "envelope_scan.h"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -199,21 +201,13 @@ struct Decoder {
   }
 };
 
+// Scanned first (envelope_scan.h: every count bounded before Protobuf allocates for it),
+// then parsed once.
 wire::Envelope parse(const std::string& payload, const EnvelopeLimits& limits) {
-  if (payload.size() > limits.max_payload_bytes) {
-    malformed("payload of " + std::to_string(payload.size()) + " bytes exceeds the limit of " +
-              std::to_string(limits.max_payload_bytes));
-  }
+  EnvelopeShape shape;
+  scan_envelope(payload, limits, shape);
   wire::Envelope env;
   if (!env.ParseFromString(payload)) malformed("the payload does not parse");
-  if (env.version() != kEnvelopeVersion) {
-    malformed("version " + std::to_string(env.version()) + ", this worker speaks version " +
-              std::to_string(kEnvelopeVersion));
-  }
-  if (static_cast<size_t>(env.tensors_size()) > limits.max_tensors) {
-    malformed(std::to_string(env.tensors_size()) + " tensors exceed the limit of " +
-              std::to_string(limits.max_tensors));
-  }
   return env;
 }
 
@@ -225,6 +219,7 @@ ErrorKind error_kind_from(uint32_t kind) {
     case ErrorKind::kNetwork:
     case ErrorKind::kStore:
     case ErrorKind::kRemote:
+    case ErrorKind::kBusy:
       return static_cast<ErrorKind>(kind);
   }
   malformed("unknown error kind " + std::to_string(kind));
@@ -389,6 +384,17 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
 ParsedEnvelope::ParsedEnvelope(const std::string& payload, const EnvelopeLimits& limits)
     : message_(std::make_unique<wire::Envelope>(parse(payload, limits))) {}
 ParsedEnvelope::~ParsedEnvelope() = default;
+bool ParsedEnvelope::is_request() const {
+  return message_->has_request();
+}
+bool ParsedEnvelope::is_response() const {
+  return message_->has_response();
+}
+uint64_t ParsedEnvelope::id() const {
+  if (message_->has_request()) return message_->request().id();
+  if (message_->has_response()) return message_->response().id();
+  return 0;
+}
 ParsedEnvelope::ParsedEnvelope(ParsedEnvelope&&) noexcept = default;
 ParsedEnvelope& ParsedEnvelope::operator=(ParsedEnvelope&&) noexcept = default;
 
@@ -418,12 +424,16 @@ std::vector<IncomingTensor> peek_tensors(const ParsedEnvelope& parsed,
 
 std::optional<EnvelopeHeader> peek_header(const std::string& payload,
                                           const EnvelopeLimits& limits) {
-  if (payload.size() > limits.max_payload_bytes) return std::nullopt;
-  wire::Envelope env;
-  if (!env.ParseFromString(payload)) return std::nullopt;
-  if (env.has_request()) return EnvelopeHeader{true, env.request().id()};
-  if (env.has_response()) return EnvelopeHeader{false, env.response().id()};
-  return std::nullopt;  // a release, or nothing known
+  // The scan, not a parse: a message refused for its size or counts is answered without
+  // building any of it.
+  EnvelopeShape shape;
+  try {
+    scan_envelope(payload, limits, shape);
+  } catch (const InvalidArgument&) {
+    // What was read before the failure still names the call to answer.
+  }
+  if (!shape.id_seen || (!shape.is_request && !shape.is_response)) return std::nullopt;
+  return EnvelopeHeader{shape.is_request, shape.id};
 }
 
 Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,

@@ -121,6 +121,10 @@ class ParsedEnvelope {
   ParsedEnvelope(ParsedEnvelope&&) noexcept;
   ParsedEnvelope& operator=(ParsedEnvelope&&) noexcept;
   const wire::Envelope& message() const { return *message_; }
+  // The body's kind, and the request's or response's id (0 for a release).
+  bool is_request() const;
+  bool is_response() const;
+  uint64_t id() const;
 
  private:
   std::unique_ptr<wire::Envelope> message_;

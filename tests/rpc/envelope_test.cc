@@ -329,7 +329,7 @@ TEST(EnvelopeTest, ExtensionsAreBoundedInNumberKeyLengthAndValueBytes) {
   req.extensions["module.16"] = Bytes{16};
   EXPECT_NE(malformed([&] {
               transport(encode(Envelope{req}));
-            }).find("17 extensions exceed the limit of 16"),
+            }).find("more than 16 extensions"),
             std::string::npos);
 
   req.extensions = {{std::string(64, 'k'), {1}}};
@@ -356,7 +356,7 @@ TEST(EnvelopeTest, ExtensionsAreBoundedInNumberKeyLengthAndValueBytes) {
   tight.max_extensions = 1;
   EXPECT_NE(malformed([&] {
               transport(encode(Envelope{resp}), tight);
-            }).find("2 extensions exceed the limit of 1"),
+            }).find("more than 1 extensions"),
             std::string::npos);
   tight = {};
   tight.max_extension_bytes = 2;
@@ -429,7 +429,7 @@ TEST(EnvelopeTest, LentTensorsAreAnnouncedWithTheirLoanAndReleasesRoundTrip) {
   // A release may not announce tensors, nor more loans than the limit.
   EnvelopeLimits tight;
   tight.max_tensors = 1;
-  EXPECT_NE(malformed([&] { decode(r.payload, {}, tight); }).find("a release of 2 loans"),
+  EXPECT_NE(malformed([&] { decode(r.payload, {}, tight); }).find("a release of more than 1 loans"),
             std::string::npos);
 }
 
@@ -466,7 +466,7 @@ TEST(EnvelopeTest, LimitsAreEnforcedBeforeBuilding) {
   req.args = {Value(zeros({2})), Value(zeros({3}))};
   tight = {};
   tight.max_tensors = 1;
-  EXPECT_NE(malformed([&] { transport(encode(Envelope{req}), tight); }).find("2 tensors exceed"),
+  EXPECT_NE(malformed([&] { transport(encode(Envelope{req}), tight); }).find("more than 1 tensors (max_tensors)"),
             std::string::npos);
 
   tight = {};

@@ -5,11 +5,15 @@
 // A job's secret is looked up, first found wins, in: the value given in code (e.g.
 // AgentOptions::secret), the environment variable GRADWIRE_SECRET, and the file named by
 // GRADWIRE_SECRET_FILE (its contents; one trailing newline is dropped). No secret means
-// connections are not authenticated.
+// connections are not authenticated. A secret shorter than kMinSecretBytes (16) is refused:
+// the handshakes' proofs are HMACs an eavesdropper can test guesses against offline, so a
+// short secret would be guessed. Use e.g. `openssl rand -hex 32`.
 //
 // Thread-safety: every function is safe to call from any thread.
 // Errors: resolve_secret throws InvalidArgument naming the file when GRADWIRE_SECRET_FILE
-// cannot be read or is empty; random_bytes throws Error if the system's generator fails.
+// cannot be read or is empty, and naming the source of a secret shorter than
+// kMinSecretBytes; hmac_sha256 and random_bytes throw Error if the cryptographic library
+// fails (callers fail closed: nothing is authenticated by a zero digest).
 //
 // Example:
 //   std::string secret = gradwire::resolve_secret(options.secret);  // "" when none
@@ -26,11 +30,15 @@ namespace gradwire {
 
 using Digest256 = std::array<uint8_t, 32>;
 
+// The shortest secret accepted, in bytes.
+inline constexpr size_t kMinSecretBytes = 16;
+
 // The secret to use: `given` if it is not empty, else GRADWIRE_SECRET, else the contents of
-// the file named by GRADWIRE_SECRET_FILE, else "" (no authentication).
+// the file named by GRADWIRE_SECRET_FILE, else "" (no authentication). A non-empty secret
+// shorter than kMinSecretBytes throws InvalidArgument naming where it came from.
 std::string resolve_secret(const std::string& given);
 
-// HMAC-SHA256 of `data` under `key`.
+// HMAC-SHA256 of `data` under `key`; throws Error if the library fails.
 Digest256 hmac_sha256(std::string_view key, std::string_view data);
 
 // `n` bytes from the system's cryptographic generator.

@@ -11,6 +11,8 @@
 //   NetworkError     a peer or server could not be reached, or was lost
 //   StoreError       a key-value store operation failed for a reason other than the above
 //   RemoteError      the remote side raised an error; carries its type and worker name
+//   BusyError        a server refused work because it is at one of its limits (queued
+//                    requests, in-flight bytes); nothing of the request ran, retry later
 //
 // Thread-safety: these are immutable values once built; copy and share them freely.
 //
@@ -34,6 +36,7 @@ enum class ErrorKind {
   kNetwork,
   kStore,
   kRemote,
+  kBusy,
 };
 
 // Name of an ErrorKind as it appears in messages and on the wire ("TimeoutError", ...).
@@ -45,8 +48,7 @@ class Error : public std::runtime_error {
   ErrorKind kind() const noexcept { return kind_; }
 
  protected:
-  Error(ErrorKind kind, const std::string& message)
-      : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
 
  private:
   ErrorKind kind_;
@@ -71,6 +73,14 @@ class NetworkError : public Error {
 class StoreError : public Error {
  public:
   explicit StoreError(const std::string& message) : Error(ErrorKind::kStore, message) {}
+};
+
+// A peer refused a request because it is at one of its limits (AgentOptions'
+// max_queued_requests, max_inflight_bytes, ...); the message names the worker and the limit.
+// Nothing of the request ran, so it is safe to send again later.
+class BusyError : public Error {
+ public:
+  explicit BusyError(const std::string& message) : Error(ErrorKind::kBusy, message) {}
 };
 
 // An error raised on another worker. what() reads

@@ -1,0 +1,294 @@
+// The envelope's pre-scan (envelope_scan.h): Protobuf's wire format walked by hand against
+// envelope.proto's field numbers. Keep the table in message() in step with the .proto.
+#include "envelope_scan.h"
+
+#include <string>
+
+namespace gradwire::rpc {
+namespace {
+
+[[noreturn]] void malformed(const std::string& what) {
+  throw InvalidArgument("malformed rpc envelope: " + what);
+}
+
+// The messages of envelope.proto whose fields the scan looks into.
+enum class Msg {
+  kEnvelope,
+  kRequest,
+  kResponse,
+  kRelease,
+  kValue,
+  kList,
+  kMap,
+  kMapEntry,
+  kTensorDesc,
+  kExtension,
+  kErrorReply,
+  kLeaf,  // NoneValue, RRefValue, Loan: scalars and bytes only, walked for well-formedness
+};
+
+enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
+
+bool read_varint(const uint8_t*& p, const uint8_t* end, uint64_t& out) {
+  out = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (p == end) return false;
+    const uint8_t b = *p++;
+    out |= uint64_t{b & 0x7fu} << shift;
+    if ((b & 0x80) == 0) return true;
+  }
+  return false;  // more than ten bytes
+}
+
+std::string count_text(size_t n) {
+  return std::to_string(n);
+}
+
+class Scanner {
+ public:
+  Scanner(const EnvelopeLimits& limits, EnvelopeShape& shape) : limits_(limits), shape_(shape) {}
+
+  void envelope(const uint8_t* p, const uint8_t* end) {
+    message(Msg::kEnvelope, p, end, 0);
+    if (version_ != kEnvelopeVersion) {
+      malformed("version " + std::to_string(version_) + ", this worker speaks version " +
+                std::to_string(kEnvelopeVersion));
+    }
+  }
+
+ private:
+  // Walks one message's fields; `depth` is the Value nesting of the message (0 above the
+  // values).
+  void message(Msg kind, const uint8_t* p, const uint8_t* end, int depth) {
+    size_t dims = 0;  // a TensorDesc's sizes, packed and unpacked together
+    while (p < end) {
+      uint64_t tag = 0;
+      if (!read_varint(p, end, tag)) malformed("a truncated field tag");
+      const uint64_t field = tag >> 3;
+      const auto type = static_cast<uint32_t>(tag & 7);
+      if (field == 0 || field > 536'870'911) malformed("a field numbered " + count_text(field));
+      switch (type) {
+        case kVarint: {
+          uint64_t v = 0;
+          if (!read_varint(p, end, v)) malformed("a truncated varint");
+          on_varint(kind, field, v, dims);
+          break;
+        }
+        case kFixed64:
+          if (end - p < 8) malformed("a truncated 64-bit field");
+          p += 8;
+          break;
+        case kFixed32:
+          if (end - p < 4) malformed("a truncated 32-bit field");
+          p += 4;
+          break;
+        case kLengthDelimited: {
+          uint64_t len = 0;
+          if (!read_varint(p, end, len)) malformed("a truncated length");
+          if (len > static_cast<uint64_t>(end - p)) {
+            malformed("a field of " + count_text(len) + " bytes runs past the end of its message");
+          }
+          const uint8_t* body = p;
+          p += len;
+          on_bytes(kind, field, body, p, depth, dims);
+          break;
+        }
+        default:
+          // Groups (3, 4) and the unused wire types: nothing gradwire sends.
+          malformed("wire type " + std::to_string(type) + " in field " + count_text(field));
+      }
+    }
+  }
+
+  void on_varint(Msg kind, uint64_t field, uint64_t v, size_t& dims) {
+    switch (kind) {
+      case Msg::kEnvelope:
+        if (field == 1) version_ = v;
+        return;
+      case Msg::kRequest:
+      case Msg::kResponse:
+        if (field == 1) {
+          shape_.id = v;
+          shape_.id_seen = true;
+        }
+        return;
+      case Msg::kTensorDesc:
+        if (field == 2) add_dims(dims, 1);  // sizes, unpacked
+        return;
+      default:
+        return;
+    }
+  }
+
+  void on_bytes(Msg kind, uint64_t field, const uint8_t* p, const uint8_t* end, int depth,
+                size_t& dims) {
+    const size_t size = static_cast<size_t>(end - p);
+    switch (kind) {
+      case Msg::kEnvelope:
+        switch (field) {
+          case 2:  // request (a oneof: the last body seen is the one kept)
+            set_body(true, false, false);
+            return message(Msg::kRequest, p, end, 0);
+          case 3:
+            set_body(false, true, false);
+            return message(Msg::kResponse, p, end, 0);
+          case 5:
+            set_body(false, false, true);
+            return message(Msg::kRelease, p, end, 0);
+          case 4:
+            if (++shape_.tensors > limits_.max_tensors) {
+              malformed("more than " + count_text(limits_.max_tensors) + " tensors (max_tensors)");
+            }
+            return message(Msg::kTensorDesc, p, end, 0);
+          default:
+            return;
+        }
+      case Msg::kRequest:
+        switch (field) {
+          case 3:
+            if (size > limits_.max_function_name_bytes) {
+              malformed("a function name of " + count_text(size) + " bytes, more than " +
+                        count_text(limits_.max_function_name_bytes));
+            }
+            return;
+          case 4:
+            return value(p, end, 1);
+          case 9:
+            return extension(p, end);
+          default:
+            return;
+        }
+      case Msg::kResponse:
+        switch (field) {
+          case 2:
+            return value(p, end, 1);
+          case 3:
+            return message(Msg::kErrorReply, p, end, 0);
+          case 7:
+            return extension(p, end);
+          default:
+            return;
+        }
+      case Msg::kRelease:
+        if (field == 1) {
+          if (++loans_ > limits_.max_tensors) {
+            malformed("a release of more than " + count_text(limits_.max_tensors) + " loans");
+          }
+          message(Msg::kLeaf, p, end, 0);
+        }
+        return;
+      case Msg::kValue:
+        switch (field) {
+          case 1:   // none
+          case 10:  // rref
+            return message(Msg::kLeaf, p, end, depth);
+          case 8:
+            return message(Msg::kList, p, end, depth);
+          case 9:
+            return message(Msg::kMap, p, end, depth);
+          default:
+            return;
+        }
+      case Msg::kList:
+        if (field == 1) value(p, end, depth + 1);
+        return;
+      case Msg::kMap:
+        if (field == 1) {
+          count_value();  // the entry itself is built whether or not it holds anything
+          message(Msg::kMapEntry, p, end, depth);
+        }
+        return;
+      case Msg::kMapEntry:
+        if (field == 1 || field == 2) value(p, end, depth + 1);
+        return;
+      case Msg::kTensorDesc:
+        if (field == 2) {
+          // sizes, packed: one varint each
+          size_t n = 0;
+          for (const uint8_t* q = p; q < end; ++q)
+            n += (*q & 0x80) == 0 ? 1 : 0;
+          add_dims(dims, n);
+        } else if (field == 7) {
+          message(Msg::kLeaf, p, end, 0);
+        }
+        return;
+      case Msg::kExtension:
+        if (field == 1 && size > limits_.max_extension_key_bytes) {
+          malformed("an extension key of " + count_text(size) + " bytes exceeds the limit of " +
+                    count_text(limits_.max_extension_key_bytes));
+        }
+        if (field == 2) {
+          extension_bytes_ += size;
+          if (extension_bytes_ > limits_.max_extension_bytes) {
+            malformed("extension values of more than " + count_text(limits_.max_extension_bytes) +
+                      " bytes");
+          }
+        }
+        return;
+      case Msg::kErrorReply:
+        if (field == 3 && size > limits_.max_worker_name_bytes) {
+          malformed("an error's worker name of " + count_text(size) +
+                    " bytes exceeds the limit of " + count_text(limits_.max_worker_name_bytes));
+        }
+        return;
+      case Msg::kLeaf:
+        return;
+    }
+  }
+
+  void set_body(bool request, bool response, bool release) {
+    shape_.is_request = request;
+    shape_.is_response = response;
+    shape_.is_release = release;
+  }
+
+  void count_value() {
+    if (++shape_.values > limits_.max_values) {
+      malformed("more than " + count_text(limits_.max_values) +
+                " values (max_values; map entries count as values)");
+    }
+  }
+
+  void value(const uint8_t* p, const uint8_t* end, int depth) {
+    if (depth > limits_.max_depth) {
+      malformed("values nest deeper than " + std::to_string(limits_.max_depth));
+    }
+    if (depth > shape_.depth) shape_.depth = depth;
+    count_value();
+    message(Msg::kValue, p, end, depth);
+  }
+
+  void extension(const uint8_t* p, const uint8_t* end) {
+    if (++shape_.extensions > limits_.max_extensions) {
+      malformed("more than " + count_text(limits_.max_extensions) + " extensions");
+    }
+    message(Msg::kExtension, p, end, 0);
+  }
+
+  void add_dims(size_t& dims, size_t n) {
+    dims += n;
+    if (dims > limits_.max_tensor_dims) {
+      malformed("tensor " + count_text(shape_.tensors - 1) + " has more than " +
+                count_text(limits_.max_tensor_dims) + " dims");
+    }
+  }
+
+  const EnvelopeLimits& limits_;
+  EnvelopeShape& shape_;
+  uint64_t version_ = 0;
+  size_t loans_ = 0;
+  size_t extension_bytes_ = 0;
+};
+
+}  // namespace
+
+void scan_envelope(std::string_view payload, const EnvelopeLimits& limits, EnvelopeShape& shape) {
+  if (payload.size() > limits.max_payload_bytes) {
+    malformed("payload of " + count_text(payload.size()) + " bytes exceeds the limit of " +
+              count_text(limits.max_payload_bytes));
+  }
+  const auto* p = reinterpret_cast<const uint8_t*>(payload.data());
+  Scanner(limits, shape).envelope(p, p + payload.size());
+}
+
+}  // namespace gradwire::rpc
