@@ -443,10 +443,10 @@ class TCPStore::Client {
                          static_cast<uint32_t>(reinterpret_cast<uintptr_t>(this)));
     std::string last_error;
     int attempts = 0;
+    limit_error_.clear();
     for (;;) {
       ++attempts;
       bool refused = false;
-      limit_refused_ = false;
       std::shared_ptr<Connection> conn = try_connect(deadline, last_error, refused);
       if (conn) return conn;
       if (refused) {
@@ -464,13 +464,13 @@ class TCPStore::Client {
       std::this_thread::sleep_for(pause);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     }
-    if (limit_refused_) {
+    if (!limit_error_.empty()) {
       // The server is there and answering: it is full (max_connections), which the caller
       // should hear as the store's limit rather than as a network failure.
       GRADWIRE_THROW(StoreError) << "TCPStore: the server at " << address_
                                  << " did not accept this client within "
                                  << options_.connect_timeout.count() << " ms (" << attempts
-                                 << " attempts): " << last_error;
+                                 << " attempts): " << limit_error_;
     }
     GRADWIRE_THROW(NetworkError) << "TCPStore: cannot connect to the server at " << address_
                                  << " within " << options_.connect_timeout.count() << " ms ("
@@ -587,7 +587,7 @@ class TCPStore::Client {
     if (kind == static_cast<uint8_t>(Reply::kLimit)) {
       // The payload starts after the request id.
       error = "the server refused the connection: " + limit_message(payload.substr(9));
-      limit_refused_ = true;
+      limit_error_ = error;
       return true;
     }
     if (!refused && kind != static_cast<uint8_t>(Reply::kError)) return false;
@@ -714,7 +714,8 @@ class TCPStore::Client {
   const std::string secret_;
   std::atomic<uint32_t> next_id_{1};
   Mutex connect_mutex_;
-  bool limit_refused_ = false;  // the last attempt was refused by max_connections (connect)
+  // Why an attempt of the current connect() was refused by the server's max_connections.
+  std::string limit_error_ GRADWIRE_GUARDED_BY(connect_mutex_);
   std::shared_ptr<Connection> connection_ GRADWIRE_GUARDED_BY(connect_mutex_);
 };
 

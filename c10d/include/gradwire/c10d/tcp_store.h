@@ -14,8 +14,16 @@
 // request is handed to the kernel. Requests from one client are applied in order, so any
 // later call on the same store that returns a reply (get, add, check, wait, ...) has been
 // preceded by the write, and so has anything another client learns from that reply. A
-// write the server rejects (possible only when its size limits are lower than this
-// client's) is reported by the next call, as StoreError naming the key.
+// write the server rejects (its size limits lower than this client's, or one of its global
+// limits: max_keys, max_total_bytes, a journal that cannot be written) is reported by a
+// later call, the first to start after the refusal was read (so at the latest the second
+// call after the write), as StoreError naming the key or the limit.
+//
+// Limits: calls the server refuses by one of its limits (a reply over its frame limit, a
+// wait past its parked-wait limits, a write past max_keys or max_total_bytes, a journal that
+// cannot be written) throw StoreError naming the limit and its value; a server at its
+// max_connections makes connecting retry until connect_timeout and then throw StoreError
+// naming it (docs/c10d.md).
 //
 // Authentication: see TCPStoreOptions::secret (and docs/security.md).
 //
@@ -25,8 +33,9 @@
 //
 // Thread-safety: every method may be called concurrently from any thread.
 // Errors: NetworkError naming host:port for connection failures; TimeoutError naming the
-// missing keys; InvalidArgument for bad options and for keys or values over the limits;
-// StoreError for errors the server reports.
+// missing keys; InvalidArgument for bad options (a secret shorter than 16 bytes included)
+// and for keys or values over the limits; StoreError for errors and limits the server
+// reports.
 //
 // Example:
 //   TCPStore store(TCPStoreOptions{.host = "10.0.0.1", .port = 29500,
@@ -71,12 +80,12 @@ struct TCPStoreOptions {
   uint32_t max_key_bytes{64 * 1024};
   uint32_t max_value_bytes{64u << 20};
   uint32_t max_keys_per_request{1u << 16};
-  // The job's shared secret (with is_master, the server's too); empty: GRADWIRE_SECRET,
-  // else the file named by GRADWIRE_SECRET_FILE, else none. With a secret, client and
-  // server prove to each other that they know it (HMAC-SHA256 over fresh nonces) before any
-  // request is sent; a server or client without it, or with another, fails the connection
-  // at once with NetworkError "... authentication failed: ..." (never retried, never naming
-  // the secret).
+  // The job's shared secret (with is_master, the server's too; at least 16 bytes); empty:
+  // GRADWIRE_SECRET, else the file named by GRADWIRE_SECRET_FILE, else none. With a secret,
+  // client and server prove to each other that they know it (HMAC-SHA256 over fresh nonces,
+  // the client first) before any request is sent; a server or client without it, or with another,
+  // fails the connection at once with NetworkError "... authentication failed: ..." (never retried,
+  // never naming the secret).
   std::string secret{};
 
   void validate() const;
