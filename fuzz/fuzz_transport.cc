@@ -1,12 +1,15 @@
 // libFuzzer target: gradwire's transport handshake and framing (rpc/src/transport/). The
 // first byte picks what the rest is fed to:
 //   0-2  the handshake state machine as a server without a secret, as a server with one,
-//        and as a client with one, fed in chunks of 1 to 48 bytes;
+//        and as a client with one, fed in chunks of 1 to 48 bytes; a server that accepts
+//        must have the client's whole hello, and one with a secret never sends a proof to
+//        a client that has not proven itself (no input can, as none knows the nonce);
 //   3    the ring setup message of the local transport;
-//   4    a real tcp listener: the rest follows a valid handshake on a fresh connection,
-//        which is then half-closed; the listener must close it (a frame it cannot accept)
-//        or read it to the end, and close it then. A crash, or a connection still open
-//        15 s after the client's end of the stream, is a finding.
+//   4    a real tcp listener: the rest follows a valid handshake (claiming worker "fuzz") on
+//        a fresh connection, which is then half-closed; the listener must close it (a frame
+//        it cannot accept, or a first frame naming another worker) or read it to the end,
+//        and close it then. A crash, or a connection still open 15 s after the client's end
+//        of the stream, is a finding.
 #include <poll.h>
 
 #include <tensorpipe/transport/connection.h>
@@ -33,18 +36,21 @@ namespace tp = tensorpipe;
 
 namespace {
 
-void feed_handshake(Handshake& hs, const uint8_t* data, size_t size) {
+// Returns every byte the handshake sent.
+std::string feed_handshake(Handshake& hs, const uint8_t* data, size_t size) {
+  std::string sent;
   size_t at = 0;
   while (at < size && hs.state() == Handshake::State::kRunning) {
     // Chunks of 1 to 48 bytes, so that every boundary inside a step is exercised.
     const size_t n = std::min<size_t>(1 + (at * 7 + size) % 48, size - at);
     const size_t used = hs.feed(data + at, n);
     if (used > n) __builtin_trap();
-    (void)hs.take_output();
+    sent += hs.take_output();
     at += n;
   }
   if (hs.state() == Handshake::State::kFailed && hs.error().empty()) __builtin_trap();
   if (hs.state() == Handshake::State::kDone && hs.error().size() != 0) __builtin_trap();
+  return sent;
 }
 
 void drain(const std::shared_ptr<tp::transport::Connection>& conn) {
@@ -81,7 +87,7 @@ int listener_port() {
 
 void through_listener(const uint8_t* data, size_t size) {
   const int fd = fuzz::connect_loopback(static_cast<uint16_t>(listener_port()));
-  Handshake hs(Handshake::Role::kClient, "");
+  Handshake hs(Handshake::Role::kClient, "", {"fuzz", 0, 0});
   bool ok = fuzz::send_all(fd, hs.take_output());
   while (ok && hs.state() == Handshake::State::kRunning) {
     if (!fuzz::wait_for(fd, POLLIN, fuzz::kHangMs)) fuzz::report_hang(fd, "no handshake reply");
@@ -112,15 +118,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 0: {
       Handshake hs(Handshake::Role::kServer, "");
       feed_handshake(hs, data, size);
+      if (hs.state() == Handshake::State::kDone &&
+          size < kHelloBytes + kIdentityHeaderBytes + hs.peer().name.size()) {
+        __builtin_trap();
+      }
       break;
     }
     case 1: {
-      Handshake hs(Handshake::Role::kServer, "fuzz secret");
-      feed_handshake(hs, data, size);
+      Handshake hs(Handshake::Role::kServer, "fuzz secret of the job");
+      const std::string sent = feed_handshake(hs, data, size);
+      // Its hello and, for a wrong proof, a refusal: never its own proof.
+      if (hs.state() == Handshake::State::kDone || sent.size() > kHelloBytes + 1) __builtin_trap();
       break;
     }
     case 2: {
-      Handshake hs(Handshake::Role::kClient, "fuzz secret");
+      Handshake hs(Handshake::Role::kClient, "fuzz secret of the job", {"fuzz", 0, 0});
       (void)hs.take_output();
       feed_handshake(hs, data, size);
       break;

@@ -85,7 +85,8 @@ std::string store_frame(c10d::proto::Op op, uint32_t id,
 
 std::string tensorpipe_hello() {
   tensorpipe::NopHolder<tensorpipe::Packet> hello;
-  hello.getObject() = tensorpipe::SpontaneousConnection{"seed"};
+  // The name fuzz_transport's client claims in its handshake.
+  hello.getObject() = tensorpipe::SpontaneousConnection{"fuzz"};
   std::string bytes(hello.getSize(), '\0');
   tensorpipe::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
   (void)hello.write(writer);
@@ -314,16 +315,20 @@ int main(int argc, char** argv) {
             std::string(32, 'p'));
 
   using transport::Handshake;
-  Handshake client(Handshake::Role::kClient, "");
+  const std::string fuzz_secret = "fuzz secret of the job";
+  Handshake client(Handshake::Role::kClient, "", {"fuzz", 0, 0});
   write(root / "fuzz_transport", "server_hello", std::string(1, '\x00') + client.take_output());
-  Handshake secret_client(Handshake::Role::kClient, "fuzz secret");
+  Handshake secret_client(Handshake::Role::kClient, fuzz_secret, {"fuzz", 0, 0});
   write(root / "fuzz_transport", "server_hello_secret",
         std::string(1, '\x01') + secret_client.take_output() + std::string(32, 'm'));
-  Handshake server(Handshake::Role::kServer, "fuzz secret");
-  Handshake peer(Handshake::Role::kClient, "fuzz secret");
-  server.feed(reinterpret_cast<const uint8_t*>(peer.take_output().data()), transport::kHelloBytes);
+  Handshake server(Handshake::Role::kServer, fuzz_secret);
+  Handshake peer(Handshake::Role::kClient, fuzz_secret, {"fuzz", 0, 0});
+  const std::string peer_hello = peer.take_output();
+  server.feed(reinterpret_cast<const uint8_t*>(peer_hello.data()), peer_hello.size());
+  // The server's hello, an acceptance, and a proof (wrong: the nonces differ).
   write(root / "fuzz_transport", "client_transcript",
-        std::string(1, '\x02') + server.take_output() + std::string(1, '\x01'));
+        std::string(1, '\x02') + server.take_output() + std::string(1, '\x01') +
+            std::string(32, 'p'));
   std::string error;
   auto segment = transport::RingSegment::create(64 << 10, &error);
   if (segment)

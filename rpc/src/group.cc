@@ -7,6 +7,7 @@
 #include "gradwire/c10d/store.h"
 #include "gradwire/c10d/tcp_store.h"
 #include "gradwire/core/logging.h"
+#include "gradwire/core/printable.h"
 #include "text.h"
 
 namespace gradwire::rpc::detail {
@@ -422,6 +423,105 @@ const std::optional<LoanTableAddress>& GroupDirectory::readable(int id) const {
 
 bool GroupDirectory::lends_to(int id) const {
   return id >= 0 && static_cast<size_t>(id) < lend_to_.size() && lend_to_[static_cast<size_t>(id)];
+}
+
+// ---- admission of incoming connections
+
+std::string PeerAdmission::check(const Claim& claim) const {
+  const std::string who = "worker '" + printable(claim.name) + "' of rank " +
+                          std::to_string(claim.rank) + ", incarnation " +
+                          std::to_string(claim.incarnation);
+  const int id = group_.id_of(claim.name);
+  if (id < 0) {
+    // Not a worker of this group: served as an outsider (rank -1), which speaks for nobody.
+    if (claim.rank == -1) return "";
+    return "it claims to be " + who + ", but no worker of this group has that name";
+  }
+  if (claim.rank != id) {
+    return "it claims to be " + who + ", but worker '" + claim.name + "' has rank " +
+           std::to_string(id);
+  }
+  const int current = group_.incarnation(id);
+  if (claim.incarnation == current) return "";
+  if (claim.incarnation > current) return kNewer;
+  return "it claims to be " + who + ", which incarnation " + std::to_string(current) +
+         " has replaced";
+}
+
+void PeerAdmission::verify(Claim claim, Done done) {
+  Runner runner;
+  std::string refused;
+  {
+    MutexLock lock(mutex_);
+    switch (state_) {
+      case State::kWaiting:
+        waiting_.emplace_back(std::move(claim), std::move(done));
+        return;
+      case State::kClosed:
+        refused = closed_why_;
+        break;
+      case State::kOpen:
+        runner = runner_;
+        break;
+    }
+  }
+  if (!refused.empty()) {
+    done(refused);
+    return;
+  }
+  decide(std::move(claim), std::move(done), runner);
+}
+
+void PeerAdmission::decide(Claim claim, Done done, const Runner& runner) {
+  const std::string why = check(claim);
+  if (why != kNewer) {
+    done(why);
+    return;
+  }
+  // A rank taken over since this worker last read its record (AgentOptions::rejoin): the
+  // store says which incarnation holds it now. Read off the transport's thread.
+  auto read = [this, claim, done]() mutable {
+    group_.refresh(claim.rank, refresh_timeout_);
+    const std::string after = check(claim);
+    done(after != kNewer ? after
+                         : "it claims to be worker '" + printable(claim.name) + "' of rank " +
+                               std::to_string(claim.rank) + " in incarnation " +
+                               std::to_string(claim.incarnation) +
+                               ", but the store's record of that rank holds incarnation " +
+                               std::to_string(group_.incarnation(claim.rank)));
+  };
+  try {
+    if (!runner) throw Error("nothing runs it");
+    runner(std::move(read));
+  } catch (const std::exception& e) {
+    done("its claim of a newer incarnation cannot be checked now: " + std::string(e.what()));
+  }
+}
+
+void PeerAdmission::open(Runner runner) {
+  std::vector<std::pair<Claim, Done>> waiting;
+  {
+    MutexLock lock(mutex_);
+    if (state_ != State::kWaiting) return;
+    state_ = State::kOpen;
+    runner_ = runner;
+    waiting.swap(waiting_);
+  }
+  for (auto& [claim, done] : waiting)
+    decide(std::move(claim), std::move(done), runner);
+}
+
+void PeerAdmission::close(const std::string& why) {
+  std::vector<std::pair<Claim, Done>> waiting;
+  {
+    MutexLock lock(mutex_);
+    state_ = State::kClosed;
+    closed_why_ = why;
+    runner_ = nullptr;
+    waiting.swap(waiting_);
+  }
+  for (auto& [claim, done] : waiting)
+    done(why);
 }
 
 }  // namespace gradwire::rpc::detail

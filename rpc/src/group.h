@@ -19,6 +19,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -175,6 +176,68 @@ class GroupDirectory {
   std::vector<DeviceRoute> routes_back_;
   std::vector<std::optional<LoanTableAddress>> readable_;
   std::vector<bool> lend_to_;
+};
+
+// Which incoming connections an agent admits. Each connection's handshake claims a worker:
+// its name, rank and incarnation (with a shared secret, authenticated by the handshake's
+// MAC; without one, merely claimed). A claim of a worker of this group is admitted only
+// under that worker's own rank and in the incarnation the store's record holds: an older
+// one has been replaced, and a newer one is checked against the store (re-read) before it
+// is believed. A name that is no worker's, with no rank (-1), is admitted as an outsider,
+// which speaks for nobody (what it may do is for the modules above to decide). So a
+// connection that the agent treats as worker W (and whose loss tells the listeners that W
+// is lost) is one that W opened, or, without a secret, one whose claim the store's record
+// backs.
+//
+// Claims that arrive before the directory is joined wait for it (the transports listen
+// before the group is complete); close() refuses those still waiting and every later one.
+//
+// Thread-safety: every method may be called from any thread. `done` is never called with
+// the object's lock held, and may be called on the calling thread.
+class PeerAdmission {
+ public:
+  struct Claim {
+    std::string name;
+    int rank{-1};
+    int incarnation{0};
+  };
+  using Done = std::function<void(std::string why)>;
+
+  // `group` must outlive this object; `refresh_timeout` bounds a re-read of a record.
+  PeerAdmission(GroupDirectory& group, std::chrono::milliseconds refresh_timeout)
+      : group_(group), refresh_timeout_(refresh_timeout) {}
+
+  // Runs a task off the caller's thread (which may be a transport's loop), keeping what the
+  // task uses alive; throws when it cannot.
+  using Runner = std::function<void(std::function<void()> task)>;
+
+  // Decides about `claim`: done("") admits it, done(why) refuses it (`why` names the claim
+  // with its peer-supplied bytes escaped). A newer incarnation's store read runs through
+  // the runner given to open().
+  void verify(Claim claim, Done done);
+  // The directory is joined: decides the claims that waited for it.
+  void open(Runner runner);
+  // Refuses the claims waiting and every later one, with `why`.
+  void close(const std::string& why);
+
+ private:
+  // "" when `claim` matches what the directory knows; kNewer when it claims a newer
+  // incarnation than the directory knows (re-read the record); else why it is refused.
+  static constexpr const char* kNewer = "newer";
+  std::string check(const Claim& claim) const;
+  void decide(Claim claim, Done done, const Runner& runner);
+
+  GroupDirectory& group_;
+  const std::chrono::milliseconds refresh_timeout_;
+  Mutex mutex_;
+  enum class State {
+    kWaiting,
+    kOpen,
+    kClosed
+  } state_ GRADWIRE_GUARDED_BY(mutex_) = State::kWaiting;
+  std::string closed_why_ GRADWIRE_GUARDED_BY(mutex_);
+  Runner runner_ GRADWIRE_GUARDED_BY(mutex_);
+  std::vector<std::pair<Claim, Done>> waiting_ GRADWIRE_GUARDED_BY(mutex_);
 };
 
 }  // namespace gradwire::rpc::detail

@@ -85,42 +85,64 @@ TEST(Handshake, WithoutASecretTwoHellosOpenTheConnection) {
   EXPECT_EQ(server.state(), Handshake::State::kDone);
   EXPECT_FALSE(client.authenticated());
   // Bytes after the peer's hello belong to the stream: they are not consumed.
-  Handshake c2(Handshake::Role::kClient, "");
+  Handshake c2(Handshake::Role::kClient, "", {"w3", 3, 2});
   Handshake s2(Handshake::Role::kServer, "");
   std::string hello = c2.take_output();
-  ASSERT_EQ(hello.size(), transport::kHelloBytes);
+  const size_t hello_bytes = transport::kHelloBytes + transport::kIdentityHeaderBytes + 2;
+  ASSERT_EQ(hello.size(), hello_bytes);
   hello += "frame";
-  EXPECT_EQ(s2.feed(reinterpret_cast<const uint8_t*>(hello.data()), hello.size()),
-            transport::kHelloBytes);
+  EXPECT_EQ(s2.feed(reinterpret_cast<const uint8_t*>(hello.data()), hello.size()), hello_bytes);
   EXPECT_EQ(s2.state(), Handshake::State::kDone);
+  // The server knows whom the client claims to be, but nothing proves it.
+  EXPECT_EQ(s2.peer().name, "w3");
+  EXPECT_EQ(s2.peer().rank, 3);
+  EXPECT_EQ(s2.peer().incarnation, 2);
+  EXPECT_FALSE(s2.authenticated());
 }
 
 TEST(Handshake, TheSameSecretAuthenticatesBothEndsEvenByteByByte) {
-  Handshake client(Handshake::Role::kClient, "correct horse");
-  Handshake server(Handshake::Role::kServer, "correct horse");
+  Handshake client(Handshake::Role::kClient, "correct horse battery", {"w1", 1, 0});
+  Handshake server(Handshake::Role::kServer, "correct horse battery");
   exchange(client, server, /*byte_by_byte=*/true);
   EXPECT_EQ(client.state(), Handshake::State::kDone) << client.error();
   EXPECT_EQ(server.state(), Handshake::State::kDone) << server.error();
   EXPECT_TRUE(client.authenticated());
   EXPECT_TRUE(server.authenticated());
+  EXPECT_EQ(server.peer().name, "w1");
+  EXPECT_EQ(server.peer().rank, 1);
 }
 
-TEST(Handshake, AWrongSecretFailsOnBothEndsWithoutNamingIt) {
-  // The client checks the server's proof first.
-  Handshake client(Handshake::Role::kClient, "alpha");
-  Handshake server(Handshake::Role::kServer, "bravo");
-  exchange(client, server);
+TEST(Handshake, AWrongSecretFailsOnBothEndsWithoutNamingItAndTheServerNeverProves) {
+  // The client proves first: the server refuses it, and the client learns so from the
+  // verdict byte, never from a proof of the server's.
+  Handshake client(Handshake::Role::kClient, "alpha alpha alpha");
+  Handshake server(Handshake::Role::kServer, "bravo bravo bravo");
+  std::string to_client;
+  for (int round = 0; round < 4; ++round) {
+    const std::string out = client.take_output();
+    server.feed(reinterpret_cast<const uint8_t*>(out.data()), out.size());
+    const std::string back = server.take_output();
+    to_client += back;
+    client.feed(reinterpret_cast<const uint8_t*>(back.data()), back.size());
+  }
+  EXPECT_EQ(server.state(), Handshake::State::kFailed);
+  EXPECT_NE(server.error().find("does not know this job's secret"), std::string::npos);
   EXPECT_EQ(client.state(), Handshake::State::kFailed);
-  EXPECT_NE(client.error().find("authentication failed"), std::string::npos) << client.error();
-  EXPECT_EQ(client.error().find("alpha"), std::string::npos);
-  EXPECT_EQ(client.error().find("bravo"), std::string::npos);
-  // A client that skips that check and answers with a wrong proof is refused by the server,
-  // which says so with its verdict byte.
-  Handshake server2(Handshake::Role::kServer, "bravo");
-  Handshake honest(Handshake::Role::kClient, "bravo");
+  EXPECT_NE(client.error().find("the peer refused this worker's secret"), std::string::npos)
+      << client.error();
+  // Its hello and a refusal: nothing computed from the secret.
+  EXPECT_EQ(to_client.size(), transport::kHelloBytes + 1);
+  EXPECT_EQ(to_client.back(), '\0');
+  for (const std::string* e : {&client.error(), &server.error()}) {
+    EXPECT_EQ(e->find("alpha"), std::string::npos);
+    EXPECT_EQ(e->find("bravo"), std::string::npos);
+  }
+  // A forged proof is refused the same way.
+  Handshake server2(Handshake::Role::kServer, "bravo bravo bravo");
+  Handshake honest(Handshake::Role::kClient, "bravo bravo bravo");
   std::string hello = honest.take_output();
   server2.feed(reinterpret_cast<const uint8_t*>(hello.data()), hello.size());
-  (void)server2.take_output();
+  EXPECT_EQ(server2.take_output().size(), transport::kHelloBytes);
   const std::string forged(transport::kMacBytes, '\x5a');
   server2.feed(reinterpret_cast<const uint8_t*>(forged.data()), forged.size());
   EXPECT_EQ(server2.state(), Handshake::State::kFailed);
@@ -128,10 +150,30 @@ TEST(Handshake, AWrongSecretFailsOnBothEndsWithoutNamingIt) {
   EXPECT_NE(server2.error().find("does not know this job's secret"), std::string::npos);
 }
 
+TEST(Handshake, TheClaimedIdentityVersionAndFlagsAreInsideTheProof) {
+  // A man in the middle who rewrites any byte of the client's hello (here: its rank, then
+  // its name) makes the client's proof fail at the server.
+  for (const size_t at : {transport::kHelloBytes, transport::kHelloBytes + 10}) {
+    Handshake client(Handshake::Role::kClient, "a secret of the job", {"w1", 1, 0});
+    Handshake server(Handshake::Role::kServer, "a secret of the job");
+    std::string hello = client.take_output();
+    ASSERT_LT(at, hello.size());
+    hello[at] = static_cast<char>(hello[at] ^ 1);
+    server.feed(reinterpret_cast<const uint8_t*>(hello.data()), hello.size());
+    const std::string back = server.take_output();
+    client.feed(reinterpret_cast<const uint8_t*>(back.data()), back.size());
+    const std::string proof = client.take_output();
+    ASSERT_EQ(proof.size(), transport::kMacBytes);
+    server.feed(reinterpret_cast<const uint8_t*>(proof.data()), proof.size());
+    EXPECT_EQ(server.state(), Handshake::State::kFailed) << "byte " << at;
+    EXPECT_EQ(server.take_output(), std::string(1, '\0'));
+  }
+}
+
 TEST(Handshake, ASecretOnOneSideOnlySaysWhichSideLacksIt) {
   {
     Handshake client(Handshake::Role::kClient, "");
-    Handshake server(Handshake::Role::kServer, "s");
+    Handshake server(Handshake::Role::kServer, "a secret of the job");
     exchange(client, server);
     EXPECT_EQ(server.state(), Handshake::State::kFailed);
     EXPECT_EQ(client.state(), Handshake::State::kFailed);
@@ -142,7 +184,7 @@ TEST(Handshake, ASecretOnOneSideOnlySaysWhichSideLacksIt) {
     EXPECT_NE(server.error().find("the peer has no secret set"), std::string::npos);
   }
   {
-    Handshake client(Handshake::Role::kClient, "s");
+    Handshake client(Handshake::Role::kClient, "a secret of the job");
     Handshake server(Handshake::Role::kServer, "");
     exchange(client, server);
     EXPECT_EQ(server.state(), Handshake::State::kFailed);
@@ -164,8 +206,19 @@ TEST(Handshake, GarbageAndOtherVersionsAreRefusedByName) {
   Handshake server2(Handshake::Role::kServer, "");
   server2.feed(reinterpret_cast<const uint8_t*>(hello.data()), hello.size());
   EXPECT_EQ(server2.state(), Handshake::State::kFailed);
-  EXPECT_NE(server2.error().find("version 9, this worker version 1"), std::string::npos)
+  EXPECT_NE(server2.error().find("version 9, this worker version 2"), std::string::npos)
       << server2.error();
+  // The server still says its version, so that the other end can name the mismatch too.
+  const std::string back = server2.take_output();
+  ASSERT_EQ(back.size(), transport::kHelloBytes);
+  EXPECT_EQ(back[4], 2);
+  Handshake old_client(Handshake::Role::kClient, "");
+  std::string old_hello = back;
+  old_hello[4] = 1;
+  old_client.feed(reinterpret_cast<const uint8_t*>(old_hello.data()), old_hello.size());
+  EXPECT_EQ(old_client.state(), Handshake::State::kFailed);
+  EXPECT_NE(old_client.error().find("version 1, this worker version 2"), std::string::npos)
+      << old_client.error();
 }
 
 // ---- where secrets come from
@@ -174,18 +227,34 @@ TEST(Secret, GivenThenEnvironmentThenFile) {
   ::unsetenv("GRADWIRE_SECRET");
   ::unsetenv("GRADWIRE_SECRET_FILE");
   EXPECT_EQ(resolve_secret(""), "");
-  EXPECT_EQ(resolve_secret("given"), "given");
+  const std::string given = "given in the options";
+  EXPECT_EQ(resolve_secret(given), given);
   const auto file =
       std::filesystem::temp_directory_path() / ("gradwire-secret-" + std::to_string(::getpid()));
   {
     std::ofstream out(file);
-    out << "from-file\n";
+    out << "from-file, sixteen bytes or more\n";
   }
   ::setenv("GRADWIRE_SECRET_FILE", file.c_str(), 1);
-  EXPECT_EQ(resolve_secret(""), "from-file");  // the trailing newline is dropped
+  // The trailing newline is dropped.
+  EXPECT_EQ(resolve_secret(""), "from-file, sixteen bytes or more");
+  ::setenv("GRADWIRE_SECRET", "from-env, sixteen bytes or more", 1);
+  EXPECT_EQ(resolve_secret(""), "from-env, sixteen bytes or more");
+  EXPECT_EQ(resolve_secret(given), given);
+  // A secret short enough to guess offline is refused, naming where it came from.
   ::setenv("GRADWIRE_SECRET", "from-env", 1);
-  EXPECT_EQ(resolve_secret(""), "from-env");
-  EXPECT_EQ(resolve_secret("given"), "given");
+  EXPECT_THROW(
+      {
+        try {
+          resolve_secret("");
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("GRADWIRE_SECRET"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      InvalidArgument);
+  EXPECT_THROW(resolve_secret(std::string(kMinSecretBytes - 1, 'k')), InvalidArgument);
+  EXPECT_EQ(resolve_secret(std::string(kMinSecretBytes, 'k')), std::string(kMinSecretBytes, 'k'));
   ::unsetenv("GRADWIRE_SECRET");
   { std::ofstream truncate(file); }
   EXPECT_THROW(
@@ -443,9 +512,9 @@ bool closed_by_peer(int fd) {
   }
 }
 
-// Runs a client handshake over a raw socket; returns whether it completed.
-bool raw_handshake(int fd, const std::string& secret) {
-  Handshake hs(Handshake::Role::kClient, secret);
+// Runs a client handshake over a raw socket, claiming `who`; returns whether it completed.
+bool raw_handshake(int fd, const std::string& secret, transport::PeerIdentity who = {}) {
+  Handshake hs(Handshake::Role::kClient, secret, std::move(who));
   while (hs.state() == Handshake::State::kRunning) {
     send_all(fd, hs.take_output());
     uint8_t byte = 0;
@@ -459,9 +528,9 @@ bool raw_handshake(int fd, const std::string& secret) {
 namespace tp = tensorpipe;
 
 // TensorPipe's hello packet, as an intruder's first frame would carry it.
-std::string tensorpipe_hello() {
+std::string tensorpipe_hello(const std::string& name = "intruder") {
   tp::NopHolder<tp::Packet> hello;
-  hello.getObject() = tp::SpontaneousConnection{"intruder"};
+  hello.getObject() = tp::SpontaneousConnection{name};
   std::string bytes(hello.getSize(), '\0');
   tp::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
   EXPECT_FALSE(hello.write(writer).has_error());
@@ -534,13 +603,14 @@ TEST(TransportHostile, HugeLengthsAreRefusedBeforeAnythingIsAllocated) {
     EXPECT_TRUE(closed_by_peer(fd));
     ::close(fd);
   }
-  // 2. A well-formed TensorPipe hello, then a control frame claiming 2^62 bytes: the pipe
-  //    is closed for it, the listener is untouched.
+  // 2. A well-formed TensorPipe hello (of a worker of the group: without a secret, a claim
+  //    the store's record backs is admitted), then a control frame claiming 2^62 bytes: the
+  //    pipe is closed for it, the listener is untouched.
   {
     const int fd = raw_connect(w1);
-    ASSERT_TRUE(raw_handshake(fd, ""));
+    ASSERT_TRUE(raw_handshake(fd, "", {"w0", 0, 0}));
     const uint64_t huge = uint64_t{1} << 62;
-    send_all(fd, frame(tensorpipe_hello()) +
+    send_all(fd, frame(tensorpipe_hello("w0")) +
                      std::string(reinterpret_cast<const char*>(&huge), sizeof(huge)));
     EXPECT_TRUE(closed_by_peer(fd));
     ::close(fd);
@@ -606,14 +676,14 @@ TEST(TransportSecret, AJobWithASecretServesItsWorkersAndRefusesOutsiders) {
   Registry reg;
   register_basics(reg);
   AgentOptions options = options_for(reg);
-  options.secret = "the job's secret";
+  options.secret = "the job's secret, 16+ bytes";
   Group g = start_group(3, options);
   // Workers that share it call each other as usual, tensors included.
   EXPECT_EQ(sum(g.agents[2]->rpc_sync<Tensor>("w1", "echo", ones({1000}))).item<float>(), 1000);
   expect_serving(g);
   const auto w1 = published_address(*g.store, 1);
   const uint64_t before = g.agents[1]->metrics().connections_refused;
-  const std::string wrong = outsider_call_error(w1, "a guess");
+  const std::string wrong = outsider_call_error(w1, "a guess at the secret");
   EXPECT_NE(wrong.find("authentication failed"), std::string::npos) << wrong;
   EXPECT_EQ(wrong.find("the job's secret"), std::string::npos) << wrong;
   const std::string none = outsider_call_error(w1, "");
@@ -621,7 +691,7 @@ TEST(TransportSecret, AJobWithASecretServesItsWorkersAndRefusesOutsiders) {
   // A raw client with the wrong secret that ignores the server's proof is refused too.
   {
     const int fd = raw_connect(w1);
-    EXPECT_FALSE(raw_handshake(fd, "another guess"));
+    EXPECT_FALSE(raw_handshake(fd, "another guess at the secret"));
     ::close(fd);
   }
   expect_serving(g);
@@ -862,7 +932,7 @@ TEST(TransportLocalHostile, CorruptRingsAndHugeFramesCloseOnlyTheirConnection) {
     auto segment = make_segment(cap);
     ASSERT_NE(segment, nullptr);
     const int fd = raw_local_connect(l.name);
-    ASSERT_TRUE(raw_handshake(fd, ""));
+    ASSERT_TRUE(raw_handshake(fd, "", {"intruder", -1, 0}));
     send_with_fds(fd, segment->setup_message(), {segment->release_fd()});
     RingWriter writer(segment->control(0), segment->data(0), cap);
     const std::string hello = frame(tensorpipe_hello());

@@ -37,6 +37,7 @@
 #include "gradwire/core/env.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/printable.h"
 #include "gradwire/core/signals.h"
 #include "gradwire/core/thread_annotations.h"
 #include "gradwire/core/thread_pool.h"
@@ -234,6 +235,8 @@ class TensorPipeAgent final : public RpcAgent,
   const std::shared_ptr<c10d::Store> store_;
   const AgentOptions options_;
   detail::GroupDirectory group_;  // joined by start(); see joined_
+  // Which incoming connections speak for which worker (opened once group_ is joined).
+  mutable detail::PeerAdmission admission_{group_, std::chrono::milliseconds(5'000)};
   detail::CallTable calls_;
   detail::Dispatcher dispatcher_;
 
@@ -374,6 +377,24 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   o.max_frame_bytes = options_.limits.max_payload_bytes + (size_t{16} << 20);
   o.stats = transport_stats_;
   o.name = self_.name;
+  // Each connection claims this worker in its handshake, and incoming ones are admitted
+  // only as the worker they claim (group.h, PeerAdmission).
+  std::weak_ptr<const TensorPipeAgent> weak = weak_from_this();
+  o.identity = [weak, name = self_.name, rank = self_.id] {
+    auto self = weak.lock();
+    return transport::PeerIdentity{name, rank, self ? self->group_.incarnation() : 0};
+  };
+  o.verify_peer = [weak](const transport::PeerIdentity& peer,
+                         transport::StreamOptions::VerifyDone done) {
+    auto self = weak.lock();
+    if (self == nullptr) {
+      done("this worker is shutting down");
+      return;
+    }
+    self->admission_.verify({peer.name, peer.rank, peer.incarnation}, std::move(done));
+  };
+  o.allow_other_uids =
+      options_.local_allow_other_uids || env_bool("GRADWIRE_RPC_LOCAL_ALLOW_OTHER_UIDS", false);
   return o;
 }
 
@@ -523,6 +544,12 @@ void TensorPipeAgent::start_serving() {
   }
   group_.check_device_maps();
   joined_.store(true, std::memory_order_release);
+  // A newer incarnation's record is re-read on the pool; the task keeps the agent alive.
+  admission_.open([weak = weak_from_this()](std::function<void()> task) {
+    auto self = weak.lock();
+    if (self == nullptr) throw Error("the worker has closed");
+    self->pool_->execute([self, task = std::move(task)] { task(); });
+  });
   {
     MutexLock lock(mutex_);
     state_ = State::kRunning;
@@ -756,7 +783,7 @@ void TensorPipeAgent::accept_next() {
     conn->pipe = std::move(pipe);
     const std::string& remote = conn->pipe->getRemoteName();
     const int id = self->group_.id_of(remote);
-    conn->peer = id < 0 ? WorkerInfo{remote, -1} : self->group_.worker(id);
+    conn->peer = id < 0 ? WorkerInfo{printable(remote), -1} : self->group_.worker(id);
     // Told before any of the new process's messages is read.
     if (id >= 0 && self->lost_peers_[static_cast<size_t>(id)].load(std::memory_order_acquire))
       self->check_rejoined(id);
@@ -1301,6 +1328,7 @@ void TensorPipeAgent::close() {
                                          " was shut down before " + call.what() + " to worker " +
                                          call.to.describe() + " completed"));
   });
+  admission_.close("this worker is shutting down");
   if (listener_) listener_->close();
   if (context_) {
     context_->close();

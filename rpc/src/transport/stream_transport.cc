@@ -30,6 +30,7 @@
 #include "gradwire/core/background_log.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/printable.h"
 #include "transport/handshake.h"
 #include "transport/reactor.h"
 #include "transport/ring.h"
@@ -242,6 +243,30 @@ struct Core : std::enable_shared_from_this<Core> {
     return std::string("rpc transport ") + kind() + " of '" + options.name + "': ";
   }
 
+  // What this end claims when it connects.
+  PeerIdentity own_identity() const {
+    if (options.identity) return options.identity();
+    return PeerIdentity{options.name, -1, 0};
+  }
+
+  // "local" and "unix": "" when the process at the other end of `fd` may be admitted
+  // (SO_PEERCRED), else why not.
+  std::string check_peer_user(int fd) const {
+    if (!unix_socket(options.family) || options.allow_other_uids) return "";
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      return std::string("cannot learn the peer's user (SO_PEERCRED): ") + errno_text(errno);
+    }
+    const uid_t mine = ::geteuid();
+    if (cred.uid == mine) return "";
+    return "its process (pid " + std::to_string(cred.pid) + ") runs as uid " +
+           std::to_string(cred.uid) + ", this one as uid " + std::to_string(mine) + "; the " +
+           kind() +
+           " transport admits only the same user unless other users are allowed "
+           "(AgentOptions::local_allow_other_uids, GRADWIRE_RPC_LOCAL_ALLOW_OTHER_UIDS)";
+  }
+
   StreamOptions options;
   Reactor reactor;
   std::atomic<bool> closing{false};
@@ -268,7 +293,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         role_(role),
         peer_(std::move(peer)),
         handshake_(role == Role::kClient ? Handshake::Role::kClient : Handshake::Role::kServer,
-                   core_->options.secret),
+                   core_->options.secret,
+                   role == Role::kClient ? core_->own_identity() : PeerIdentity{}),
         staging_(new char[kStagingBytes]) {}
 
   ~ConnImpl() {
@@ -366,8 +392,9 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   void fail(tp::Error error);
 
  private:
-  // kRingSetup: a "local" server waits for the client's ring segment.
-  enum class State { kConnecting, kHandshake, kRingSetup, kPrefetch, kOpen, kClosed };
+  // kRingSetup: a "local" server waits for the client's ring segment. kVerifying: a server
+  // waits for verify_peer's answer about the client's claimed identity.
+  enum class State { kConnecting, kHandshake, kRingSetup, kPrefetch, kVerifying, kOpen, kClosed };
 
   struct ReadOp {
     enum Kind { kUnsized, kSized, kNop, kPrefetch } kind = kUnsized;
@@ -513,6 +540,11 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         fail(make_error("connecting to " + peer_ + " failed: " + errno_text(err)));
         return;
       }
+      // Whoever listens under a local name: the same user only (a name is anyone's to take).
+      if (const std::string why = core_->check_peer_user(fd_); !why.empty()) {
+        refuse_or_fail(why);
+        return;
+      }
       state_ = State::kHandshake;
       send_handshake_output();
       if (state_ == State::kClosed) return;
@@ -545,7 +577,12 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   // outgoing one fails with the reason.
   void refuse_or_fail(const std::string& why) {
     if (role_ == Role::kServer) {
-      core_->note_refused(peer_, why);
+      const PeerIdentity& claim = handshake_.peer();
+      core_->note_refused(claim.name.empty()
+                              ? peer_
+                              : peer_ + " (claiming worker '" + printable(claim.name) + "', rank " +
+                                    std::to_string(claim.rank) + ")",
+                          why);
       fail(make_error("refused: " + why));
     } else {
       fail(make_error("connection to " + peer_ + ": " + why));
@@ -723,30 +760,66 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         return;
       }
       case ReadOp::kPrefetch: {
-        if (!first_frame_valid(op.dest, op.length)) {
-          refuse_or_fail(core_->options.first_frame == StreamOptions::FirstFrame::kMptLaneHello
-                             ? "its first frame is not an mpt lane hello"
-                             : "its first frame is not a TensorPipe hello");
+        if (const std::string why = check_first_frame(op.dest, op.length); !why.empty()) {
+          refuse_or_fail(why);
           return;
         }
         prefetched_ = std::string(op.dest, op.length);
-        finish_opening();
+        begin_verify();
         return;
       }
     }
   }
 
-  bool first_frame_valid(const char* data, size_t size) const {
+  // "" when the first frame is what this listener expects from a peer that claimed
+  // handshake_.peer(), else why not. Sets claim_: what verify_peer is asked about.
+  std::string check_first_frame(const char* data, size_t size) {
+    claim_ = handshake_.peer();
     if (core_->options.first_frame == StreamOptions::FirstFrame::kMptLaneHello) {
       // The mpt channel dereferences the ClientHello it expects without checking for it.
       tp::NopHolder<tp::channel::mpt::Packet> hello;
-      if (!decode_nop(hello, data, size).empty()) return false;
-      return hello.getObject().is<tp::channel::mpt::ClientHello>();
+      if (decode_nop(hello, data, size).empty() &&
+          hello.getObject().is<tp::channel::mpt::ClientHello>()) {
+        return "";
+      }
+      return "its first frame is not an mpt lane hello";
     }
     tp::NopHolder<tp::Packet> hello;
-    if (!decode_nop(hello, data, size).empty()) return false;
-    return hello.getObject().is<tp::SpontaneousConnection>() ||
-           hello.getObject().is<tp::RequestedConnection>();
+    if (!decode_nop(hello, data, size).empty()) return "its first frame is not a TensorPipe hello";
+    if (hello.getObject().is<tp::RequestedConnection>()) return "";
+    if (!hello.getObject().is<tp::SpontaneousConnection>()) {
+      return "its first frame is not a TensorPipe hello";
+    }
+    // The pipe TensorPipe opens for it is known by this name: it must be the one the
+    // handshake claimed (and verify_peer admits), or a peer could speak for another. A
+    // handshake that claimed nobody leaves the hello's name to verify_peer, with no rank.
+    const std::string& named = hello.getObject().get<tp::SpontaneousConnection>()->contextName;
+    if (claim_.name.empty()) claim_.name = named;
+    if (named == claim_.name) return "";
+    return "its TensorPipe hello names worker '" + printable(named) +
+           "', but its handshake claimed '" + printable(claim_.name) + "'";
+  }
+
+  // The server: asks verify_peer about the client's claim before TensorPipe sees it.
+  void begin_verify() {
+    if (!core_->options.verify_peer) {
+      finish_opening();
+      return;
+    }
+    state_ = State::kVerifying;
+    std::weak_ptr<ConnImpl> weak = weak_from_this();
+    std::shared_ptr<Core> core = core_;
+    core_->options.verify_peer(claim_, [weak, core](std::string why) {
+      core->run_on_loop([weak, why = std::move(why)] {
+        auto self = weak.lock();
+        if (self == nullptr || self->state_ != State::kVerifying) return;
+        if (!why.empty()) {
+          self->refuse_or_fail(why);
+          return;
+        }
+        self->finish_opening();
+      });
+    });
   }
 
   void pump_reads() {
@@ -928,7 +1001,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   }
 
   bool opening() const {
-    return state_ == State::kHandshake || state_ == State::kRingSetup || state_ == State::kPrefetch;
+    return state_ == State::kHandshake || state_ == State::kRingSetup ||
+           state_ == State::kPrefetch || state_ == State::kVerifying;
   }
 
   // Loop thread: bytes from the peer, like recv(): > 0, 0 at the end of the stream, or -1
@@ -1177,6 +1251,7 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   size_t staged_begin_ = 0;
   size_t staged_end_ = 0;
   std::string handshake_out_;
+  PeerIdentity claim_;  // server: whom the peer claims to be, once its first frame is here
   std::optional<std::string> prefetched_;
   std::deque<ReadOp> reads_;
   // The write side is shared with the callers' threads (try_direct).
@@ -1373,6 +1448,11 @@ class ListenerImpl : public std::enable_shared_from_this<ListenerImpl> {
         return;
       }
       const std::string peer = format_address(core_->options.family, from, from_len);
+      if (const std::string why = core_->check_peer_user(fd); !why.empty()) {
+        ::close(fd);
+        core_->note_refused(peer, why);
+        continue;
+      }
       if (handshaking_ >= core_->options.max_handshaking) {
         ::close(fd);
         core_->note_refused(

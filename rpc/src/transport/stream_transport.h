@@ -9,9 +9,13 @@
 // - A connection that fails the handshake, or does not finish it within
 //   handshake_timeout, is closed and counted in TransportStats::refused, with a
 //   rate-limited log line; it never reaches TensorPipe.
+// - "local" and "unix" admit only peers of the same user (SO_PEERCRED, both ends), unless
+//   allow_other_uids.
 // - An accepted connection is handed to TensorPipe's listener only once its first frame
 //   (TensorPipe's hello packet) has arrived whole and parses: a peer that goes away or
 //   sends garbage there cannot touch the listener, whose errors TensorPipe makes sticky.
+//   A connection speaks for the worker its handshake named alone: a TensorPipe hello that
+//   names another is refused, and verify_peer decides whether the claim is admitted.
 // - Bounded reads: every frame is a u64 length and its bytes; a length is checked (against
 //   the size TensorPipe expects, or max_frame_bytes) before anything is allocated for it,
 //   and a frame that does not decode fails its connection with an error, never the
@@ -27,10 +31,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include <tensorpipe/transport/context.h>
+
+#include "transport/handshake.h"
 
 namespace gradwire::rpc::transport {
 
@@ -64,6 +71,21 @@ struct StreamOptions {
   // hello (a context's listener) or the mpt channel's lane hello (its lane listeners).
   enum class FirstFrame { kTensorPipeHello, kMptLaneHello };
   FirstFrame first_frame = FirstFrame::kTensorPipeHello;
+  // Who this end claims to be in the handshake of each connection it opens (asked then, on
+  // the connecting thread). Null: {name, -1, 0}.
+  std::function<PeerIdentity()> identity;
+  // Whether an incoming connection's claimed identity is admitted, asked on the loop thread
+  // once its handshake is done and its first frame has arrived (a TensorPipe hello must
+  // already name the same worker as the handshake, or the connection is refused before
+  // this; after a handshake that claimed no name, the hello's name is the claim, with the
+  // handshake's rank): call `done("")` to admit it, `done(why)` to refuse it, at once or
+  // later from any thread. Until then the connection waits, within handshake_timeout.
+  // Null: all admitted.
+  using VerifyDone = std::function<void(std::string why)>;
+  std::function<void(const PeerIdentity& peer, VerifyDone done)> verify_peer;
+  // kLocal and kUnix: admit peers whose process runs as another user (checked on both ends
+  // with SO_PEERCRED before the handshake). Default: the same effective uid only.
+  bool allow_other_uids = false;
 };
 
 class StreamContext : public tensorpipe::transport::Context {

@@ -145,6 +145,10 @@ struct AgentOptions {
   std::string secret;
   // How long a new connection may take to complete its handshake before it is closed.
   std::chrono::milliseconds handshake_timeout{10'000};
+  // The "local" and "unix" transports admit only peers whose process runs as the same user
+  // as this one (SO_PEERCRED, checked on both ends); true admits every user of the host (in
+  // its network namespace). GRADWIRE_RPC_LOCAL_ALLOW_OTHER_UIDS=1 turns it on too.
+  bool local_allow_other_uids{false};
   // How long gradwire's transports keep polling after traffic before their thread sleeps:
   // a reply that follows a request within it is picked up without a wake-up (lower
   // latency), at the cost of that much CPU after each burst; an idle worker spends none.
