@@ -16,9 +16,10 @@ using namespace gradwire::rpc;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string payload(reinterpret_cast<const char*>(data), size);
-  EnvelopeLimits limits;
-  // Small enough that a fuzzer's claims of big tensors are refused, not allocated.
-  limits.max_tensor_bytes = size_t{16} << 20;
+  // The limits every agent runs with by default: what is reachable here is what a peer can
+  // reach. Tensors up to max_tensor_bytes (2 GiB) are allocated as a receiver would, but
+  // never written, so they cost address space, not memory.
+  const EnvelopeLimits limits;
   (void)peek_header(payload, limits);
   try {
     ParsedEnvelope parsed(payload, limits);

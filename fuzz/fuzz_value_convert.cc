@@ -163,8 +163,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     if (data[0] % 4 == 0) {
       // A decoded envelope's arguments, as a receiver would pass them.
-      EnvelopeLimits limits;
-      limits.max_tensor_bytes = size_t{1} << 20;
+      const EnvelopeLimits limits;  // the defaults every agent runs with
       const std::string payload(reinterpret_cast<const char*>(data + 1), size - 1);
       ParsedEnvelope parsed(payload, limits);
       std::vector<Tensor> received;

@@ -46,12 +46,14 @@ mkdir -p "$build/artifacts"
 for t in $targets; do
   echo "== $t"
   if compgen -G "$root/fuzz/regressions/$t/*" >/dev/null; then
-    replayed=$("$build/fuzz/$t" -runs=1 "$root"/fuzz/regressions/"$t"/* 2>&1 | grep -c '^Executed')
-    echo "replayed $replayed past finding(s)"
+    # A past finding that fails again prints its whole report (the stack included).
+    "$build/fuzz/$t" -runs=1 "$root"/fuzz/regressions/"$t"/* >"$build/$t.replay.log" 2>&1 ||
+      { cat "$build/$t.replay.log" >&2; echo "gradwire: $t fails on a past finding" >&2; exit 1; }
+    echo "replayed $(grep -c '^Executed' "$build/$t.replay.log") past finding(s)"
   fi
   if [[ " ${GRADWIRE_FUZZ_REPLAY_ONLY:-} " == *" $t "* ]]; then
     "$build/fuzz/$t" -runs=0 "$root/fuzz/corpus/$t" >"$build/$t.log" 2>&1 ||
-      { tail -n 60 "$build/$t.log" >&2; echo "gradwire: $t failed on its seeds" >&2; exit 1; }
+      { cat "$build/$t.log" >&2; echo "gradwire: $t failed on its seeds" >&2; exit 1; }
     echo "replayed $(ls "$root/fuzz/corpus/$t" | wc -l) seed(s)"
     continue
   fi
@@ -59,15 +61,23 @@ for t in $targets; do
   mkdir -p "$work"
   # -timeout: one input taking longer is a hang; -rss_limit_mb: one taking more memory is a
   # finding too (every parser bounds what it allocates).
+  # -max_len: the network targets get inputs of up to 1 MiB (frames past the first, long
+  # transcripts); the in-process parsers up to 256 KiB.
+  case "$t" in
+    fuzz_store_server | fuzz_transport) max_len=1048576 ;;
+    *) max_len=262144 ;;
+  esac
   status=0
   "$build/fuzz/$t" "$work" "$root/fuzz/corpus/$t" -max_total_time="$seconds" -timeout=30 \
+    -max_len="$max_len" \
     ${GRADWIRE_FUZZ_SEED:+-seed="$GRADWIRE_FUZZ_SEED"} \
     -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
     >"$build/$t.log" 2>&1 || status=$?
   grep -E '^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb|Done [0-9]+ runs)' \
     "$build/$t.log" || true
   if [[ $status -ne 0 ]]; then
-    tail -n 60 "$build/$t.log" >&2
+    # The report whole: the sanitizer's stack, the input's bytes and libFuzzer's summary.
+    grep -v '^#[0-9]*[[:space:]]*\(NEW\|REDUCE\|pulse\|INITED\|RELOAD\)' "$build/$t.log" | tail -n 400 >&2
     echo "gradwire: $t found a problem (exit $status); the input is in $build/artifacts" >&2
     exit 1
   fi

@@ -6,9 +6,12 @@
 // functions, gradients and passes. No message is sent and no node runs under either.
 #include "gradwire/dist_autograd/dist_autograd.h"
 
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "gradwire/autograd/engine.h"
 #include "gradwire/autograd/gradient_sink.h"
@@ -117,20 +120,53 @@ struct Pass {
   std::set<const autograd::Node*> notified;  // recv functions whose sender was told
 };
 
-// The gradients of this worker's leaves in one context.
+// The gradients of this worker's leaves in one context: in first-arrival order, indexed by
+// the leaf's identity (its TensorImpl, kept alive by the entry), so that accumulating a
+// gradient and looking one up cost O(1) whatever the number of leaves.
+//
+// It holds what it is given: a pass's gradient is the pass's own (later sums are out of
+// place), and a Reducer's set_gradient hands over a copy of its averaged bucket slot
+// (gradient_sink.h), so no entry aliases a bucket that a later pass of any context reuses.
 class ContextSink : public autograd::GradientSink {
  public:
   void accumulate(const Tensor& leaf, const Tensor& grad) override {
     MutexLock lock(mutex_);
-    for (auto& [l, g] : items_) {
-      if (l.is_same(leaf)) {
-        g = add(g, grad);
-        return;
-      }
+    auto [it, fresh] = index_.try_emplace(leaf.impl_ptr().get(), items_.size());
+    if (fresh) {
+      items_.emplace_back(leaf, grad);
+      return;
     }
-    // Kept as given (the pass owns it; later sums are out of place): a DDP bucket view stays
-    // the view its all-reduce averages in place.
-    items_.emplace_back(leaf, grad);
+    Tensor& held = items_[it->second].second;
+    held = held.defined() ? add(held, grad) : grad;
+  }
+  Tensor gradient(const Tensor& leaf) const override {
+    MutexLock lock(mutex_);
+    auto it = index_.find(leaf.impl_ptr().get());
+    return it == index_.end() ? Tensor() : items_[it->second].second;
+  }
+  void set_gradient(const Tensor& leaf, const Tensor& grad) override {
+    MutexLock lock(mutex_);
+    auto [it, fresh] = index_.try_emplace(leaf.impl_ptr().get(), items_.size());
+    if (fresh) {
+      if (grad.defined()) {
+        items_.emplace_back(leaf, grad);
+      } else {
+        index_.erase(it);
+      }
+      return;
+    }
+    if (grad.defined()) {
+      items_[it->second].second = grad;
+      return;
+    }
+    // Holding nothing: the last entry takes the removed one's place.
+    const size_t slot = it->second;
+    index_.erase(it);
+    if (slot + 1 != items_.size()) {
+      items_[slot] = std::move(items_.back());
+      index_[items_[slot].first.impl_ptr().get()] = slot;
+    }
+    items_.pop_back();
   }
   std::vector<std::pair<Tensor, Tensor>> items() const {
     MutexLock lock(mutex_);
@@ -140,6 +176,7 @@ class ContextSink : public autograd::GradientSink {
  private:
   mutable Mutex mutex_;
   std::vector<std::pair<Tensor, Tensor>> items_ GRADWIRE_GUARDED_BY(mutex_);
+  std::unordered_map<const void*, size_t> index_ GRADWIRE_GUARDED_BY(mutex_);
 };
 
 struct ContextState {
@@ -239,11 +276,29 @@ class Container : public rpc::Interceptor,
     }
     return c;
   }
+  // The context a request from a participant names, made on its first request here; a
+  // context released here is never made again (a late request in it is refused).
   std::shared_ptr<ContextState> get_or_make(uint64_t id) {
     MutexLock lock(mutex_);
-    auto& slot = contexts_[id];
-    if (slot == nullptr) slot = std::make_shared<ContextState>(id);
-    return slot;
+    auto it = contexts_.find(id);
+    if (it != contexts_.end()) return it->second;
+    if (released_.count(id) != 0) {
+      throw CallRejected("dist_autograd: worker " + self_.describe() +
+                         " already released context " + ctx_text(id));
+    }
+    auto state = std::make_shared<ContextState>(id);
+    contexts_.emplace(id, state);
+    return state;
+  }
+
+  // Remembers that `id` was released here (the newest kReleasedMemory ids).
+  void remember_released(uint64_t id) GRADWIRE_REQUIRES(mutex_) {
+    if (!released_.insert(id).second) return;
+    released_order_.push_back(id);
+    if (released_order_.size() > kReleasedMemory) {
+      released_.erase(released_order_.front());
+      released_order_.pop_front();
+    }
   }
   size_t size() const {
     MutexLock lock(mutex_);
@@ -698,6 +753,7 @@ class Container : public rpc::Interceptor,
       if (it == contexts_.end()) return make_ready_future();
       state = std::move(it->second);
       contexts_.erase(it);
+      remember_released(ctx);
     }
     std::set<int> touched;
     {
@@ -737,11 +793,7 @@ class Container : public rpc::Interceptor,
     return a == nullptr ? std::chrono::milliseconds(0) : a->options().rpc_timeout;
   }
 
-  Gradients gradients(uint64_t ctx) const {
-    Gradients g;
-    g.items_ = get(ctx)->sink->items();
-    return g;
-  }
+  Gradients gradients(uint64_t ctx) const { return Gradients(get(ctx)->sink->items()); }
 
   // ---- listener
 
@@ -789,6 +841,12 @@ class Container : public rpc::Interceptor,
   std::atomic<uint64_t> next_id_{1};
   mutable Mutex mutex_;
   std::map<uint64_t, std::shared_ptr<ContextState>> contexts_ GRADWIRE_GUARDED_BY(mutex_);
+  // Contexts released here, newest last: a late request must not make one again. Bounded:
+  // a worker remembers the last kReleasedMemory (ids are never reused, so an older one
+  // could only come from a message delayed past 65,536 later releases).
+  static constexpr size_t kReleasedMemory = 1u << 16;
+  std::unordered_set<uint64_t> released_ GRADWIRE_GUARDED_BY(mutex_);
+  std::deque<uint64_t> released_order_ GRADWIRE_GUARDED_BY(mutex_);
 
   friend class RecvBackward;
 };
@@ -835,19 +893,21 @@ Context::~Context() {
   }
 }
 
+Gradients::Gradients(std::vector<std::pair<Tensor, Tensor>> items) : items_(std::move(items)) {
+  index_.reserve(items_.size());
+  for (size_t i = 0; i < items_.size(); ++i)
+    index_.emplace(items_[i].first.impl_ptr().get(), i);
+}
+
 Tensor Gradients::at(const Tensor& leaf) const {
-  for (const auto& [l, g] : items_) {
-    if (l.is_same(leaf)) return g;
-  }
+  auto it = index_.find(leaf.impl_ptr().get());
+  if (it != index_.end()) return items_[it->second].second;
   throw InvalidArgument("dist_autograd: the context holds no gradient for this tensor (" +
                         std::to_string(items_.size()) + " leaves have one)");
 }
 
 bool Gradients::contains(const Tensor& leaf) const {
-  for (const auto& [l, g] : items_) {
-    if (l.is_same(leaf)) return true;
-  }
-  return false;
+  return index_.count(leaf.impl_ptr().get()) != 0;
 }
 
 void backward(rpc::RpcAgent& agent, uint64_t context_id, const std::vector<Tensor>& roots,

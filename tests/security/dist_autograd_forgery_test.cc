@@ -115,6 +115,37 @@ TEST(DistAutogradForgery, NonParticipantsCannotSpeakForAContext) {
   test::shutdown_agents(agents);
 }
 
+// A request that arrives after its context was released (late, or replayed by a member)
+// does not bring the context back to life: it is refused, and nothing is held.
+TEST(DistAutogradForgery, AReleasedContextIsNeverMadeAgain) {
+  Registry reg;
+  reg.def("square", [](const Tensor& x) { return mul(x, x); });
+  Agents agents = test::start_agents(2, test::agent_options(reg));
+  uint64_t id = 0;
+  {
+    da::Context ctx(*agents[0]);
+    id = ctx.id();
+    Tensor x = tensor(std::vector<double>{2.0});
+    x.set_requires_grad(true);
+    (void)agents[0]->rpc_sync<Tensor>("w1", "square", x);
+    ASSERT_EQ(da::num_contexts(*agents[1]), 1u);
+  }
+  ASSERT_EQ(da::num_contexts(*agents[1]), 0u);
+  rpc::Request late;
+  late.function = "square";
+  late.args = {rpc::Value(tensor(std::vector<double>{3.0}))};
+  late.autograd_context_id = id;
+  try {
+    agents[0]->send("w1", std::move(late)).get(10s);
+    ADD_FAILURE() << "expected the late request to be refused";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("already released context"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(da::num_contexts(*agents[1]), 0u);
+  test::shutdown_agents(agents);
+}
+
 // A release for a context a worker does not hold is answered, whoever sends it, and changes
 // nothing.
 TEST(DistAutogradForgery, ReleasingAnUnknownContextIsHarmless) {
