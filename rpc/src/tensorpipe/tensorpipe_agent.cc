@@ -164,6 +164,14 @@ class TensorPipeAgent final : public RpcAgent,
     bool outgoing{false};
     // Closed by a fault rule (AgentOptions::faults), which is then the reason given.
     std::atomic<bool> cut{false};
+    // This connection's share of the in-flight budget (guarded by the agent's mutex_).
+    size_t inflight_bytes{0};
+    size_t queued_requests{0};
+  };
+  // What one received message holds of the in-flight budget until it is done with.
+  struct Held {
+    size_t bytes{0};
+    bool request{false};
   };
 
   void validate_options() const;
@@ -177,10 +185,16 @@ class TensorPipeAgent final : public RpcAgent,
   [[noreturn]] void refuse_locked(const std::string& what) const GRADWIRE_REQUIRES(mutex_);
   // The connection to `target`, made on first use; refuses (throws) unless running.
   std::shared_ptr<Connection> connection_to(const WorkerInfo& target, const Request& request);
-  // Tensor bytes of requests from `peer` being served (max_inflight_bytes_per_peer).
-  bool reserve_inflight(int peer, size_t bytes);
-  void release_inflight(int peer, size_t bytes);
-  void release_inflight_locked(int peer, size_t bytes) GRADWIRE_REQUIRES(mutex_);
+  // The in-flight budget (AgentOptions::max_inflight_bytes*, max_queued_requests*): takes
+  // `held` for a message received on `conn`, or returns which limit it would pass ("" when
+  // taken).
+  std::string reserve_inflight(Connection& conn, const Held& held);
+  void release_inflight(Connection& conn, const Held& held);
+  void release_inflight_locked(Connection& conn, const Held& held) GRADWIRE_REQUIRES(mutex_);
+  // Answers a request refused by the in-flight budget with a BusyError, and keeps reading
+  // the connection when nothing of the message is left unread.
+  void refuse_busy(const std::shared_ptr<Connection>& conn, uint64_t request_id,
+                   const std::string& why, bool close_after);
 
   void accept_next();
   void read_next(const std::shared_ptr<Connection>& conn);
@@ -188,7 +202,7 @@ class TensorPipeAgent final : public RpcAgent,
   void on_message(const std::shared_ptr<Connection>& conn,
                   std::shared_ptr<const ParsedEnvelope> parsed, std::string metadata,
                   std::vector<Tensor> tensors, const std::vector<Device>& targets,
-                  std::vector<detail::LoanCopy> lent, size_t tensor_bytes);
+                  std::vector<detail::LoanCopy> lent, Held held);
   void on_malformed(const std::shared_ptr<Connection>& conn, const std::string& metadata,
                     const std::string& why, bool close_after);
   // A message whose lent tensors could not be copied: the request is answered with a
@@ -260,6 +274,7 @@ class TensorPipeAgent final : public RpcAgent,
   std::atomic<uint64_t> bytes_lent_{0};
   std::atomic<uint64_t> tensors_copied_in_{0};
   std::atomic<uint64_t> bytes_copied_in_{0};
+  std::atomic<uint64_t> busy_refusals_{0};
   // Outgoing connections, per peer id: read without mutex_, made and cleared under it.
   const std::unique_ptr<std::atomic<std::shared_ptr<Connection>>[]> clients_;
   // Per peer id: a connection to or from it was lost since it was last seen (re-read its
@@ -276,8 +291,10 @@ class TensorPipeAgent final : public RpcAgent,
   std::map<uint64_t, std::shared_ptr<Connection>> servers_ GRADWIRE_GUARDED_BY(mutex_);
   // Pipes opened by senders that lost the race to connect first; closed with the context.
   std::vector<std::shared_ptr<tp::Pipe>> spare_pipes_ GRADWIRE_GUARDED_BY(mutex_);
-  std::exception_ptr failure_ GRADWIRE_GUARDED_BY(mutex_);      // the first failure, if any
-  std::map<int, size_t> inflight_ GRADWIRE_GUARDED_BY(mutex_);  // per peer id
+  std::exception_ptr failure_ GRADWIRE_GUARDED_BY(mutex_);  // the first failure, if any
+  // The in-flight budget of all connections together (each connection holds its share).
+  size_t inflight_bytes_ GRADWIRE_GUARDED_BY(mutex_) = 0;
+  size_t queued_requests_ GRADWIRE_GUARDED_BY(mutex_) = 0;
 };
 
 // ---- start-up
@@ -335,8 +352,13 @@ void TensorPipeAgent::validate_options() const {
   if (options_.channels.empty()) {
     throw InvalidArgument(who + "AgentOptions::channels is empty: tensors need a channel");
   }
-  if (options_.max_inflight_bytes_per_peer == 0) {
-    throw InvalidArgument(who + "AgentOptions::max_inflight_bytes_per_peer must be > 0");
+  for (const auto& [name, value] :
+       {std::pair<const char*, size_t>{"max_inflight_bytes_per_peer",
+                                       options_.max_inflight_bytes_per_peer},
+        {"max_inflight_bytes", options_.max_inflight_bytes},
+        {"max_queued_requests_per_peer", options_.max_queued_requests_per_peer},
+        {"max_queued_requests", options_.max_queued_requests}}) {
+    if (value == 0) throw InvalidArgument(who + "AgentOptions::" + name + " must be > 0");
   }
   if (options_.close_timeout.count() < 0) {
     throw InvalidArgument(who + "AgentOptions::close_timeout must be >= 0, got " +
@@ -850,17 +872,26 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
     on_malformed(conn, descriptor.metadata, e.what(), /*close_after=*/true);
     return;
   }
-  size_t total = 0;
+  Held held;
+  held.bytes = descriptor.metadata.size();
   for (const IncomingTensor& a : announced)
-    total += a.nbytes();
-  const int peer = conn->peer.id;
-  if (!reserve_inflight(peer, total)) {
-    on_malformed(conn, descriptor.metadata,
-                 "worker " + conn->peer.describe() + " sent a message of " + std::to_string(total) +
-                     " tensor bytes while its requests already being served here hold more "
-                     "than max_inflight_bytes_per_peer (" +
-                     std::to_string(options_.max_inflight_bytes_per_peer) + ") with it",
-                 /*close_after=*/true);
+    held.bytes += a.nbytes();
+  held.request = parsed->is_request();
+  if (std::string limit = reserve_inflight(*conn, held); !limit.empty()) {
+    // Nothing is left unread when every tensor travelled inside the envelope.
+    const bool unread = !announced.empty();
+    if (held.request) {
+      refuse_busy(conn, parsed->id(), "worker " + self_.describe() + " is busy: " + limit, unread);
+    } else {
+      if (parsed->is_response()) {
+        calls_.fail(parsed->id(),
+                    std::make_exception_ptr(BusyError("rpc: the reply from worker " +
+                                                      conn->peer.describe() + " to worker " +
+                                                      self_.describe() + " was refused: " + limit)),
+                    CallOutcome::kReplied, conn->serial);
+      }
+      conn->pipe->close();
+    }
     return;
   }
   tp::Allocation allocation;
@@ -885,70 +916,118 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
       targets.push_back(a.device);
     }
   } catch (const std::exception& e) {
-    release_inflight(peer, total);
+    release_inflight(*conn, held);
     on_malformed(
         conn, descriptor.metadata,
-        "cannot allocate the " + std::to_string(total) + " tensor bytes announced: " + e.what(),
+        "cannot allocate the " + std::to_string(held.bytes) + " bytes announced: " + e.what(),
         /*close_after=*/true);
     return;
   }
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
   conn->pipe->read(
       std::move(allocation),
-      [weak, conn, total, parsed = std::move(parsed), metadata = std::move(descriptor.metadata),
+      [weak, conn, held, parsed = std::move(parsed), metadata = std::move(descriptor.metadata),
        tensors = std::move(tensors), targets = std::move(targets),
        lent = std::move(lent)](const tp::Error& error) mutable {
         auto self = weak.lock();
         if (self == nullptr) return;
         if (error) {
-          self->release_inflight(conn->peer.id, total);
+          self->release_inflight(*conn, held);
           self->on_connection_error(conn, error.what());
           return;
         }
         self->read_next(conn);
         self->on_message(conn, std::move(parsed), std::move(metadata), std::move(tensors), targets,
-                         std::move(lent), total);
+                         std::move(lent), held);
       });
 }
 
-bool TensorPipeAgent::reserve_inflight(int peer, size_t bytes) {
-  if (bytes == 0) return true;
+std::string TensorPipeAgent::reserve_inflight(Connection& conn, const Held& held) {
   MutexLock lock(mutex_);
-  size_t& held = inflight_[peer];
-  if (held + bytes > options_.max_inflight_bytes_per_peer) return false;
-  held += bytes;
-  return true;
+  const auto past = [](const char* name, size_t limit, size_t now, size_t more, const char* unit) {
+    return std::string(name) + " (" + std::to_string(limit) + unit +
+           ") would be passed: " + std::to_string(now) + unit + " held, " + std::to_string(more) +
+           unit + " more";
+  };
+  if (conn.inflight_bytes + held.bytes > options_.max_inflight_bytes_per_peer) {
+    return past("max_inflight_bytes_per_peer", options_.max_inflight_bytes_per_peer,
+                conn.inflight_bytes, held.bytes, " bytes");
+  }
+  if (inflight_bytes_ + held.bytes > options_.max_inflight_bytes) {
+    return past("max_inflight_bytes", options_.max_inflight_bytes, inflight_bytes_, held.bytes,
+                " bytes");
+  }
+  if (held.request) {
+    if (conn.queued_requests + 1 > options_.max_queued_requests_per_peer) {
+      return past("max_queued_requests_per_peer", options_.max_queued_requests_per_peer,
+                  conn.queued_requests, 1, " requests");
+    }
+    if (queued_requests_ + 1 > options_.max_queued_requests) {
+      return past("max_queued_requests", options_.max_queued_requests, queued_requests_, 1,
+                  " requests");
+    }
+    ++conn.queued_requests;
+    ++queued_requests_;
+  }
+  conn.inflight_bytes += held.bytes;
+  inflight_bytes_ += held.bytes;
+  return std::string();
 }
 
-void TensorPipeAgent::release_inflight(int peer, size_t bytes) {
-  if (bytes == 0) return;
+void TensorPipeAgent::release_inflight(Connection& conn, const Held& held) {
   MutexLock lock(mutex_);
-  release_inflight_locked(peer, bytes);
+  release_inflight_locked(conn, held);
 }
 
-void TensorPipeAgent::release_inflight_locked(int peer, size_t bytes) {
-  if (bytes == 0) return;
-  auto it = inflight_.find(peer);
-  if (it == inflight_.end()) return;
-  it->second -= std::min(it->second, bytes);
-  if (it->second == 0) inflight_.erase(it);
+void TensorPipeAgent::release_inflight_locked(Connection& conn, const Held& held) {
+  conn.inflight_bytes -= std::min(conn.inflight_bytes, held.bytes);
+  inflight_bytes_ -= std::min(inflight_bytes_, held.bytes);
+  if (held.request) {
+    conn.queued_requests -= std::min<size_t>(conn.queued_requests, 1);
+    queued_requests_ -= std::min<size_t>(queued_requests_, 1);
+  }
+}
+
+void TensorPipeAgent::refuse_busy(const std::shared_ptr<Connection>& conn, uint64_t request_id,
+                                  const std::string& why, bool close_after) {
+  busy_refusals_.fetch_add(1, std::memory_order_relaxed);
+  GRADWIRE_LOG(kDebug) << "rpc worker " << self_.describe() << ": refused request " << request_id
+                       << " from " << conn->peer.describe() << ": " << why;
+  Response reply;
+  reply.id = request_id;
+  reply.result = ErrorReply{ErrorKind::kBusy, why, self_.name, /*rejected=*/true};
+  std::shared_ptr<tp::Pipe> pipe = conn->pipe;
+  write(conn, encode(Envelope{std::move(reply)}), [pipe, close_after](const std::string&) {
+    if (close_after) pipe->close();
+  });
+  if (close_after) return;
+  // The message had no separate tensor data: complete its (empty) read and go on.
+  std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  conn->pipe->read(tp::Allocation{}, [weak, conn](const tp::Error& error) {
+    auto self = weak.lock();
+    if (self == nullptr) return;
+    if (error) {
+      self->on_connection_error(conn, error.what());
+      return;
+    }
+    self->read_next(conn);
+  });
 }
 
 void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
                                  std::shared_ptr<const ParsedEnvelope> parsed, std::string metadata,
                                  std::vector<Tensor> tensors, const std::vector<Device>& targets,
-                                 std::vector<detail::LoanCopy> lent, size_t tensor_bytes) {
+                                 std::vector<detail::LoanCopy> lent, Held held) {
   const bool to_device =
       std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
   const bool has_loans = !lent.empty();
   auto process = [self = shared_from_this(), conn, parsed = std::move(parsed),
                   metadata = std::move(metadata), tensors = std::move(tensors),
-                  lent = std::move(lent), tensor_bytes]() mutable {
-    const int peer = conn->peer.id;
+                  lent = std::move(lent), held]() mutable {
     if (!lent.empty()) {
       const std::string failure = self->copy_lent(conn, lent);
       if (!failure.empty()) {
-        self->release_inflight(peer, tensor_bytes);
+        self->release_inflight(*conn, held);
         self->on_lost_loans(conn, metadata, failure);
         return;
       }
@@ -957,7 +1036,7 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
     try {
       envelope = decode(*parsed, tensors, self->options_.limits);
     } catch (const std::exception& e) {
-      self->release_inflight(peer, tensor_bytes);
+      self->release_inflight(*conn, held);
       self->on_malformed(conn, metadata, e.what(), /*close_after=*/false);
       return;
     }
@@ -967,11 +1046,12 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
         if (self->state_ == State::kClosed) return;
         ++self->active_handlers_;
       }
-      // The request's tensors are the handler's until its reply is written.
-      self->dispatcher_.serve(self, conn, std::move(*request), tensor_bytes);
+      // The request's tensors are the handler's until its reply is written; request_done
+      // returns what it holds of the budget.
+      self->dispatcher_.serve(self, conn, std::move(*request), held.bytes);
       return;
     }
-    self->release_inflight(peer, tensor_bytes);
+    self->release_inflight(*conn, held);
     if (Response* response = std::get_if<Response>(&envelope.body)) {
       self->complete_call(conn, std::move(*response));
     } else {
@@ -1044,6 +1124,8 @@ AgentMetrics TensorPipeAgent::metrics() const {
   {
     MutexLock lock(mutex_);
     m.running_handlers = active_handlers_;
+    m.inflight_bytes = inflight_bytes_;
+    m.queued_requests = queued_requests_;
     m.shutting_down = shutdown_started_ && state_ == State::kRunning;
   }
   m.pending_calls = static_cast<int64_t>(calls_.size());
@@ -1055,6 +1137,7 @@ AgentMetrics TensorPipeAgent::metrics() const {
   m.connections_accepted = transport_stats_->accepted.load(std::memory_order_relaxed);
   m.connections_refused = transport_stats_->refused.load(std::memory_order_relaxed);
   m.frames_refused = transport_stats_->bad_frames.load(std::memory_order_relaxed);
+  m.requests_refused_busy = busy_refusals_.load(std::memory_order_relaxed);
   return m;
 }
 
@@ -1195,9 +1278,11 @@ void TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, con
       });
 }
 
-void TensorPipeAgent::request_done(const detail::Link& link, size_t tensor_bytes) {
+void TensorPipeAgent::request_done(const detail::Link& link, size_t held_bytes) {
   MutexLock lock(mutex_);
-  release_inflight_locked(link.peer.id, tensor_bytes);
+  // Every Link this agent serves from is one of its Connections.
+  release_inflight_locked(const_cast<Connection&>(static_cast<const Connection&>(link)),
+                          Held{held_bytes, /*request=*/true});
   --active_handlers_;
   idle_cv_.notify_all();
 }

@@ -168,11 +168,21 @@ struct AgentOptions {
   // Per destination worker name.
   std::map<std::string, DeviceMap> device_maps;
   EnvelopeLimits limits;
-  // Tensor bytes received from one peer whose requests are still being served (received,
-  // queued or running, until the reply is written); a message that would exceed it is
-  // refused with an error reply and its connection closed (its data cannot be skipped).
-  // Bounds what a peer, hostile or not, can make this worker allocate. > 0.
+  // The in-flight budget: what peers can make this worker hold at once. A message's cost is
+  // its envelope's bytes plus its tensors' bytes, held from the moment its descriptor is
+  // read until it is done with (a request: until its reply is written). Counted per
+  // connection (a peer's connection, not the name it claims) and for all connections
+  // together. A request past a budget, or past the queued-request bounds below, is refused
+  // with a BusyError reply that names the limit (nothing of it runs; the caller may retry).
+  // Its connection stays open when the message carries no separate tensor data; otherwise
+  // the connection is closed after the reply (unread tensor data cannot be skipped). A
+  // reply past a budget fails its call with BusyError. All > 0.
   size_t max_inflight_bytes_per_peer{size_t{8} << 30};
+  size_t max_inflight_bytes{size_t{16} << 30};
+  // Requests received and not yet answered (queued for the pool or running), per connection
+  // and in total: the bound on the worker pool's queue.
+  size_t max_queued_requests_per_peer{4096};
+  size_t max_queued_requests{16384};
   // How long a forced shutdown waits for handlers still running (queued requests are
   // dropped at once); those still running then are left to finish on their own. >= 0.
   std::chrono::milliseconds close_timeout{5'000};
@@ -329,8 +339,13 @@ struct AgentMetrics {
   uint64_t connections_refused{0};   // incoming connections refused before reaching the RPC
                                      // layer (bad handshake, wrong secret, garbage), ever
   uint64_t frames_refused{0};        // connections closed for a frame over the limits, ever
-  bool shutting_down{false};         // a shutdown has begun (a graceful one may be waiting) and the
-                                     // agent has not closed yet
+  // The in-flight budget now (AgentOptions::max_inflight_bytes, max_queued_requests): bytes
+  // of received messages not yet done with, and requests received and not yet answered.
+  uint64_t inflight_bytes{0};
+  uint64_t queued_requests{0};
+  uint64_t requests_refused_busy{0};  // requests answered with BusyError, ever
+  bool shutting_down{false};  // a shutdown has begun (a graceful one may be waiting) and the
+                              // agent has not closed yet
 };
 
 class RpcAgent {
