@@ -478,7 +478,7 @@ class TCPStore::Client {
   }
 
   std::shared_ptr<Connection> try_connect(Clock::time_point deadline, std::string& error,
-                                          bool& refused) {
+                                          bool& refused) GRADWIRE_REQUIRES(connect_mutex_) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -582,7 +582,7 @@ class TCPStore::Client {
   // kLimit (its connection limit: try again later) or kError (it failed otherwise) answer
   // to the handshake: the reason, and whether it refused this client for good.
   bool refusal(FrameReader& r, uint8_t kind, const std::string& payload, std::string& error,
-               bool& refused) {
+               bool& refused) GRADWIRE_REQUIRES(connect_mutex_) {
     refused = kind == static_cast<uint8_t>(Reply::kRefused);
     if (kind == static_cast<uint8_t>(Reply::kLimit)) {
       // The payload starts after the request id.
@@ -605,7 +605,7 @@ class TCPStore::Client {
   // Protocol version 3: HELLO -> HELLO_OK (no proof); with a secret the client proves first
   // (AUTH), and only then does the server prove itself (OK carrying its proof).
   bool handshake(int fd, Clock::time_point deadline, std::string& error, bool& refused,
-                 std::shared_ptr<Connection>& conn) {
+                 std::shared_ptr<Connection>& conn) GRADWIRE_REQUIRES(connect_mutex_) {
     proto::Transcript t;
     t.client_nonce = random_bytes(proto::kNonceBytes);
     t.client_flags = secret_.empty() ? 0 : proto::kFlagSecret;
