@@ -1,0 +1,232 @@
+#include "transport/stream_connection.h"
+
+#include <sys/epoll.h>
+
+#include <tensorpipe/channel/mpt/nop_types.h>
+#include <tensorpipe/core/nop_types.h>
+#include <tensorpipe/transport/error.h>
+
+#include "gradwire/core/printable.h"
+
+// The handshake gate of a connection (stream_connection.h).
+namespace gradwire::rpc::transport::detail {
+
+void ConnImpl::start(bool connecting, int connect_error, ReadyFn on_ready,
+                     const std::string& bad_address) {
+  on_ready_ = std::move(on_ready);
+  if (core_->closed) {
+    fail(tp::Error(std::make_shared<tp::transport::ContextClosedError>(), "gradwire transport", 0));
+    return;
+  }
+  core_->conns.insert(shared_from_this());
+  if (!bad_address.empty()) {
+    fail(make_error("cannot connect to " + peer_ + ": " + bad_address));
+    return;
+  }
+  if (connect_error != 0 || fd_ < 0) {
+    fail(make_error("connecting to " + peer_ + " failed: " + errno_text(connect_error)));
+    return;
+  }
+  std::weak_ptr<ConnImpl> weak = weak_from_this();
+  state_ = connecting ? State::kConnecting : State::kHandshake;
+  events_ = EPOLLIN | EPOLLOUT;
+  core_->reactor.add(fd_, events_, [weak](uint32_t ev) {
+    if (auto self = weak.lock()) self->on_events(ev);
+  });
+  deadline_ =
+      core_->reactor.add_timer(Reactor::Clock::now() + core_->options.handshake_timeout, [weak] {
+        if (auto self = weak.lock()) self->on_deadline();
+      });
+  if (!connecting) send_handshake_output();
+}
+
+void ConnImpl::deliver_prefetched(ReadOp op, const std::string& frame) {
+  if (op.kind == ReadOp::kSized) {
+    if (op.expected != frame.size()) {
+      fail_op(op, make_error("frame size mismatch on the first frame"));
+      return;
+    }
+    std::memcpy(op.ptr, frame.data(), frame.size());
+    op.rfn(tp::Error::kSuccess, op.ptr, frame.size());
+    return;
+  }
+  if (op.kind == ReadOp::kNop) {
+    const std::string why = decode_nop(*op.nop, frame.data(), frame.size());
+    op.nfn(why.empty() ? tp::Error() : make_error("the first frame does not decode: " + why));
+    return;
+  }
+  op.rfn(tp::Error::kSuccess, frame.data(), frame.size());
+}
+
+void ConnImpl::on_deadline() {
+  deadline_ = 0;
+  if (state_ == State::kOpen || state_ == State::kClosed) return;
+  refuse_or_fail("did not complete the handshake within " +
+                 std::to_string(core_->options.handshake_timeout.count()) + " ms");
+}
+
+void ConnImpl::refuse_or_fail(const std::string& why) {
+  if (role_ == Role::kServer) {
+    const PeerIdentity& claim = handshake_.peer();
+    core_->note_refused(claim.name.empty() ? peer_
+                                           : peer_ + " (claiming worker '" + printable(claim.name) +
+                                                 "', rank " + std::to_string(claim.rank) + ")",
+                        why);
+    fail(make_error("refused: " + why));
+  } else {
+    fail(make_error("connection to " + peer_ + ": " + why));
+  }
+}
+
+void ConnImpl::send_handshake_output() {
+  if (handshake_.has_output()) handshake_out_ += handshake_.take_output();
+  pump_writes();
+}
+
+void ConnImpl::on_handshake_done() {
+  const bool rings = core_->options.family == StreamOptions::Family::kLocal;
+  if (role_ == Role::kClient) {
+    if (rings) {
+      std::string error;
+      segment_ = RingSegment::create(core_->options.ring_bytes, &error);
+      if (segment_ == nullptr) {
+        fail(
+            make_error("connection to " + peer_ + ": cannot set up shared-memory rings: " + error));
+        return;
+      }
+      handshake_out_ += segment_->setup_message();
+      pending_fd_ = segment_->release_fd();
+      enter_ring_mode(/*read_ring=*/1, /*write_ring=*/0);
+      send_handshake_output();
+      if (state_ == State::kClosed) return;
+    }
+    finish_opening();
+    return;
+  }
+  if (rings) {
+    state_ = State::kRingSetup;
+    return;
+  }
+  begin_prefetch();
+}
+
+void ConnImpl::begin_prefetch() {
+  state_ = State::kPrefetch;
+  ReadOp op;
+  op.kind = ReadOp::kPrefetch;
+  reads_.push_front(std::move(op));
+}
+
+void ConnImpl::finish_opening() {
+  state_ = State::kOpen;
+  {
+    MutexLock lock(write_mutex_);
+    direct_fd_ = fd_;
+    ring_writing_ = ring_mode_;
+  }
+  if (deadline_ != 0) {
+    core_->reactor.cancel_timer(deadline_);
+    deadline_ = 0;
+  }
+  if (role_ == Role::kServer) {
+    core_->options.stats->accepted.fetch_add(1, std::memory_order_relaxed);
+    if (on_ready_) {
+      ReadyFn ready = std::move(on_ready_);
+      on_ready_ = nullptr;
+      ready(shared_from_this(), true);
+    }
+  }
+  pump_writes();
+}
+
+std::string ConnImpl::check_first_frame(const char* data, size_t size) {
+  claim_ = handshake_.peer();
+  if (core_->options.first_frame == StreamOptions::FirstFrame::kMptLaneHello) {
+    // The mpt channel dereferences the ClientHello it expects without checking for it.
+    tp::NopHolder<tp::channel::mpt::Packet> hello;
+    if (decode_nop(hello, data, size).empty() &&
+        hello.getObject().is<tp::channel::mpt::ClientHello>()) {
+      return "";
+    }
+    return "its first frame is not an mpt lane hello";
+  }
+  tp::NopHolder<tp::Packet> hello;
+  if (!decode_nop(hello, data, size).empty()) return "its first frame is not a TensorPipe hello";
+  if (hello.getObject().is<tp::RequestedConnection>()) return "";
+  if (!hello.getObject().is<tp::SpontaneousConnection>()) {
+    return "its first frame is not a TensorPipe hello";
+  }
+  // The pipe TensorPipe opens for it is known by this name: it must be the one the
+  // handshake claimed (and verify_peer admits), or a peer could speak for another. A
+  // handshake that claimed nobody leaves the hello's name to verify_peer, with no rank.
+  const std::string& named = hello.getObject().get<tp::SpontaneousConnection>()->contextName;
+  if (claim_.name.empty()) claim_.name = named;
+  if (named == claim_.name) return "";
+  return "its TensorPipe hello names worker '" + printable(named) +
+         "', but its handshake claimed '" + printable(claim_.name) + "'";
+}
+
+void ConnImpl::begin_verify() {
+  if (!core_->options.verify_peer) {
+    finish_opening();
+    return;
+  }
+  state_ = State::kVerifying;
+  std::weak_ptr<ConnImpl> weak = weak_from_this();
+  std::shared_ptr<Core> core = core_;
+  core_->options.verify_peer(claim_, [weak, core](std::string why) {
+    core->run_on_loop([weak, why = std::move(why)] {
+      auto self = weak.lock();
+      if (self == nullptr || self->state_ != State::kVerifying) return;
+      if (!why.empty()) {
+        self->refuse_or_fail(why);
+        return;
+      }
+      self->finish_opening();
+    });
+  });
+}
+
+void ConnImpl::fail(tp::Error error) {
+  if (state_ == State::kClosed) return;
+  state_ = State::kClosed;
+  error_ = error;
+  if (deadline_ != 0) {
+    core_->reactor.cancel_timer(deadline_);
+    deadline_ = 0;
+  }
+  std::deque<WriteOp> writes;
+  {
+    // No caller's thread writes to the descriptor once this returns.
+    MutexLock lock(write_mutex_);
+    direct_fd_ = -1;
+    ring_writing_ = false;
+    writes.swap(writes_);
+  }
+  if (poller_ != 0) {
+    core_->reactor.remove_poller(poller_);
+    poller_ = 0;
+  }
+  ring_mode_ = false;
+  if (fd_ >= 0) {
+    core_->reactor.remove(fd_);
+    ::close(fd_);
+    fd_ = -1;
+  }
+  auto self = shared_from_this();
+  core_->conns.erase(self);
+  std::deque<ReadOp> reads;
+  reads.swap(reads_);
+  if (on_ready_) {
+    ReadyFn ready = std::move(on_ready_);
+    on_ready_ = nullptr;
+    ready(self, false);
+  }
+  for (auto& op : reads) {
+    if (op.kind != ReadOp::kPrefetch) fail_op(op, error);
+  }
+  for (auto& op : writes)
+    op.fn(error);
+}
+
+}  // namespace gradwire::rpc::transport::detail
