@@ -21,8 +21,11 @@
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
 #include "gradwire/core/printable.h"
+#include "gradwire/rpc/ids.h"
+#include "gradwire/rpc/join.h"
 #include "gradwire/rpc/registry.h"
 #include "gradwire/rpc/rpc.h"
+#include "gradwire/rpc/value_walk.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "proto/dist_autograd.pb.h"
@@ -39,39 +42,22 @@ namespace {
 thread_local uint64_t t_context = 0;
 
 int worker_of(uint64_t id) {
-  return static_cast<int>(id >> 48);
+  return rpc::minter_of(id);
 }
 
 std::string ctx_text(uint64_t id) {
-  return std::to_string(worker_of(id)) + ":" + std::to_string(id & ((uint64_t{1} << 48) - 1));
+  return rpc::id_text(id);
 }
 
-// The tensors inside a Value tree, in order.
-void collect_tensors(const Value& value, std::vector<Tensor>& out) {
-  switch (value.type()) {
-    case rpc::ValueType::kTensor:
-      out.push_back(value.as_tensor());
-      break;
-    case rpc::ValueType::kList:
-      for (const Value& item : value.as_list())
-        collect_tensors(item, out);
-      break;
-    case rpc::ValueType::kMap:
-      for (const auto& [key, item] : value.as_map())
-        collect_tensors(item, out);
-      break;
-    default:
-      break;
-  }
-}
-
+// The tensors that require grad inside a message's values, in order.
 std::vector<Tensor> grad_tensors(const std::vector<const Value*>& values) {
-  std::vector<Tensor> all;
-  for (const Value* v : values)
-    collect_tensors(*v, all);
   std::vector<Tensor> out;
-  for (Tensor& t : all) {
-    if (t.defined() && t.requires_grad()) out.push_back(std::move(t));
+  for (const Value* v : values) {
+    rpc::for_each_leaf(*v, [&](const Value& leaf) {
+      if (leaf.type() != rpc::ValueType::kTensor) return;
+      const Tensor& t = leaf.as_tensor();
+      if (t.defined() && t.requires_grad()) out.push_back(t);
+    });
   }
   return out;
 }
@@ -210,7 +196,7 @@ class Container : public rpc::Interceptor,
                   public std::enable_shared_from_this<Container> {
  public:
   explicit Container(const std::shared_ptr<rpc::RpcAgent>& agent)
-      : agent_(agent), self_(agent->worker_info()) {}
+      : agent_(agent), self_(agent->worker_info()), ids_(agent) {}
 
   static void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
     auto container = std::make_shared<Container>(agent);
@@ -246,14 +232,8 @@ class Container : public rpc::Interceptor,
     return a;
   }
 
-  // Ids name their minter (the top 16 bits) and keep successive incarnations of its rank
-  // apart (the next 8: AgentOptions::rejoin), so a restarted worker never reuses an id its
-  // predecessor's peers may still hold.
-  uint64_t mint() {
-    uint64_t incarnation = 0;
-    if (auto a = agent_.lock()) incarnation = static_cast<uint64_t>(a->incarnation());
-    return (static_cast<uint64_t>(self_.id) << 48) | (incarnation << 40) | next_id_.fetch_add(1);
-  }
+  // Contexts, messages and passes are named by group-unique ids (rpc/ids.h).
+  uint64_t mint() { return ids_.mint(); }
 
   std::shared_ptr<ContextState> create_context() {
     const uint64_t id = mint();
@@ -546,7 +526,7 @@ class Container : public rpc::Interceptor,
         done.value();
         return Value();
       }));
-      Future<void> all = first_failure(parts);
+      Future<void> all = rpc::join_fail_fast(parts);
       for (const auto& r : graph_roots)
         task->add_gradient(r.edge, r.grad);
       try {
@@ -564,23 +544,6 @@ class Container : public rpc::Interceptor,
       throw;
     }
     finish();
-  }
-
-  // Completes when every future has, or at the first failure.
-  static Future<void> first_failure(const std::vector<Future<Value>>& parts) {
-    Future<void> result;
-    auto left = std::make_shared<std::atomic<size_t>>(parts.size());
-    if (parts.empty()) result.try_set_value();
-    for (const auto& p : parts) {
-      gradwire::detail::on_complete_inline(p, [result, left](const Future<Value>& done) mutable {
-        if (done.has_error()) {
-          result.try_set_error(done.error());
-        } else if (left->fetch_sub(1) == 1) {
-          result.try_set_value();
-        }
-      });
-    }
-    return result;
   }
 
   std::shared_ptr<autograd::GraphTask> make_task(const std::shared_ptr<ContextState>& state,
@@ -777,15 +740,7 @@ class Container : public rpc::Interceptor,
       }
     }
     // A worker that is gone, or never had it, does not hold it: failures only end the wait.
-    Future<void> done;
-    auto left = std::make_shared<std::atomic<size_t>>(told.size());
-    if (told.empty()) done.try_set_value();
-    for (auto& f : told) {
-      gradwire::detail::on_complete_inline(f, [done, left](const Future<Value>&) mutable {
-        if (left->fetch_sub(1) == 1) done.try_set_value();
-      });
-    }
-    return done;
+    return rpc::join_settled(told);
   }
 
   std::chrono::milliseconds agent_wait() const {
@@ -838,7 +793,7 @@ class Container : public rpc::Interceptor,
  private:
   const std::weak_ptr<rpc::RpcAgent> agent_;
   const WorkerInfo self_;
-  std::atomic<uint64_t> next_id_{1};
+  rpc::IdMinter ids_;
   mutable Mutex mutex_;
   std::map<uint64_t, std::shared_ptr<ContextState>> contexts_ GRADWIRE_GUARDED_BY(mutex_);
   // Contexts released here, newest last: a late request must not make one again. Bounded:
