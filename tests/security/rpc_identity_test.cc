@@ -31,6 +31,9 @@
 #include "gradwire/core/printable.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
+#include "gradwire/rref/rref.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
 #include "support/agents.h"
 #include "support/log_capture.h"
 #include "support/sync.h"
@@ -41,6 +44,7 @@ namespace gradwire::rpc {
 namespace {
 
 using namespace std::chrono_literals;
+using rref::RRef;
 using transport::Handshake;
 using transport::PeerIdentity;
 namespace tp = tensorpipe;
@@ -107,6 +111,7 @@ Registry& test_registry() {
   static Registry* reg = [] {
     auto* r = new Registry();
     r->def("concat", [](const std::string& a, const std::string& b) { return a + b; });
+    r->def("make", [](int64_t n) { return ones({n}); });
     return r;
   }();
   return *reg;
@@ -264,9 +269,20 @@ std::string wait_for_line(test::LogCapture& log, const std::string& needle) {
   return "";
 }
 
+// A value w2 owns that w1 references: w1 would drop it, were w2 lost to it.
+RRef<Tensor> held_by_w1_from_w2(Group& g) {
+  return rref::remote<Tensor>(*g.agents[1], "w2", "make", int64_t{5});
+}
+
+void expect_still_held(RRef<Tensor>& r) {
+  EXPECT_EQ(sum(r.to_here()).item<float>(), 5);
+}
+
 TEST(RpcIdentity, WithoutASecretAClaimTheStoreDoesNotBackIsRefusedAndNobodyIsLost) {
   auto g = start_group(3, identity_options(""));
   g->expect_serving();
+  RRef<Tensor> held = held_by_w1_from_w2(*g);
+  expect_still_held(held);
   const uint64_t accepted = g->accepted(1);
   // w2's name under another rank and under none, incarnations the store does not hold
   // (newer, which makes w1 re-read the record, and older), and a rank under a name outside
@@ -284,6 +300,7 @@ TEST(RpcIdentity, WithoutASecretAClaimTheStoreDoesNotBackIsRefusedAndNobodyIsLos
   // None of them reached TensorPipe (the calls above opened no new connection to w1).
   EXPECT_EQ(g->accepted(1), accepted);
   g->expect_no_loss();
+  expect_still_held(held);
 }
 
 TEST(RpcIdentity, AnOutsiderIsServedAsNobodyAndItsLossIsNobodys) {
@@ -308,6 +325,8 @@ TEST(RpcIdentity, AnOutsiderIsServedAsNobodyAndItsLossIsNobodys) {
 TEST(RpcIdentity, WithASecretNeitherAStrangerNorAMemberCanSpeakForAnotherWorker) {
   auto g = start_group(3, identity_options(kSecret));
   g->expect_serving();
+  RRef<Tensor> held = held_by_w1_from_w2(*g);
+  expect_still_held(held);
   // A stranger claiming w2: refused at its proof.
   EXPECT_TRUE(refused_claim(*g, 1, "a guess at the job's secret", {"w2", 2, 0}, "w2"));
   g->expect_serving();
@@ -343,6 +362,7 @@ TEST(RpcIdentity, WithASecretNeitherAStrangerNorAMemberCanSpeakForAnotherWorker)
   }
   g->expect_serving();
   g->expect_no_loss();
+  expect_still_held(held);
 }
 
 TEST(RpcIdentity, AClientThatSaysNothingNeverGetsAServerMac) {
