@@ -254,7 +254,9 @@ class TCPStoreServer::Impl {
   // refusal of the handshake (Reply::kRefused); `limit`: a limit closed it (Reply::kLimit).
   void disconnect(Connection* c, const std::string& why, bool refused = false,
                   std::optional<Limit> limit = std::nullopt);
-  void close_connection(Connection* c);
+  // Closes `c`; `reset`: abortively (RST), so that replies the peer never read do not stay
+  // in the kernel's buffers after it.
+  void close_connection(Connection* c, bool reset = false);
 
   std::string tag() const { return "[tcpstore :" + std::to_string(port_) + "] "; }
 
@@ -1312,10 +1314,11 @@ void TCPStoreServer::Impl::on_slow_timer(uv_timer_t* timer) {
   }
   for (Connection* c : slow) {
     self->disconnect(c,
-                     "does not read its replies: " + std::to_string(c->unsent()) +
-                         " bytes unsent, over unsent_high_water_bytes (" +
+                     "does not read its replies: they passed unsent_high_water_bytes (" +
                          std::to_string(self->options_.unsent_high_water_bytes) +
-                         ") for more than " + std::to_string(limit) + " ms (slow_client_timeout)",
+                         ") and have not drained below half of it within " + std::to_string(limit) +
+                         " ms (slow_client_timeout; " + std::to_string(c->unsent()) +
+                         " bytes still unsent)",
                      false, Limit::kUnsentReplies);
   }
   if (self->paused_.empty()) uv_timer_stop(&self->slow_timer_);
@@ -1446,7 +1449,7 @@ void TCPStoreServer::Impl::disconnect(Connection* c, const std::string& why, boo
   w.end();
   uv_buf_t buf = uv_buf_init(frame.data(), static_cast<unsigned>(frame.size()));
   uv_try_write(reinterpret_cast<uv_stream_t*>(&c->handle), &buf, 1);
-  close_connection(c);
+  close_connection(c, /*reset=*/limit == Limit::kUnsentReplies);
 }
 
 void TCPStoreServer::Impl::on_handshake_timer(uv_timer_t* timer) {
@@ -1478,7 +1481,7 @@ void TCPStoreServer::Impl::on_log_timer(uv_timer_t* timer) {
   }
 }
 
-void TCPStoreServer::Impl::close_connection(Connection* c) {
+void TCPStoreServer::Impl::close_connection(Connection* c, bool reset) {
   if (c->closing) return;
   c->closing = true;
   while (!c->waiters.empty())
@@ -1487,8 +1490,10 @@ void TCPStoreServer::Impl::close_connection(Connection* c) {
   connections_.erase(c);
   num_clients_.fetch_sub(1, std::memory_order_relaxed);
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));
-  uv_close(reinterpret_cast<uv_handle_t*>(&c->handle),
-           [](uv_handle_t* h) { delete static_cast<Connection*>(h->data); });
+  auto on_closed = [](uv_handle_t* h) { delete static_cast<Connection*>(h->data); };
+  if (!reset || uv_tcp_close_reset(&c->handle, on_closed) != 0) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->handle), on_closed);
+  }
   rearm_timer();
 }
 

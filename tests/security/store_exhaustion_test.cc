@@ -5,13 +5,16 @@
 // fresh client still being served, and where memory is the point, this process's resident
 // size staying under kRssBound.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -133,6 +136,22 @@ class Peer {
       const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
       if (n <= 0) return std::nullopt;
       in_.append(buf, static_cast<size_t>(n));
+    }
+  }
+
+  // True once the server reset the connection (or ended it) within `timeout`, without
+  // reading anything: what a server that drops an unread client leaves behind.
+  bool dropped(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return false;
+      pollfd pfd{fd_, POLLRDHUP, 0};
+      if (::poll(&pfd, 1, static_cast<int>(left)) > 0 &&
+          (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+        return true;
+      }
     }
   }
 
@@ -471,6 +490,155 @@ TEST(StoreExhaustion, AWaitNamingOneKey65536TimesDoesNotStallTheLoop) {
   EXPECT_EQ(timeout->id, 9u);
   // u32 count 1, then "late" once.
   EXPECT_EQ(timeout->payload, std::string("\x01\x00\x00\x00\x04\x00\x00\x00late", 12));
+}
+
+// ---- the same attacks against the gradwire-store program
+
+// The gradwire-store program of this build tree (beside tests/, in c10d/), if there is one.
+std::optional<std::filesystem::path> store_program() {
+  std::error_code ec;
+  const auto self = std::filesystem::canonical("/proc/self/exe", ec);
+  if (ec) return std::nullopt;
+  const auto program = self.parent_path().parent_path() / "c10d" / "gradwire-store";
+  if (!std::filesystem::exists(program, ec)) return std::nullopt;
+  return program;
+}
+
+// gradwire-store running as a child process; stopped with SIGTERM when destroyed.
+class StoreProcess {
+ public:
+  StoreProcess(const std::filesystem::path& program, const std::vector<std::string>& flags) {
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+    std::vector<std::string> args = {program.string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (std::string& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(out[1]);
+    if (rc != 0) {
+      ::close(out[0]);
+      throw std::runtime_error("posix_spawn failed");
+    }
+    // "gradwire-store listening on port N"
+    std::string line;
+    const auto deadline = Clock::now() + 10s;
+    while (line.find('\n') == std::string::npos && Clock::now() < deadline) {
+      pollfd pfd{out[0], POLLIN, 0};
+      if (::poll(&pfd, 1, 100) <= 0) continue;
+      char buf[256];
+      const ssize_t n = ::read(out[0], buf, sizeof(buf));
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    ::close(out[0]);
+    const auto at = line.find("port ");
+    if (at == std::string::npos) throw std::runtime_error("gradwire-store did not start: " + line);
+    port_ = static_cast<uint16_t>(std::stoi(line.substr(at + 5)));
+  }
+  ~StoreProcess() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+  StoreProcess(const StoreProcess&) = delete;
+  StoreProcess& operator=(const StoreProcess&) = delete;
+
+  uint16_t port() const { return port_; }
+  bool running() { return ::waitpid(pid_, nullptr, WNOHANG) == 0; }
+  // The program's resident set size in bytes.
+  uint64_t rss() const {
+    std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    }
+    return UINT64_MAX;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+// The three attacks on the standalone program: each leaves it answering a fresh
+// client with its RSS under 512 MiB.
+TEST(StoreExhaustion, GradwireStoreSurvivesAmplificationUnreadRepliesAndAConnectionFlood) {
+  const auto program = store_program();
+  if (!program) GTEST_SKIP() << "no gradwire-store beside this test binary";
+  StoreProcess store(*program, {"--host", "127.0.0.1", "--port", "0", "--max-connections", "24",
+                                "--unsent-high-water-bytes", std::to_string(16u << 20),
+                                "--slow-client-timeout-ms", "600"});
+  TCPStore client(client_options(store.port()));
+  client.set("big", std::string(8u << 20, 'v'));
+
+  // Amplification.
+  {
+    Peer attacker(store.port());
+    attacker.join();
+    attacker.send(keys_frame(Op::kMultiGet, 1, "big", 1u << 16, 0));
+    const auto reply = attacker.read_frame(10s);
+    ASSERT_TRUE(reply.has_value());
+    EXPECT_EQ(reply->kind, static_cast<uint8_t>(Reply::kLimit));
+    EXPECT_EQ(limit_of(*reply), Limit::kReplyBytes);
+  }
+  EXPECT_EQ(TCPStore(client_options(store.port())).get("big").size(), 8u << 20);
+  EXPECT_LT(store.rss(), kRssBound);
+
+  // Unread replies: 500 gets of 8 MiB (4 GB of replies) that are never read. The server
+  // stops reading and then drops the connection (a reset: it leaves requests unread).
+  {
+    Peer reader_that_never_reads(store.port(), /*receive_buffer=*/64 * 1024);
+    reader_that_never_reads.join();
+    std::string gets;
+    for (uint32_t i = 1; i <= 500; ++i)
+      gets += get_frame(i, "big");
+    reader_that_never_reads.send(gets);
+    EXPECT_EQ(TCPStore(client_options(store.port())).get("big").size(), 8u << 20);
+    EXPECT_LT(store.rss(), kRssBound);
+    EXPECT_TRUE(reader_that_never_reads.dropped(5s));
+  }
+  EXPECT_LT(store.rss(), kRssBound);
+
+  // A connection flood past max_connections (24, `client` included): connections are
+  // opened until one is refused.
+  {
+    std::vector<std::unique_ptr<Peer>> flood;
+    std::optional<Frame> refusal;
+    while (!refusal && flood.size() < 30) {
+      auto peer = std::make_unique<Peer>(store.port());
+      peer->hello();
+      auto answer = peer->read_frame();
+      ASSERT_TRUE(answer.has_value());
+      if (answer->kind == static_cast<uint8_t>(Reply::kHelloOk)) {
+        flood.push_back(std::move(peer));
+      } else {
+        refusal = std::move(answer);
+      }
+    }
+    ASSERT_TRUE(refusal.has_value()) << flood.size() << " connections were all accepted";
+    EXPECT_EQ(flood.size(), 23u);
+    EXPECT_EQ(refusal->kind, static_cast<uint8_t>(Reply::kLimit));
+    EXPECT_EQ(limit_of(*refusal), Limit::kConnections);
+    EXPECT_EQ(client.get("big").size(), 8u << 20) << "a client connected before is served";
+  }
+  EXPECT_TRUE(eventually([&] {
+    try {
+      TCPStoreOptions options = client_options(store.port());
+      options.connect_timeout = 200ms;
+      return TCPStore(options).get("big").size() == (8u << 20);
+    } catch (const StoreError&) {
+      return false;  // the flood's connections are still being closed
+    }
+  }));
+  EXPECT_LT(store.rss(), kRssBound);
+  EXPECT_TRUE(store.running());
 }
 
 // ---- a handler that throws
