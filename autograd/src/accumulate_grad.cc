@@ -66,7 +66,7 @@ void AccumulateGrad::accumulate_pass(Tensor g, GradientSink* sink) {
   if (sink != nullptr) current = std::move(g);
 
   if (!gradient_hooks.empty()) {
-    LeafGradient view{variable_, current, produced, sink != nullptr};
+    LeafGradient view{variable_, current, produced, sink != nullptr, sink};
     for (const auto& h : gradient_hooks) {
       h.fn(view);
       check_replacement(variable_, view.grad);

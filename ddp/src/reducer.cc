@@ -14,6 +14,7 @@
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/ddp/comm_hooks.h"
 #include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
 
 namespace gradwire::ddp {
 namespace {
@@ -235,6 +236,7 @@ void Reducer::reset_pass() {
   }
   next_bucket_ = 0;
   first_hook_seen_ = false;
+  sink_ = nullptr;
 }
 
 void Reducer::hook(size_t index, autograd::LeafGradient& g) {
@@ -242,11 +244,28 @@ void Reducer::hook(size_t index, autograd::LeafGradient& g) {
   autograd::NoGradGuard no_grad;
   if (!first_hook_seen_) {
     first_hook_seen_ = true;
+    // Every leaf of one pass shares the pass's sink (or none).
+    sink_ = g.sink;
     autograd::queue_callback([this] { finalize(); });
     for (size_t u : unused_)
       mark_ready(u, nullptr);
+  } else if (g.sink != sink_) {
+    expect_hooks_ = false;
+    throw InvalidArgument("ddp: parameter '" + names_[index] +
+                          "' was reached by a backward pass other than the one its peers are "
+                          "in (two passes over one DDP model at once)");
   }
   mark_ready(index, &g);
+}
+
+Tensor Reducer::local_gradient(size_t index, autograd::LeafGradient* g) const {
+  if (sink_ == nullptr) return g ? g->grad : params_[index].grad();
+  // Under a sink: what earlier passes left in it (no_sync, a retained graph's first pass)
+  // plus this pass's own gradient.
+  Tensor held = sink_->gradient(params_[index]);
+  Tensor now = g ? g->grad : Tensor();
+  if (held.defined() && now.defined()) return add(held, now);
+  return held.defined() ? held : now;
 }
 
 void Reducer::mark_ready(size_t index, autograd::LeafGradient* g) {
@@ -256,22 +275,29 @@ void Reducer::mark_ready(size_t index, autograd::LeafGradient* g) {
         "ddp: parameter '" + names_[index] +
         "' was marked ready twice in one backward pass. Either it took part in the pass "
         "although find_unused_parameters found it unused in the forward's outputs (its "
-        "gradient flowed through a tensor the forward did not return), or several "
-        "backward passes ran over one forward; run one backward per forward, or return "
-        "every tensor the loss is computed from");
+        "gradient flowed through a tensor the forward did not return), or two backward "
+        "passes over this model ran at once; return every tensor the loss is computed "
+        "from, and run one pass at a time");
   }
   ready_[index] = 1;
   if (!rebuilt_) arrival_.push_back(index);
   auto [b, slot] = locator_[index];
   Bucket& bucket = buckets_[b];
   Tensor& view = bucket.views[slot];
-  Tensor grad = g ? g->grad : params_[index].grad();
+  Tensor grad = local_gradient(index, g);
   if (g && g->produced) local_used_[index] = 1;
   if (grad.defined()) {
     if (!same_view(grad, view)) view.copy_(grad);
-    if (g && options_.gradient_as_bucket_view) g->grad = view;
   } else {
     view.zero_();
+  }
+  if (g != nullptr) {
+    if (sink_ != nullptr) {
+      // Withheld from the sink: finalize() writes the average back in its place.
+      g->grad = Tensor();
+    } else if (options_.gradient_as_bucket_view && grad.defined()) {
+      g->grad = view;
+    }
   }
   if (--bucket.pending == 0) launch_ready_buckets();
 }
@@ -305,6 +331,8 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::finalize() {
   autograd::NoGradGuard no_grad;
+  // Stays disarmed if the pass fails; a successful one re-arms for another pass over the
+  // same forward (a retained graph).
   expect_hooks_ = false;
   if (next_bucket_ < buckets_.size()) {
     std::vector<size_t> missing;
@@ -320,19 +348,18 @@ void Reducer::finalize() {
                 "sure every parameter takes part in producing the loss (and the loss in the "
                 "forward's outputs)");
   }
-  // Which parameters some rank used: unused everywhere keep an undefined gradient.
+  // Which parameters some rank used: unused everywhere keep what they had. With
+  // static_graph the flags of the first pass hold for every later one (no all-reduce).
   std::vector<char> used_somewhere(params_.size(), 1);
-  if (options_.find_unused_parameters || options_.static_graph) {
-    Tensor used = zeros({static_cast<int64_t>(params_.size())}, kInt32);
-    std::copy(local_used_.begin(), local_used_.end(), used.data<int32_t>());
-    if (!params_.empty()) group_->all_reduce(used).wait(wait_timeout());
-    const int32_t* u = used.data<int32_t>();
-    for (size_t i = 0; i < params_.size(); ++i)
-      used_somewhere[i] = u[i] > 0;
-    if (options_.static_graph && iterations_ == 0) {
+  if (options_.static_graph && iterations_ > 0) {
+    used_somewhere = static_used_somewhere_;
+  } else if (options_.find_unused_parameters || options_.static_graph) {
+    used_somewhere = all_reduce_used_flags();
+    if (options_.static_graph) {
       static_unused_.clear();
       for (size_t i = 0; i < params_.size(); ++i)
         if (!local_used_[i]) static_unused_.push_back(i);
+      static_used_somewhere_ = used_somewhere;
     }
   }
   std::exception_ptr failure;
@@ -352,8 +379,18 @@ void Reducer::finalize() {
     const Tensor& p = params_[i];
     auto [b, slot] = locator_[i];
     const Tensor& view = buckets_[b].views[slot];
+    if (!used_somewhere[i]) {
+      // Nobody used it: the sink (or .grad) keeps what it had. Under a sink that is the
+      // gradient of earlier passes, which the hook did not withhold (nothing was produced).
+      continue;
+    }
+    if (sink_ != nullptr) {
+      // The sink receives its own copy: the bucket is reused by the next pass of any
+      // context, and .grad is left alone (contexts never mix in .grad).
+      sink_->set_gradient(p, view.clone());
+      continue;
+    }
     Tensor grad = p.grad();
-    if (!used_somewhere[i]) continue;
     if (options_.gradient_as_bucket_view) {
       if (!same_view(grad, view)) p.set_grad(view);
     } else if (grad.defined()) {
@@ -365,6 +402,21 @@ void Reducer::finalize() {
   ++iterations_;
   if (!rebuilt_ && iterations_ == 1) rebuild_pending_ = true;
   reset_pass();
+  // Another pass over the same forward's graph (retain_graph) is reduced too.
+  expect_hooks_ = true;
+}
+
+std::vector<char> Reducer::all_reduce_used_flags() {
+  std::vector<char> out(params_.size(), 1);
+  if (params_.empty()) return out;
+  Tensor used = zeros({static_cast<int64_t>(params_.size())}, kInt32);
+  std::copy(local_used_.begin(), local_used_.end(), used.data<int32_t>());
+  group_->all_reduce(used).wait(wait_timeout());
+  ++used_flag_reductions_;
+  const int32_t* u = used.data<int32_t>();
+  for (size_t i = 0; i < params_.size(); ++i)
+    out[i] = u[i] > 0;
+  return out;
 }
 
 void Reducer::shadow_iteration() {
@@ -381,9 +433,18 @@ void Reducer::shadow_iteration() {
     GradBucket gb = make_grad_bucket(b, zero, views);
     results.push_back(comm_hook_(gb));
   }
-  if ((options_.find_unused_parameters || options_.static_graph) && !params_.empty()) {
+  if ((options_.find_unused_parameters || options_.static_graph) &&
+      !(options_.static_graph && iterations_ > 0) && !params_.empty()) {
     Tensor used = zeros({static_cast<int64_t>(params_.size())}, kInt32);
     group_->all_reduce(used).wait(wait_timeout());
+    ++used_flag_reductions_;
+    if (options_.static_graph) {
+      // A rank that ran out of data before the first pass learns the flags with the others.
+      const int32_t* u = used.data<int32_t>();
+      static_used_somewhere_.assign(params_.size(), 1);
+      for (size_t i = 0; i < params_.size(); ++i)
+        static_used_somewhere_[i] = u[i] > 0;
+    }
   }
   for (auto& r : results)
     r.get(wait_timeout());

@@ -3,10 +3,17 @@
 // through an RRef; the dense layers are replicated on the trainers and kept in step by DDP
 // among them. One dist_autograd context and one backward carry gradients both to the
 // remote embedding (through the recorded remote call) and into DDP's all-reduce (through
-// its hooks, whose averaged bucket views the context keeps); one DistributedOptimizer then
-// steps the embedding on the server and each trainer's own dense replica.
+// its hooks: the Reducer reads the context's gradients and writes their averages back
+// before the pass ends, ddp/reducer.h); one DistributedOptimizer then steps the embedding
+// on the server and each trainer's own dense replica.
 //
 //   gradwire-run --nproc-per-node 3 gradwire-hybrid-train [--epochs N] [--min-accuracy A]
+//       [--ddp-options default|bucket-view|find-unused|static-graph]
+// --ddp-options picks the DDP's options: PyTorch's defaults (the default), bucket views
+// (gradient_as_bucket_view), find_unused_parameters, or static_graph. The dense part has a
+// second, "shortcut" linear layer beside the MLP; under find-unused it takes part in
+// every other batch, alternating between the trainers (so at each step one trainer does
+// not use it), and under static-graph on the first trainer only; otherwise always.
 // Rank 0 is the server "ps0"; ranks 1..T are trainers, which form a Gloo group of their
 // own for DDP. The task: bags of 4 token ids out of 40; the label is the class whose
 // hidden per-token scores sum highest (an embedding and a linear layer can learn it). Each
@@ -34,15 +41,74 @@ constexpr int64_t kBagLength = 4;
 constexpr int64_t kDim = 16;
 constexpr int64_t kClasses = 3;
 
+enum class DdpMode { kDefault, kBucketView, kFindUnused, kStaticGraph };
+
 struct Options {
   int epochs = 12;
   int64_t batch = 32;
   double min_accuracy = 0.85;
+  DdpMode ddp = DdpMode::kDefault;
+};
+
+DdpMode parse_ddp_mode(const std::string& text) {
+  if (text == "default") return DdpMode::kDefault;
+  if (text == "bucket-view") return DdpMode::kBucketView;
+  if (text == "find-unused") return DdpMode::kFindUnused;
+  if (text == "static-graph") return DdpMode::kStaticGraph;
+  throw InvalidArgument("--ddp-options=\"" + text +
+                        "\" is invalid: expected default, bucket-view, find-unused or "
+                        "static-graph");
+}
+
+ddp::DdpOptions ddp_options(DdpMode mode) {
+  switch (mode) {
+    case DdpMode::kBucketView:
+      return {.gradient_as_bucket_view = true};
+    case DdpMode::kFindUnused:
+      return {.find_unused_parameters = true};
+    case DdpMode::kStaticGraph:
+      return {.static_graph = true};
+    case DdpMode::kDefault:
+      break;
+  }
+  return {};
+}
+
+// Whether trainer `trainer` (1-based) uses the shortcut layer in batch `batch`.
+bool uses_shortcut(DdpMode mode, int trainer, int64_t batch) {
+  switch (mode) {
+    case DdpMode::kFindUnused:
+      return (batch + trainer) % 2 == 0;
+    case DdpMode::kStaticGraph:
+      return trainer == 1;
+    default:
+      return true;
+  }
+}
+
+// The trainers' dense part: an MLP and a linear shortcut whose logits are added.
+class Dense : public nn::Module {
+ public:
+  explicit Dense(Generator* gen) : Module("Dense") {
+    mlp = register_module("mlp", std::make_shared<nn::MLP>(nn::MLPOptions{
+                                     .sizes = {kDim, 32, kClasses}, .generator = gen}));
+    shortcut = register_module(
+        "shortcut", std::make_shared<nn::Linear>(nn::LinearOptions{
+                        .in_features = kDim, .out_features = kClasses, .generator = gen}));
+  }
+  Tensor forward(const Tensor& x, bool with_shortcut) {
+    Tensor out = mlp->forward(x);
+    return with_shortcut ? add(out, shortcut->forward(x)) : out;
+  }
+  std::shared_ptr<nn::MLP> mlp;
+  std::shared_ptr<nn::Linear> shortcut;
 };
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  examples::Args args(argc, argv, "--epochs N, --batch B, --min-accuracy A");
+  examples::Args args(argc, argv,
+                      "--epochs N, --batch B, --min-accuracy A, "
+                      "--ddp-options default|bucket-view|find-unused|static-graph");
   while (args.next()) {
     if (args.is("--epochs")) {
       o.epochs = static_cast<int>(args.integer(1, 100000));
@@ -50,6 +116,8 @@ Options parse_args(int argc, char** argv) {
       o.batch = args.integer(1, 1 << 20);
     } else if (args.is("--min-accuracy")) {
       o.min_accuracy = args.number(0.0, 1.0);
+    } else if (args.is("--ddp-options")) {
+      o.ddp = parse_ddp_mode(args.value());
     } else {
       args.unknown();
     }
@@ -115,9 +183,8 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
       std::make_shared<c10d::PrefixStore>("hybrid/ddp", store), trainer - 1, trainers,
       {.timeout = std::chrono::seconds(60), .name = "hybrid-ddp"}, {.host = "127.0.0.1"});
   Generator init_gen(static_cast<uint64_t>(20 + trainer));  // different on purpose: DDP
-  auto dense = std::make_shared<nn::MLP>(                   // broadcasts rank 0's
-      nn::MLPOptions{.sizes = {kDim, 32, kClasses}, .generator = &init_gen});
-  ddp::DistributedDataParallel model(dense, group, {.gradient_as_bucket_view = true});
+  auto dense = std::make_shared<Dense>(&init_gen);          // broadcasts rank 0's
+  ddp::DistributedDataParallel model(dense, group, ddp_options(opt.ddp));
 
   RRef<EmbeddingServer> server = agent.rpc_sync<RRef<EmbeddingServer>>("ps0", "embedding_server");
   std::vector<RRef<Tensor>> params{server.rpc_sync<RRef<Tensor>>("table_rref")};
@@ -146,7 +213,11 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
       const Tensor xb = index_select(all_x, 0, rows), yb = index_select(all_y, 0, rows);
       dist_autograd::Context ctx(agent);
       Tensor embedded = server.rpc_sync<Tensor>("lookup", xb);
-      Tensor loss = nn::cross_entropy(model(embedded), yb);
+      const bool with_shortcut = uses_shortcut(opt.ddp, trainer, b / opt.batch);
+      auto logits = model.forward_with([&](nn::Module&) {
+        return std::vector<Tensor>{dense->forward(embedded, with_shortcut)};
+      });
+      Tensor loss = nn::cross_entropy(logits[0], yb);
       dist_autograd::backward(agent, ctx.id(), {loss});
       optimizer.step(ctx.id());
       loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
@@ -154,7 +225,7 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
     }
     {
       autograd::NoGradGuard no_grad;
-      Tensor logits = (*dense)(server.rpc_sync<Tensor>("lookup", test_x));
+      Tensor logits = dense->forward(server.rpc_sync<Tensor>("lookup", test_x), true);
       auto [best, predicted] = max(logits, 1);
       test_accuracy = mean(eq(predicted, test_y).to(kFloat32)).item<double>();
     }
@@ -164,17 +235,23 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
                 opt.epochs, loss_sum / static_cast<double>(seen), test_accuracy, elapsed);
     std::fflush(stdout);
   }
-  // The dense replicas must be identical: DDP averaged the same gradients on every trainer.
-  Tensor checksum = zeros({1}, kFloat64);
+  // The dense replicas must be identical, every value of every parameter: DDP averaged the
+  // same gradients on every trainer.
+  std::vector<Tensor> flat;
   for (const Tensor& p : dense->parameters())
-    checksum.add_(sum(p.detach().to(kFloat64)).reshape({1}));
+    flat.push_back(p.detach().reshape({-1}));
+  const Tensor mine_all = cat(flat);
   std::vector<Tensor> all;
   for (int r = 0; r < trainers; ++r)
-    all.push_back(zeros({1}, kFloat64));
-  group->all_gather(all, checksum).wait();
+    all.push_back(zeros_like(mine_all));
+  group->all_gather(all, mine_all).wait();
   for (int r = 1; r < trainers; ++r) {
     if (!equal(all[static_cast<size_t>(r)], all[0])) {
-      std::fprintf(stderr, "%s: the dense replicas differ between trainers\n", me.c_str());
+      const double gap = max(abs(sub(all[static_cast<size_t>(r)], all[0]))).item<double>();
+      std::fprintf(stderr,
+                   "%s: the dense replicas differ between trainers (trainer %d and trainer 1 "
+                   "by up to %.3g)\n",
+                   me.c_str(), r + 1, gap);
       return 1;
     }
   }

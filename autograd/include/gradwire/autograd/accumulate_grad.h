@@ -12,7 +12,7 @@
 //      with set_grad() therefore receives the accumulation in place);
 //   3. the leaf-gradient hooks (register_leaf_gradient_hook, variable.h) see the gradient and
 //      may replace it: without a sink, the accumulated grad(); with a sink, the gradient the
-//      sink is about to receive;
+//      sink is about to receive (and the sink itself, LeafGradient::sink);
 //   4. with a sink: the sink receives the (possibly replaced) gradient, if defined;
 //   5. the post-accumulate-grad hooks (Tensor::register_post_accumulate_grad_hook) run, with
 //      or without a sink, also when the gradient was undefined: DDP counts a parameter
@@ -57,6 +57,9 @@ struct LeafGradient {
   bool produced;
   // Whether the gradient goes to a GradientSink rather than grad().
   bool sunk;
+  // The pass's sink (null without one): a hook may read and replace what it holds for any
+  // leaf (gradient_sink.h), e.g. to reduce across processes what earlier passes left there.
+  GradientSink* sink = nullptr;
 };
 using LeafGradientHook = std::function<void(LeafGradient&)>;
 

@@ -18,7 +18,27 @@
 // handed to the communication hook (allreduce_hook by default: an asynchronous all_reduce)
 // while backward goes on. The first hook of a pass queues an end-of-pass callback
 // (autograd::queue_callback) that waits for every bucket's future and writes the averages
-// into the parameters' .grad() (or leaves them there, for bucket views).
+// into the parameters' .grad() (or leaves them there, for bucket views). Every pass after
+// a synchronised forward is reduced, until the next forward: a second pass over a retained
+// graph adds its average to the first's (every rank must run the same passes).
+//
+// Passes with a gradient sink (a dist_autograd context; autograd/gradient_sink.h). Then the
+// gradients live in the sink, not in .grad(), and the contract is:
+//   - a parameter's hook reads what the sink already holds for it (earlier passes in the
+//     same context: no_sync passes, a retained graph's first pass), adds the pass's own
+//     gradient, copies the sum into the bucket, and withholds the pass's gradient from the
+//     sink; a parameter marked ready without a hook (find_unused_parameters) contributes
+//     what the sink holds, or zeros;
+//   - the end-of-pass callback, which runs before the pass completes, writes a copy of
+//     every parameter's averaged slot into the sink (set_gradient) — parameters this rank
+//     did not use included, since some rank did; parameters no rank used keep what the
+//     sink held — and never touches .grad();
+//   - gradient_as_bucket_view then only saves the bucket copy of .grad(); the sink always
+//     holds its own tensors, never a bucket view (the next pass, of any context, reuses
+//     the buckets).
+// So the context's gradients of DDP's parameters are the averages, on every rank, with
+// every option (no_sync, comm hooks, static_graph, bucket views, retained graphs). A
+// failed pass leaves the sink's gradients of these parameters as they were before it.
 //
 // Unused parameters. A parameter the pass never reaches has no hook firing and its bucket
 // never completes: the pass fails at its end with an error naming the parameters (every
@@ -27,8 +47,8 @@
 // pass's first hook, contributing zeros; a parameter used on some rank but not on another
 // thus averages over all ranks with zeros where unused. A small all-reduce of the
 // "used somewhere" flags lets a parameter unused on every rank keep an undefined gradient.
-// static_graph skips the walk after the first pass (the set of unused parameters is
-// assumed fixed).
+// static_graph skips the walk and that all-reduce after the first pass (the set of unused
+// parameters, and of parameters used somewhere, is assumed fixed: the first pass's hold).
 //
 // Thread-safety: one training loop drives a Reducer: prepare_* and shadow_iteration from the
 // thread that calls forward, hooks and the end-of-pass callback on the thread that runs
@@ -116,6 +136,9 @@ class Reducer {
   bool buckets_rebuilt() const { return rebuilt_; }
   // Synchronised passes completed.
   int64_t iterations() const { return iterations_; }
+  // All-reduces of the "used somewhere" flags issued so far (find_unused_parameters: one
+  // per pass; static_graph: only the first).
+  int64_t used_flag_reductions() const { return used_flag_reductions_; }
   const std::vector<Tensor>& parameters() const { return params_; }
 
  private:
@@ -132,6 +155,10 @@ class Reducer {
   void build(const std::vector<std::vector<size_t>>& assignment);
   void hook(size_t index, autograd::LeafGradient& g);
   void mark_ready(size_t index, autograd::LeafGradient* g);
+  // The gradient parameter `index` contributes to its bucket (`g` null: marked ready
+  // without a hook).
+  Tensor local_gradient(size_t index, autograd::LeafGradient* g) const;
+  std::vector<char> all_reduce_used_flags();
   void launch_ready_buckets();
   GradBucket make_grad_bucket(size_t b, const Tensor& buffer, const std::vector<Tensor>& views);
   void finalize();
@@ -153,6 +180,10 @@ class Reducer {
   std::vector<int32_t> local_used_;
   std::vector<size_t> unused_;  // marked ready at the first hook of a pass
   std::vector<size_t> static_unused_;
+  std::vector<char> static_used_somewhere_;  // static_graph: the first pass's flags
+  // The sink of the pass in progress (null: .grad()); set by its first hook.
+  autograd::GradientSink* sink_{nullptr};
+  int64_t used_flag_reductions_{0};
   std::vector<size_t> arrival_;
   size_t next_bucket_{0};
   bool expect_hooks_{false};

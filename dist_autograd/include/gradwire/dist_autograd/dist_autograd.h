@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -74,16 +75,30 @@ class Context {
   uint64_t previous_;
 };
 
-// This worker's leaves and their gradients in one context.
+// This worker's leaves and their gradients in one context (a snapshot, taken by
+// get_gradients). Leaves are told apart by identity (Tensor::is_same); at() and contains()
+// look a leaf up by hash, in constant time.
+//
+// DDP inside a context (ddp/reducer.h): for the parameters of a DistributedDataParallel
+// whose forward fed a backward pass in this context, the context holds the gradients
+// averaged across the DDP group, on every rank, whatever the DDP's options — parameters a
+// rank did not use included (zeros averaged in), except those no rank used, which keep
+// what they had. The Reducer reads the context's gradient through the pass's GradientSink
+// and writes the average back before the pass completes (autograd/gradient_sink.h).
 class Gradients {
  public:
+  Gradients() = default;
+  explicit Gradients(std::vector<std::pair<Tensor, Tensor>> items);
   // The gradient of `leaf`; InvalidArgument when the context holds none for it.
   Tensor at(const Tensor& leaf) const;
   bool contains(const Tensor& leaf) const;
   size_t size() const { return items_.size(); }
+  // (leaf, gradient), in the order the leaves first received one.
   const std::vector<std::pair<Tensor, Tensor>>& items() const { return items_; }
 
-  std::vector<std::pair<Tensor, Tensor>> items_;  // (leaf, gradient)
+ private:
+  std::vector<std::pair<Tensor, Tensor>> items_;
+  std::unordered_map<const void*, size_t> index_;  // leaf's TensorImpl -> position in items_
 };
 
 // Runs a backward pass from `roots` (one-element tensors get gradient 1) in context
