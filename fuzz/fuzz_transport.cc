@@ -5,13 +5,17 @@
 //        must have the client's whole hello, and one with a secret never sends a proof to
 //        a client that has not proven itself (no input can, as none knows the nonce);
 //   3    the ring setup message of the local transport;
-//   4    a real tcp listener: the rest follows a valid handshake (claiming worker "fuzz") on
-//        a fresh connection, which is then half-closed; the listener must close it (a frame
-//        it cannot accept, or a first frame naming another worker) or read it to the end,
-//        and close it then. A crash, or a connection still open 15 s after the client's end
-//        of the stream, is a finding.
+//   4    a real tcp listener at its default limits: the rest follows a valid handshake
+//        (claiming worker "fuzz") on a fresh connection, which is then half-closed; the
+//        listener must close it (a frame it cannot accept, or a first frame naming another
+//        worker) or read it to the end, and close it then. After the first frame, frames
+//        are read as TensorPipe's pipe reads them, through the control-frame decoder
+//        (brochure, brochure answer, descriptor, descriptor reply in turn). A crash, or a
+//        connection still open 15 s after the client's end of the stream, is a finding.
 #include <poll.h>
 
+#include <tensorpipe/common/nop.h>
+#include <tensorpipe/core/nop_types.h>
 #include <tensorpipe/transport/connection.h>
 #include <tensorpipe/transport/listener.h>
 
@@ -53,9 +57,39 @@ std::string feed_handshake(Handshake& hs, const uint8_t* data, size_t size) {
   return sent;
 }
 
-void drain(const std::shared_ptr<tp::transport::Connection>& conn) {
-  conn->read([conn](const tp::Error& error, const void*, size_t) {
-    if (!error) drain(conn);  // on error the callback (and with it `conn`) goes away
+// Reads the `n`-th frame of `conn` and the rest after it: the first (TensorPipe's hello) as
+// bytes, every later one as the next of TensorPipe's control messages in turn. On an error
+// the callbacks (and with them `conn`) go away.
+template <typename T>
+void read_control(const std::shared_ptr<tp::transport::Connection>& conn, int n);
+
+void drain(const std::shared_ptr<tp::transport::Connection>& conn, int n = 0) {
+  switch (n == 0 ? -1 : n % 4) {
+    case -1:
+      conn->read([conn](const tp::Error& error, const void*, size_t) {
+        if (!error) drain(conn, 1);
+      });
+      return;
+    case 0:
+      read_control<tp::Brochure>(conn, n);
+      return;
+    case 1:
+      read_control<tp::BrochureAnswer>(conn, n);
+      return;
+    case 2:
+      read_control<tp::Descriptor>(conn, n);
+      return;
+    default:
+      read_control<tp::DescriptorReply>(conn, n);
+      return;
+  }
+}
+
+template <typename T>
+void read_control(const std::shared_ptr<tp::transport::Connection>& conn, int n) {
+  auto holder = std::make_shared<tp::NopHolder<T>>();
+  conn->read(*holder, [conn, holder, n](const tp::Error& error) {
+    if (!error) drain(conn, n + 1);
   });
 }
 
@@ -73,7 +107,6 @@ int listener_port() {
   static const int port = [] {
     StreamOptions options;
     options.name = "fuzz";
-    options.max_frame_bytes = 1 << 20;
     options.handshake_timeout = std::chrono::milliseconds(2000);
     static auto* context = new std::shared_ptr<StreamContext>(create_stream_context(options));
     static auto* listener =
