@@ -120,7 +120,8 @@ class TCPStoreServer {
   // Number of client connections open now (counted on the loop; a snapshot).
   int64_t num_clients() const;
   // Connections the server dropped so far: protocol violations, failed or unfinished
-  // authentication, handshakes not completed in time, broken connections.
+  // authentication, handshakes not completed in time, broken connections, clients that do
+  // not read their replies, and connections refused past max_connections.
   uint64_t num_refused() const;
   // Whether clients must authenticate (a secret is set).
   bool authenticated() const;
