@@ -22,6 +22,8 @@ constexpr size_t kMaxTypeNameBytes = 1024;
 // Owned references made by a fork that arrived before the value's creation: bounded, so
 // forks naming made-up ids cannot grow the table without end.
 constexpr int64_t kMaxPlaceholders = 1 << 16;
+// Freed values remembered, so that a late fork of one is refused rather than awaited.
+constexpr size_t kRememberedFrees = 1 << 16;
 
 // Visits every RRef descriptor inside a Value tree.
 template <typename F>
@@ -58,6 +60,16 @@ struct CallState {
   std::vector<uint64_t> bound;  // forks minted here that this request carries
   std::vector<std::shared_ptr<detail::RRefCore>> received;  // in its reply
 };
+
+bool is_timeout(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
 
 std::string parse_error(const char* what) {
   return std::string("malformed rref message: ") + what;
@@ -388,7 +400,15 @@ void RRefContext::release_user(const WorkerInfo& owner, uint64_t rref_id, uint64
 
 void RRefContext::owner_destroyed(uint64_t rref_id, bool placeholder) {
   MutexLock lock(mutex_);
-  if (placeholder) --placeholders_;
+  if (placeholder) {
+    --placeholders_;
+  } else if (minter_of(rref_id) != self_.id && freed_.insert(rref_id).second) {
+    freed_order_.push_back(rref_id);
+    if (freed_order_.size() > kRememberedFrees) {
+      freed_.erase(freed_order_.front());
+      freed_order_.pop_front();
+    }
+  }
   auto it = owners_.find(rref_id);
   if (it != owners_.end() && it->second.expired()) owners_.erase(it);
   cv_.notify_all();
@@ -398,6 +418,24 @@ std::shared_ptr<OwnerRRef> RRefContext::find_owner(uint64_t rref_id) const {
   MutexLock lock(mutex_);
   auto it = owners_.find(rref_id);
   return it == owners_.end() ? nullptr : it->second.lock();
+}
+
+bool RRefContext::holds_locked(uint64_t rref_id) const {
+  auto it = owners_.find(rref_id);
+  return it != owners_.end() && !it->second.expired();
+}
+
+bool RRefContext::freed_locked(uint64_t rref_id) const {
+  if (minter_of(rref_id) == self_.id) return true;
+  return freed_.count(rref_id) != 0;
+}
+
+bool RRefContext::take_given_up(uint64_t fork, int holder) {
+  MutexLock lock(mutex_);
+  auto it = given_up_.find(fork);
+  if (it == given_up_.end() || it->second != holder) return false;
+  given_up_.erase(it);
+  return true;
 }
 
 std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id,
@@ -448,6 +486,10 @@ std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
   auto it = owners_.find(rref_id);
   if (it != owners_.end()) owner = it->second.lock();
   if (owner == nullptr) {
+    if (freed_locked(rref_id)) {
+      throw CallRejected("rref: RRef " + id_text(rref_id) + " on worker " + self_.describe() +
+                         " was freed; refusing fork " + id_text(fork));
+    }
     if (placeholders_ >= kMaxPlaceholders) {
       throw CallRejected(
           "rref: worker " + self_.describe() + " holds " + std::to_string(placeholders_) +
@@ -458,6 +500,7 @@ std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
     owners_[rref_id] = owner;
     ++placeholders_;
   }
+  if (fork == 0) return owner;
   Shared& entry = shared_[rref_id];
   if (entry.owner == nullptr) entry.owner = owner;
   if (!entry.forks.emplace(fork, holder).second) {
@@ -582,8 +625,10 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
                              "fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
   gradwire::detail::on_complete_inline(reply, [user, confirmed](const Future<Value>& done) mutable {
     if (done.has_error()) {
-      // Not counted: nothing to delete.
-      user->mark_released();
+      // Refused, or the owner is gone: not counted, nothing to delete. After a timeout the
+      // owner may count it yet: the delete is sent, and the owner forgets the fork whether
+      // it counted it already or not.
+      if (!is_timeout(done.error())) user->mark_released();
       confirmed.try_set_error(done.error());
     } else {
       confirmed.try_set_value();
@@ -735,6 +780,8 @@ void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& wh
         ++it;
       }
     }
+    for (auto it = given_up_.begin(); it != given_up_.end();)
+      it = it->second == worker.id ? given_up_.erase(it) : std::next(it);
     // Forks sent to it, or of its values, will never be accepted.
     for (auto it = children_.begin(); it != children_.end();) {
       if (it->second.to == worker.id || it->second.parent->owner().id == worker.id) {
@@ -908,18 +955,32 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
           add.type_name().size() > kMaxTypeNameBytes) {
         throw CallRejected(parse_error("a fork with bad ids"));
       }
-      std::shared_ptr<OwnerRRef> owner =
-          owner_with_fork(add.rref_id(), add.type_name(), add.fork_id(), caller.id);
-      if (owner->type_name() != add.type_name()) {
-        remove_fork(add.rref_id(), add.fork_id());
-        throw CallRejected("rref: RRef " + id_text(add.rref_id()) + " on worker " +
-                           self_.describe() + " holds " + owner->type_name() + ", not " +
-                           add.type_name());
+      // Whatever the answer, the sender's pending child is settled: counted, given up by its
+      // holder already, or refused.
+      auto settle = [&] {
+        wire::RRefMessage accepted;
+        accepted.mutable_child_accepted()->add_fork_ids(add.fork_id());
+        send(agent->get_worker_info(parent), accepted.SerializeAsString(),
+             "accept of fork " + id_text(add.fork_id()) + " of RRef " + id_text(add.rref_id()));
+      };
+      if (take_given_up(add.fork_id(), caller.id)) {
+        settle();
+        return make_ready_future(Value());
       }
-      wire::RRefMessage accepted;
-      accepted.mutable_child_accepted()->add_fork_ids(add.fork_id());
-      send(agent->get_worker_info(parent), accepted.SerializeAsString(),
-           "accept of fork " + id_text(add.fork_id()) + " of RRef " + id_text(add.rref_id()));
+      std::shared_ptr<OwnerRRef> owner;
+      try {
+        owner = owner_with_fork(add.rref_id(), add.type_name(), add.fork_id(), caller.id);
+        if (owner->type_name() != add.type_name()) {
+          remove_fork(add.rref_id(), add.fork_id());
+          throw CallRejected("rref: RRef " + id_text(add.rref_id()) + " on worker " +
+                             self_.describe() + " holds " + owner->type_name() + ", not " +
+                             add.type_name());
+        }
+      } catch (const CallRejected&) {
+        settle();
+        throw;
+      }
+      settle();
       return make_ready_future(Value());
     }
     case wire::RRefMessage::kChildAccepted: {
@@ -935,8 +996,25 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
         auto it = shared_.find(del.rref_id());
         const bool counted = it != shared_.end() && it->second.forks.count(del.fork_id()) != 0;
         if (!counted) {
-          throw CallRejected("rref: worker " + self_.describe() + " counts no fork " +
-                             id_text(del.fork_id()) + " of RRef " + id_text(del.rref_id()));
+          // A fork the owner made is counted when sent: one it does not count is unknown.
+          if (minter_of(del.fork_id()) == self_.id || del.fork_id() == 0 ||
+              minter_of(del.fork_id()) >= world) {
+            throw CallRejected("rref: worker " + self_.describe() + " counts no fork " +
+                               id_text(del.fork_id()) + " of RRef " + id_text(del.rref_id()));
+          }
+          // Given up before the message that counts it arrived (its Create still queued, its
+          // AddFork delayed): that message will count nothing. Of a freed value, nothing is
+          // left to do.
+          if (!holds_locked(del.rref_id()) && freed_locked(del.rref_id()))
+            return make_ready_future(Value());
+          if (static_cast<int64_t>(given_up_.size()) >= kMaxPlaceholders) {
+            throw CallRejected("rref: worker " + self_.describe() + " holds " +
+                               std::to_string(given_up_.size()) +
+                               " forks given up before they were counted; refusing fork " +
+                               id_text(del.fork_id()));
+          }
+          given_up_[del.fork_id()] = caller.id;
+          return make_ready_future(Value());
         }
         if (it->second.forks.at(del.fork_id()) != caller.id) {
           throw CallRejected("rref: fork " + id_text(del.fork_id()) + " of RRef " +
@@ -960,8 +1038,16 @@ Future<Value> RRefContext::handle_create(const CallContext& ctx, const rpc::Requ
       create.name().empty()) {
     throw CallRejected(parse_error("a creation with bad ids, type or name"));
   }
-  std::shared_ptr<OwnerRRef> owner =
-      owner_with_fork(create.rref_id(), create.type_name(), create.fork_id(), caller);
+  // The creator may have given its reference up while this Create waited for a pool
+  // thread (its call timed out): the fork is not counted, and nothing is made unless another
+  // worker's fork or call is already waiting for the value.
+  const bool given_up = take_given_up(create.fork_id(), caller);
+  if (given_up && find_owner(create.rref_id()) == nullptr) {
+    throw CallRejected("rref: RRef " + id_text(create.rref_id()) +
+                       " was given up by its creator before its creation arrived");
+  }
+  std::shared_ptr<OwnerRRef> owner = owner_with_fork(create.rref_id(), create.type_name(),
+                                                     given_up ? 0 : create.fork_id(), caller);
   if (!owner->begin_creation(create.type_name())) {
     throw CallRejected("rref: RRef " + id_text(create.rref_id()) + " was already created");
   }

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -161,6 +162,13 @@ class RRefContext : public rpc::Interceptor,
   void validate(const rpc::RRefDescriptor& d) const;
 
   std::shared_ptr<OwnerRRef> find_owner(uint64_t rref_id) const;
+  // Whether value `rref_id` is held here now (a placeholder included).
+  bool holds_locked(uint64_t rref_id) const GRADWIRE_REQUIRES(mutex_);
+  // Whether value `rref_id`, not held now, was held here and freed (ids this worker minted
+  // are never awaited).
+  bool freed_locked(uint64_t rref_id) const GRADWIRE_REQUIRES(mutex_);
+  // Whether `holder` gave up `fork` before the message counting it arrived (forgotten now).
+  bool take_given_up(uint64_t fork, int holder);
   // The owned reference a Fetch or CallMethod names; one its caller created and whose
   // creation has not arrived yet is awaited (a bounded placeholder held until it does).
   std::shared_ptr<OwnerRRef> owned_or_awaited(uint64_t rref_id, const std::string& type_name,
@@ -168,7 +176,7 @@ class RRefContext : public rpc::Interceptor,
   // An owned reference whose creation has not arrived yet (bounded in number).
   std::shared_ptr<OwnerRRef> placeholder(uint64_t rref_id, const std::string& type_name);
   // The owned reference `rref_id`, made as a placeholder when a fork of it arrives before
-  // its creation; counts `fork` held by `holder`.
+  // its creation; counts `fork` (0: none) held by `holder`. CallRejected for a freed value.
   std::shared_ptr<OwnerRRef> owner_with_fork(uint64_t rref_id, const std::string& type_name,
                                              uint64_t fork, int holder);
   // Removes a fork; the value leaves shared_ when none is left.
@@ -199,6 +207,14 @@ class RRefContext : public rpc::Interceptor,
   // Placeholders a creator's early call is waiting on, until their creation arrives.
   std::map<uint64_t, std::shared_ptr<OwnerRRef>> awaited_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<int, std::string> lost_ GRADWIRE_GUARDED_BY(mutex_);  // worker id -> why
+  // Forks a holder gave up before the message that counts them (a Create queued on the
+  // pool, an AddFork delayed) arrived: fork id -> who held it. That message then counts
+  // nothing. Bounded, like the placeholders.
+  std::map<uint64_t, int> given_up_ GRADWIRE_GUARDED_BY(mutex_);
+  // Values this worker held and freed, whose ids another worker minted (the last
+  // kRememberedFrees): a later fork or creation naming one is refused, never a placeholder.
+  std::set<uint64_t> freed_ GRADWIRE_GUARDED_BY(mutex_);
+  std::deque<uint64_t> freed_order_ GRADWIRE_GUARDED_BY(mutex_);
   int64_t in_flight_ GRADWIRE_GUARDED_BY(mutex_) = 0;
   int64_t placeholders_ GRADWIRE_GUARDED_BY(mutex_) = 0;
 };

@@ -100,6 +100,18 @@ struct Point {
   double x{0}, y{0};
 };
 
+// Takes a while to build: its creation outlives a short call timeout.
+class SlowBox {
+ public:
+  explicit SlowBox(int64_t n) : n_(n) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  int64_t get() const { return n_; }
+
+ private:
+  int64_t n_;
+};
+
 // Has a ValueConverter but is not registered .copyable(): it stays on its owner.
 struct Label {
   explicit Label(std::string t) : text(std::move(t)) {}
@@ -446,6 +458,28 @@ TEST_F(RRefThreads, ToHerePastItsTimeoutIsATimeoutError) {
   release.count_down();
   EXPECT_EQ(r.to_here(), 7);
   r = {};
+  expect_settled(1);
+}
+
+// 24 remote() calls time out after 50 ms while their Creates wait for the owner's four pool
+// threads (each constructor takes 300 ms). Each creator drops its reference at once, so its
+// Delete reaches the owner before its Create: the owner must then count nothing for it.
+TEST_F(RRefThreads, ADeleteNeverOvertakesItsCreate) {
+  reg_.def_class<SlowBox>("SlowBox").ctor<int64_t>().method("get", &SlowBox::get);
+  std::vector<RRef<SlowBox>> refs;
+  for (int64_t i = 0; i < 24; ++i)
+    refs.push_back(rref::remote<SlowBox>(w(0), "w1", "SlowBox", CallOptions{50ms}, i));
+  for (auto& r : refs) {
+    Future<void> created = r.creation();
+    ASSERT_TRUE(created.wait(10s));
+    EXPECT_THROW(created.value(), TimeoutError);
+  }
+  refs.clear();
+  expect_settled(1);
+  // The owner still serves creations as usual.
+  RRef<SlowBox> kept = rref::remote<SlowBox>(w(0), "w1", "SlowBox", int64_t{7});
+  EXPECT_EQ(kept.rpc_sync<int64_t>("get"), 7);
+  kept = {};
   expect_settled(1);
 }
 
