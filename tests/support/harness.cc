@@ -383,7 +383,14 @@ RankResults run_ranks_as_processes(int world_size, const std::function<void(int)
   check_arguments("run_ranks_as_processes", world_size, deadline);
   RankResults results = make_results(world_size);
   stop_blas_threads();
-  const int threads = count_threads();
+  // A thread that was just joined can still be listed in /proc/self/task for a moment (the
+  // kernel removes its entry after join returns): a count over the bound is read again
+  // for up to a second before it is believed.
+  int threads = count_threads();
+  for (const auto until = Clock::now() + std::chrono::seconds(1);
+       threads > 1 + kRuntimeThreads && Clock::now() < until; threads = count_threads()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polling /proc, not an event
+  }
   // -1: no /proc to count with; trust the caller.
   if (threads > 1 + kRuntimeThreads) {
     for (RankResult& result : results.ranks) {
