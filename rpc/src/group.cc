@@ -479,22 +479,46 @@ void PeerAdmission::decide(Claim claim, Done done, const Runner& runner) {
     return;
   }
   // A rank taken over since this worker last read its record (AgentOptions::rejoin): the
-  // store says which incarnation holds it now. Read off the transport's thread.
-  auto read = [this, claim, done]() mutable {
-    group_.refresh(claim.rank, refresh_timeout_);
-    const std::string after = check(claim);
-    done(after != kNewer ? after
-                         : "it claims to be worker '" + printable(claim.name) + "' of rank " +
-                               std::to_string(claim.rank) + " in incarnation " +
-                               std::to_string(claim.incarnation) +
-                               ", but the store's record of that rank holds incarnation " +
-                               std::to_string(group_.incarnation(claim.rank)));
+  // store says which incarnation holds it now. Read off the transport's thread, once per
+  // rank at a time: claims that arrive meanwhile wait for the same read, so a flood of
+  // claims costs one store read per rank, not one per connection.
+  const int rank = claim.rank;
+  {
+    MutexLock lock(mutex_);
+    auto [it, first] = refreshing_.try_emplace(rank);
+    it->second.emplace_back(std::move(claim), std::move(done));
+    if (!first) return;
+  }
+  auto read = [this, rank] {
+    group_.refresh(rank, refresh_timeout_);
+    std::vector<std::pair<Claim, Done>> decided;
+    {
+      MutexLock lock(mutex_);
+      decided.swap(refreshing_[rank]);
+      refreshing_.erase(rank);
+    }
+    for (auto& [c, d] : decided) {
+      const std::string after = check(c);
+      d(after != kNewer
+            ? after
+            : "it claims to be worker '" + printable(c.name) + "' of rank " +
+                  std::to_string(c.rank) + " in incarnation " + std::to_string(c.incarnation) +
+                  ", but the store's record of that rank holds incarnation " +
+                  std::to_string(group_.incarnation(c.rank)));
+    }
   };
   try {
     if (!runner) throw Error("nothing runs it");
     runner(std::move(read));
   } catch (const std::exception& e) {
-    done("its claim of a newer incarnation cannot be checked now: " + std::string(e.what()));
+    std::vector<std::pair<Claim, Done>> refused;
+    {
+      MutexLock lock(mutex_);
+      refused.swap(refreshing_[rank]);
+      refreshing_.erase(rank);
+    }
+    for (auto& [c, d] : refused)
+      d("its claim of a newer incarnation cannot be checked now: " + std::string(e.what()));
   }
 }
 

@@ -238,6 +238,8 @@ class PeerAdmission {
   std::string closed_why_ GRADWIRE_GUARDED_BY(mutex_);
   Runner runner_ GRADWIRE_GUARDED_BY(mutex_);
   std::vector<std::pair<Claim, Done>> waiting_ GRADWIRE_GUARDED_BY(mutex_);
+  // Per rank whose record is being re-read: the claims that wait for it.
+  std::map<int, std::vector<std::pair<Claim, Done>>> refreshing_ GRADWIRE_GUARDED_BY(mutex_);
 };
 
 }  // namespace gradwire::rpc::detail

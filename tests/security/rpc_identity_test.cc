@@ -303,6 +303,31 @@ TEST(RpcIdentity, WithoutASecretAClaimTheStoreDoesNotBackIsRefusedAndNobodyIsLos
   expect_still_held(held);
 }
 
+TEST(RpcIdentity, AFloodOfClaimsOfANewerIncarnationIsRefusedWithoutStoppingTheWorker) {
+  auto g = start_group(3, identity_options(""));
+  g->expect_serving();
+  const uint64_t before = g->refused(1);
+  // Each makes w1 check w2's record in the store; claims that arrive together share a read.
+  constexpr int kClaims = 32;
+  const auto w1 = published_address(*g->store, 1);
+  std::vector<int> fds;
+  for (int i = 0; i < kClaims; ++i) {
+    fds.push_back(raw_connect(w1));
+    ASSERT_TRUE(raw_handshake(fds.back(), "", {"w2", 2, 1 + i}));
+  }
+  for (int fd : fds)
+    send_all(fd, tensorpipe_hello("w2"));
+  for (int fd : fds) {
+    bool closed = false;
+    read_until_closed(fd, &closed);
+    EXPECT_TRUE(closed);
+    ::close(fd);
+  }
+  EXPECT_EQ(g->refused(1), before + kClaims);
+  g->expect_serving();
+  g->expect_no_loss();
+}
+
 TEST(RpcIdentity, AnOutsiderIsServedAsNobodyAndItsLossIsNobodys) {
   auto g = start_group(2, identity_options(""));
   g->expect_serving();
