@@ -305,11 +305,11 @@ int main(int argc, char** argv) {
         std::string(1, '\x01') + multi_set + compare_set + list);
   // Mode 0: the handshake itself.
   const std::string hello = le32(44) + std::string(1, '\x01') + le32(0) + le32(0x54535747) +
-                            std::string("\x02\x00\x00", 3) + std::string(32, 'n');
+                            std::string("\x03\x00\x00", 3) + std::string(32, 'n');
   write(root / "fuzz_store_server", "hello", std::string(1, '\x00') + hello + get);
   // Mode 2: a client that claims a secret, then a proof.
   const std::string hello_secret = le32(44) + std::string(1, '\x01') + le32(0) + le32(0x54535747) +
-                                   std::string("\x02\x00\x01", 3) + std::string(32, 'n');
+                                   std::string("\x03\x00\x01", 3) + std::string(32, 'n');
   write(root / "fuzz_store_server", "auth",
         std::string(1, '\x02') + hello_secret + le32(37) + std::string(1, '\x0e') + le32(0) +
             std::string(32, 'p'));

@@ -870,7 +870,14 @@ TEST(RpcAgent, MalformedMessagesGetAnErrorReplyOrLoseTheirConnection) {
   //    peer, refuses a token its lender never issued, and answers with a NetworkError.
   for (const char* as : {"intruder", "w0"}) {
     auto forger = std::make_shared<tp::Context>(tp::ContextOptions().name(as));
-    forger->registerTransport(0, "tcp", transport::create_stream_context({}));
+    // "w0" claims that name in its handshake too (without a secret the store's record backs
+    // it); the intruder claims nothing and is served as an outsider.
+    transport::StreamOptions forger_options;
+    forger_options.name = as;
+    if (std::string(as) == "w0") {
+      forger_options.identity = [] { return transport::PeerIdentity{"w0", 0, 0}; };
+    }
+    forger->registerTransport(0, "tcp", transport::create_stream_context(forger_options));
     forger->registerChannel(0, "basic", tp::channel::basic::create());
     auto pipe = forger->connect(url);
     Request req;
