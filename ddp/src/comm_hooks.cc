@@ -83,6 +83,9 @@ void PowerSGDOptions::validate() const {
   if (start_iteration < 0)
     throw InvalidArgument("PowerSGDOptions: start_iteration must be >= 0, got " +
                           std::to_string(start_iteration));
+  if (!(min_compression_rate > 0) || !std::isfinite(min_compression_rate))
+    throw InvalidArgument("PowerSGDOptions: min_compression_rate must be > 0, got " +
+                          std::to_string(min_compression_rate));
 }
 
 PowerSGDState::PowerSGDState(PowerSGDOptions options)
@@ -93,10 +96,26 @@ int64_t PowerSGDState::iteration() const {
   return iteration_;
 }
 
+PowerSGDState::Key PowerSGDState::key_of(const std::vector<Tensor>& parameters) {
+  Key key;
+  key.reserve(parameters.size());
+  for (const Tensor& p : parameters)
+    key.push_back(p.impl_ptr().get());
+  return key;
+}
+
 Tensor PowerSGDState::error(size_t index) const {
   MutexLock lock(mutex_);
-  auto it = errors_.find(index);
-  return it == errors_.end() ? Tensor() : it->second.clone();
+  auto k = keys_.find(index);
+  if (k == keys_.end()) return Tensor();
+  auto it = buckets_.find(k->second);
+  return it == buckets_.end() || !it->second.error.defined() ? Tensor() : it->second.error.clone();
+}
+
+Tensor PowerSGDState::error(const std::vector<Tensor>& parameters) const {
+  MutexLock lock(mutex_);
+  auto it = buckets_.find(key_of(parameters));
+  return it == buckets_.end() || !it->second.error.defined() ? Tensor() : it->second.error.clone();
 }
 
 Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state, GradBucket& bucket) {
@@ -118,7 +137,8 @@ Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state, GradBu
     if (g.dim() >= 2) {
       const int64_t n = g.size(0);
       const int64_t m = g.numel() / n;
-      if ((n + m) * o.rank < n * m) {
+      if (static_cast<double>((n + m) * o.rank) * o.min_compression_rate <
+          static_cast<double>(n * m)) {
         matrices.push_back(g.view({n, m}));
         continue;
       }
@@ -126,20 +146,28 @@ Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state, GradBu
     uncompressed.push_back(g.view({-1}));
   }
 
-  // Error feedback, the local input (for the next error), and the Qs.
+  // Error feedback, the local input (for the next error), and the Qs: this bucket's, by the
+  // parameters it holds; a new layout (the Reducer's rebuild) starts every bucket afresh.
+  const PowerSGDState::Key key = PowerSGDState::key_of(bucket.parameters);
   Tensor local;
   std::vector<Tensor> qs;
   {
     MutexLock lock(state->mutex_);
+    if (bucket.layout != state->layout_) {
+      state->layout_ = bucket.layout;
+      state->buckets_.clear();
+      state->keys_.clear();
+    }
+    state->keys_[bucket.index] = key;
+    PowerSGDState::PerBucket& mine = state->buckets_[key];
     if (o.use_error_feedback) {
-      auto it = state->errors_.find(bucket.index);
-      if (it != state->errors_.end() && it->second.numel() == buffer.numel() &&
-          it->second.dtype() == buffer.dtype()) {
-        buffer.add_(it->second);
+      if (mine.error.defined() && mine.error.numel() == buffer.numel() &&
+          mine.error.dtype() == buffer.dtype()) {
+        buffer.add_(mine.error);
       }
       local = buffer.clone();
     }
-    auto& kept = state->qs_[bucket.index];
+    auto& kept = mine.qs;
     bool reuse = o.warm_start && kept.size() == matrices.size();
     for (size_t i = 0; reuse && i < matrices.size(); ++i)
       reuse = kept[i].size(0) == matrices[i].size(1) && kept[i].dtype() == buffer.dtype();
@@ -170,7 +198,7 @@ Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state, GradBu
     c10d::Work work = bucket.group->all_reduce(wire);
     const double divisor = bucket.divisor;
     std::weak_ptr<PowerSGDState> weak = state;
-    const size_t index = bucket.index;
+    const uint64_t layout = bucket.layout;
     return work.get_future().then(bucket.executor, [=](Future<std::vector<Tensor>> done) mutable {
       done.value();
       autograd::NoGradGuard guard;
@@ -185,7 +213,8 @@ Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state, GradBu
       if (local.defined()) {
         if (auto s = weak.lock()) {
           MutexLock lock(s->mutex_);
-          s->errors_[index] = sub(local, buffer);
+          // Unless a new layout has started meanwhile.
+          if (s->layout_ == layout) s->buckets_[key].error = sub(local, buffer);
         }
       }
       return buffer;

@@ -58,8 +58,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   options_.validate();
   if (!module_) throw InvalidArgument("DistributedDataParallel: the module is null");
   if (!group_) throw InvalidArgument("DistributedDataParallel: the process group is null");
+  // Every parameter, frozen ones (requires_grad = false) included, is checked and
+  // broadcast, as in PyTorch; only those that require grad are reduced.
+  std::vector<std::string> all_names;
   std::vector<std::string> names;
   for (const auto& [name, tensor] : module_->named_parameters()) {
+    all_names.push_back(name);
+    all_params_.push_back(tensor);
     if (!tensor.requires_grad()) continue;
     names.push_back(name);
     params_.push_back(tensor);
@@ -69,14 +74,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
         "DistributedDataParallel: the module has no parameter that requires grad");
   buffers_ = module_->buffers();
   try {
-    c10d::verify_params_across_ranks(*group_, params_, options_.timeout);
+    c10d::verify_params_across_ranks(*group_, all_params_, options_.timeout);
   } catch (const InvalidArgument& e) {
-    rethrow_named(e, names);
+    rethrow_named(e, all_names);
   }
   {
     autograd::NoGradGuard no_grad;
     std::vector<Tensor> state;
-    for (const Tensor& p : params_)
+    for (const Tensor& p : all_params_)
       state.push_back(p.detach());
     for (const Tensor& b : buffers_)
       state.push_back(b.detach());
@@ -110,14 +115,17 @@ void DistributedDataParallel::broadcast_buffers(int root) {
       .wait(wait_timeout());
 }
 
+int DistributedDataParallel::join_divisor(int participants) const {
+  return join_ != nullptr && join_->options().divide_by_initial_world_size ? group_->size()
+                                                                           : participants;
+}
+
 void DistributedDataParallel::before_forward() {
   int root = 0;
   if (join_ != nullptr) {
-    if (!reducer_->require_sync())
-      throw InvalidArgument(
-          "DistributedDataParallel: no_sync() cannot be used under a Join (the ranks that "
-          "ran out of data cannot tell which steps are synchronised)");
-    reducer_->set_divisor(join_->announce(root));
+    const JoinStep step = join_->announce(reducer_->require_sync());
+    root = step.root;
+    reducer_->set_divisor(join_divisor(step.participants));
   } else {
     reducer_->set_divisor(group_->size());
   }
@@ -151,17 +159,17 @@ void DistributedDataParallel::set_join(Join* join) {
   if (join == nullptr) reducer_->set_divisor(group_->size());
 }
 
-void DistributedDataParallel::join_shadow_step(int participants, int root) {
-  reducer_->set_divisor(participants);
+void DistributedDataParallel::join_shadow_step(int participants, int root, bool sync) {
+  reducer_->set_divisor(join_divisor(participants));
   reducer_->prepare_for_forward(root);
   broadcast_buffers(root);
-  reducer_->shadow_iteration();
+  if (sync) reducer_->shadow_iteration();
 }
 
 void DistributedDataParallel::join_finish(int root) {
   autograd::NoGradGuard no_grad;
   std::vector<Tensor> state;
-  for (const Tensor& p : params_)
+  for (const Tensor& p : all_params_)
     state.push_back(p.detach());
   for (const Tensor& b : buffers_)
     state.push_back(b.detach());

@@ -158,6 +158,7 @@ void Reducer::build(const std::vector<std::vector<size_t>>& assignment) {
     bucket.pending = bucket.params.size();
   }
   buckets_ = std::move(buckets);
+  ++layout_;
 }
 
 std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
@@ -316,6 +317,7 @@ GradBucket Reducer::make_grad_bucket(size_t b, const Tensor& buffer,
   gb.divisor = divisor_;
   gb.executor = executor_;
   gb.is_last = b + 1 == buckets_.size();
+  gb.layout = layout_;
   return gb;
 }
 

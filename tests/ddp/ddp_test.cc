@@ -14,6 +14,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "c10d/c10d_test_util.h"
@@ -296,6 +297,9 @@ TEST(Ddp, UnusedParametersAverageWithZerosAndUnusedEverywhereStayUndefined) {
               EXPECT_LE(max(abs(sub(params[i].grad(), want))).item<double>(), 1e-12) << i;
             }
           }
+          // find_unused_parameters all-reduces the used flags every pass; a static graph
+          // only in its first.
+          EXPECT_EQ(model.reducer().used_flag_reductions(), variant == 2 ? 1 : 3);
         });
     EXPECT_ALL_RANKS_OK(results) << "variant " << variant;
   }
@@ -347,7 +351,7 @@ TEST(Ddp, ParameterMarkedReadyTwiceIsAClearError) {
 
 // ---------------------------------------------------------------- Join
 
-TEST(Ddp, JoinWithUnevenInputsAveragesOverRanksWithData) {
+TEST(Ddp, JoinWithoutInitialWorldSizeDivisionAveragesOverRanksWithData) {
   for (int world : {2, 4}) {
     // Rank r has r + 2 batches. Reference: step s averages the ranks that still have data.
     constexpr double kLr = 0.1;
@@ -369,7 +373,7 @@ TEST(Ddp, JoinWithUnevenInputsAveragesOverRanksWithData) {
                                         {.bucket_cap_mb = 0.0001,
                                          .first_bucket_mb = 0.0001,
                                          .gradient_as_bucket_view = true});
-          Join join({&model});
+          Join join({&model}, {.divide_by_initial_world_size = false});
           for (int s = 0; s < rank + 2; ++s) {
             Batch b = batch(rank, s);
             zero(net->parameters());
@@ -382,6 +386,109 @@ TEST(Ddp, JoinWithUnevenInputsAveragesOverRanksWithData) {
         });
     EXPECT_ALL_RANKS_OK(results) << "world " << world;
   }
+}
+
+// PyTorch's default: a step's sum is divided by the initial world size, the ranks that ran
+// out counting as zeros. Rank r has r + 1 batches (world 3).
+TEST(Ddp, JoinDividesByTheInitialWorldSizeByDefault) {
+  constexpr int kWorld = 3;
+  constexpr double kLr = 0.1;
+  auto ref = make_mlp(7);
+  for (int s = 0; s < kWorld; ++s) {
+    std::vector<Batch> parts;
+    for (int r = 0; r < kWorld; ++r)
+      if (s < r + 1) parts.push_back(batch(r, s));
+    Batch all = concat(parts);
+    zero(ref->parameters());
+    // The mean over the participants, times participants / world: their sum over world.
+    const double scale = static_cast<double>(parts.size()) / kWorld;
+    mul(nn::mse_loss(ref->forward(all.x), all.y), scale).backward();
+    sgd(ref->parameters(), kLr);
+  }
+  auto results =
+      run_group(Mode::kThreads, kWorld, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+        auto net = make_mlp(7);
+        DistributedDataParallel model(net, group, {.bucket_cap_mb = 0.0001});
+        Join join({&model});
+        for (int s = 0; s < rank + 1; ++s) {
+          Batch b = batch(rank, s);
+          zero(net->parameters());
+          nn::mse_loss(model.forward(b.x), b.y).backward();
+          sgd(net->parameters(), kLr);
+        }
+        EXPECT_EQ(join.join(), kWorld - (rank + 1));
+        expect_close(net->parameters(), ref->parameters(), 1e-10);
+      });
+  EXPECT_ALL_RANKS_OK(results);
+}
+
+// no_sync under a Join: rank 0 has 2 batches, rank 1 has 4; even steps accumulate under
+// no_sync, odd steps synchronise and take an SGD step. Rank 0 joins after step 1 and
+// shadows step 3's all-reduces (with zeros), not step 2's (no_sync). Reference: one model,
+// update 1 from the sum of all four step-0/1 mean losses over 2, update 2 from rank 1's
+// steps 2 and 3 over 2 (the initial world size).
+TEST(Ddp, JoinFollowsNoSyncStepsOfTheRanksWithData) {
+  constexpr double kLr = 0.1;
+  auto ref = make_mlp(7);
+  auto update = [&](const std::vector<std::pair<int, int>>& rank_steps) {
+    zero(ref->parameters());
+    Tensor loss;
+    for (auto [r, s] : rank_steps) {
+      Batch b = batch(r, s);
+      Tensor l = nn::mse_loss(ref->forward(b.x), b.y);
+      loss = loss.defined() ? add(loss, l) : l;
+    }
+    mul(loss, 0.5).backward();
+    sgd(ref->parameters(), kLr);
+  };
+  update({{0, 0}, {0, 1}, {1, 0}, {1, 1}});
+  update({{1, 2}, {1, 3}});
+  auto results = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+    auto net = make_mlp(7);
+    DistributedDataParallel model(net, group, {.bucket_cap_mb = 0.0001});
+    Join join({&model});
+    zero(net->parameters());
+    for (int s = 0; s < 2 + 2 * rank; ++s) {
+      Batch b = batch(rank, s);
+      if (s % 2 == 0) {
+        auto guard = model.no_sync();
+        nn::mse_loss(model.forward(b.x), b.y).backward();
+      } else {
+        nn::mse_loss(model.forward(b.x), b.y).backward();
+        sgd(net->parameters(), kLr);
+        zero(net->parameters());
+      }
+    }
+    EXPECT_EQ(join.join(), rank == 0 ? 2 : 0);
+    expect_close(net->parameters(), ref->parameters(), 1e-10);
+  });
+  EXPECT_ALL_RANKS_OK(results);
+}
+
+// throw_on_early_termination: at the first step where rank 0 has run out, rank 1's forward
+// and rank 0's join() both throw, naming rank 0; nobody is left waiting.
+TEST(Ddp, JoinThrowsOnEveryRankOnEarlyTerminationWhenAsked) {
+  auto results = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+    auto net = make_mlp(7);
+    DistributedDataParallel model(net, group);
+    Join join({&model}, {.throw_on_early_termination = true});
+    int steps = 0;
+    try {
+      for (int s = 0; s < 2 + 2 * rank; ++s) {
+        Batch b = batch(rank, s);
+        nn::mse_loss(model.forward(b.x), b.y).backward();
+        ++steps;
+      }
+      join.join();
+      ADD_FAILURE() << "rank " << rank << " did not throw";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank(s) [0] exhausted"), std::string::npos) << what;
+      EXPECT_NE(what.find("throw_on_early_termination"), std::string::npos) << what;
+    }
+    EXPECT_EQ(steps, 2) << "rank " << rank << " stopped at the first step rank 0 missed";
+  });
+  EXPECT_ALL_RANKS_OK(results);
 }
 
 // ---------------------------------------------------------------- comm hooks
@@ -483,7 +590,9 @@ TEST(DdpHooks, PowerSgdReproducesLowRankGradientsExactly) {
   auto results = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
     auto net = make();
     DistributedDataParallel model(net, group);
-    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions{.rank = 2, .start_iteration = 0});
+    // (5 + 6) * 2 = 22 < 30 = 5 * 6: compressed at a minimum rate of 1 (not at 2).
+    auto state = std::make_shared<PowerSGDState>(
+        PowerSGDOptions{.rank = 2, .start_iteration = 0, .min_compression_rate = 1.0});
     model.register_comm_hook(make_powersgd_hook(state));
     for (int s = 0; s < kSteps; ++s) {
       Batch b = data(rank, s);
@@ -543,7 +652,144 @@ TEST(DdpHooks, PowerSgdErrorFeedbackLosesNothingOverTime) {
   EXPECT_ALL_RANKS_OK(results);
 }
 
+// One PowerSGD round on rank-local gradient `g` of `params` (one bucket) with `state`.
+Tensor powersgd_round(const std::shared_ptr<PowerSGDState>& state,
+                      const std::shared_ptr<ProcessGroup>& group,
+                      const std::shared_ptr<Executor>& pool, const std::vector<Tensor>& params,
+                      const std::vector<Tensor>& grads, size_t index, uint64_t layout,
+                      bool is_last) {
+  GradBucket b;
+  std::vector<Tensor> flat;
+  for (const Tensor& g : grads)
+    flat.push_back(g.reshape({-1}));
+  b.buffer = cat(flat).clone();
+  int64_t offset = 0;
+  for (const Tensor& g : grads) {
+    b.gradients.push_back(b.buffer.narrow(0, offset, g.numel()).view(g.sizes()));
+    offset += g.numel();
+  }
+  b.parameters = params;
+  for (size_t i = 0; i < params.size(); ++i)
+    b.parameter_names.push_back("p" + std::to_string(i));
+  b.group = group;
+  b.divisor = group->size();
+  b.executor = pool;
+  b.index = index;
+  b.layout = layout;
+  b.is_last = is_last;
+  return powersgd_hook(state, b).get(10s);
+}
+
+Tensor rank_mean(const std::shared_ptr<ProcessGroup>& group, Tensor t) {
+  t = t.clone();
+  group->all_reduce(t).wait();
+  return t.div_(Scalar(static_cast<double>(group->size())));
+}
+
+TEST(DdpHooks, PowerSgdStateFollowsTheBucketsParametersAndResetsOnRebuild) {
+  // Two 6x5 parameters in two buckets of one size, full-rank gradients, rank 1. Layout 1
+  // has p in bucket 0 and q in bucket 1, for two rounds (their residuals are not zero);
+  // the rebuild (layout 2) swaps them. The state restarts: the first round after it
+  // compresses each gradient alone, so what it applies plus the ranks' mean new residual
+  // is exactly the true average. Carried by index, q would have received p's residual.
+  auto results = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+    Generator gen(90 + static_cast<uint64_t>(rank));
+    Tensor gp = randn({6, 5}, &gen, kFloat64);
+    Tensor gq = randn({6, 5}, &gen, kFloat64);
+    Tensor p = ones({6, 5}, kFloat64).set_requires_grad(true);
+    Tensor q = ones({6, 5}, kFloat64).set_requires_grad(true);
+    auto state = std::make_shared<PowerSGDState>(PowerSGDOptions{.rank = 1, .start_iteration = 0});
+    auto pool = std::make_shared<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "t"});
+    for (int t = 0; t < 2; ++t) {
+      powersgd_round(state, group, pool, {p}, {gp}, 0, 1, false);
+      powersgd_round(state, group, pool, {q}, {gq}, 1, 1, true);
+    }
+    Tensor ep = state->error({p});
+    ASSERT_TRUE(ep.defined());
+    EXPECT_GT(max(abs(rank_mean(group, ep))).item<double>(), 1e-3);
+    EXPECT_TRUE(state->error(0).defined());
+    // The rebuild: q first.
+    Tensor out_q = powersgd_round(state, group, pool, {q}, {gq}, 0, 2, false);
+    Tensor out_p = powersgd_round(state, group, pool, {p}, {gp}, 1, 2, true);
+    for (auto& [out, g, param] : {std::tuple{out_q, gq, q}, std::tuple{out_p, gp, p}}) {
+      Tensor err = state->error({param});
+      ASSERT_TRUE(err.defined());
+      Tensor lhs = add(out, rank_mean(group, err));
+      EXPECT_LE(max(abs(sub(lhs, rank_mean(group, g.reshape({-1}))))).item<double>(), 1e-10);
+      EXPECT_GT(max(abs(sub(out, rank_mean(group, g.reshape({-1}))))).item<double>(), 1e-3)
+          << "rank 1 of a full-rank average: compressed";
+    }
+    // error(index) follows the new layout: bucket 0 now holds q.
+    EXPECT_LE(max(abs(sub(state->error(0), state->error({q})))).item<double>(), 0.0);
+  });
+  EXPECT_ALL_RANKS_OK(results);
+}
+
+TEST(DdpHooks, PowerSgdCompressesOnlyAtItsMinimumCompressionRate) {
+  // A 6x5 gradient at rank 2: factors of (6 + 5) * 2 = 22 values against 30. At the default
+  // rate 2 (44 > 30) it travels uncompressed: the exact average; at rate 1 it is compressed.
+  auto results = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+    Generator gen(120 + static_cast<uint64_t>(rank));
+    Tensor g = randn({6, 5}, &gen, kFloat64);
+    Tensor p = ones({6, 5}, kFloat64).set_requires_grad(true);
+    auto pool = std::make_shared<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "t"});
+    const Tensor avg = rank_mean(group, g.reshape({-1}));
+    auto plain = std::make_shared<PowerSGDState>(PowerSGDOptions{.rank = 2, .start_iteration = 0});
+    Tensor out = powersgd_round(plain, group, pool, {p}, {g}, 0, 1, true);
+    EXPECT_LE(max(abs(sub(out, avg))).item<double>(), 1e-12);
+    auto eager = std::make_shared<PowerSGDState>(
+        PowerSGDOptions{.rank = 2, .start_iteration = 0, .min_compression_rate = 1.0});
+    out = powersgd_round(eager, group, pool, {p}, {g}, 0, 1, true);
+    EXPECT_GT(max(abs(sub(out, avg))).item<double>(), 1e-3);
+  });
+  EXPECT_ALL_RANKS_OK(results);
+  EXPECT_THROW(PowerSGDOptions{.min_compression_rate = 0.0}.validate(), InvalidArgument);
+}
+
 // ---------------------------------------------------------------- construction
+
+// A frozen parameter (requires_grad = false) is part of the replica: checked across ranks
+// and broadcast from rank 0 at construction, as in PyTorch; it is not reduced.
+class WithFrozen : public nn::UnaryModule {
+ public:
+  WithFrozen(int rank, int64_t frozen_size) : UnaryModule("WithFrozen") {
+    Generator gen(3 + static_cast<uint64_t>(rank));
+    fc = register_module(
+        "fc", std::make_shared<nn::Linear>(nn::LinearOptions{kIn, kOut, true, kFloat64, &gen}));
+    scale = register_parameter(
+        "scale", full({frozen_size}, Scalar(1.0 + static_cast<double>(rank)), kFloat64),
+        /*requires_grad=*/false);
+  }
+  Tensor forward(const Tensor& x) override { return mul(fc->forward(x), scale); }
+  std::shared_ptr<nn::Linear> fc;
+  Tensor scale;
+};
+
+TEST(Ddp, FrozenParametersAreCheckedAndBroadcastAtConstruction) {
+  auto results = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+    auto net = std::make_shared<WithFrozen>(rank, kOut);
+    DistributedDataParallel model(net, group);
+    EXPECT_LE(max(abs(sub(net->scale, full({kOut}, Scalar(1.0), kFloat64)))).item<double>(), 0.0)
+        << "rank 0's frozen values";
+    auto fresh = std::make_shared<WithFrozen>(0, kOut);
+    expect_close(net->fc->parameters(), fresh->fc->parameters(), 0.0);
+    EXPECT_EQ(model.reducer().parameters().size(), 2u) << "the frozen one is not reduced";
+    Batch b = batch(rank, 0);
+    nn::mse_loss(model.forward(b.x), b.y).backward();
+    EXPECT_FALSE(net->scale.grad().defined());
+  });
+  EXPECT_ALL_RANKS_OK(results);
+  auto mismatch = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+    auto net = std::make_shared<WithFrozen>(rank, rank == 0 ? kOut : kOut + 1);
+    try {
+      DistributedDataParallel model(net, group);
+      ADD_FAILURE() << "construction succeeded";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("'scale'"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_ALL_RANKS_OK(mismatch);
+}
 
 TEST(Ddp, ShapeMismatchAcrossRanksNamesTheParameter) {
   auto results = run_group(Mode::kProcesses, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {

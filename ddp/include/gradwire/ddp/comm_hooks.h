@@ -10,7 +10,8 @@
 //                         make_powersgd_hook(state).
 //
 // PowerSGD, per bucket, for every gradient that is a matrix worth compressing (shape
-// n x m after folding trailing dims, with (n + m) * rank < n * m):
+// n x m after folding trailing dims, with (n + m) * rank * min_compression_rate < n * m, as
+// PyTorch's min_compression_rate, 2 by default):
 //   M  = gradient + error (error feedback: what earlier rounds failed to transmit)
 //   P  = M Q               all-reduced (sum), then orthonormalised (Gram-Schmidt)
 //   Q  = M^T P             all-reduced (sum) and divided by the divisor
@@ -19,8 +20,10 @@
 // Q starts from a seeded normal draw, the same on every rank; with warm_start it is kept
 // from one iteration to the next (a power iteration spread over steps). Vectors and small
 // matrices are all-reduced uncompressed together with the Qs. For the first
-// start_iteration iterations the hook is plain allreduce_hook: the Reducer rebuilds its
-// buckets after the first iteration, and the errors and Qs are kept per bucket.
+// start_iteration iterations the hook is plain allreduce_hook. The errors and Qs are kept
+// per bucket, keyed by the parameters the bucket holds (in order), and dropped when the
+// Reducer builds a new bucket layout (its rebuild after the first pass; GradBucket::layout):
+// a bucket's state never feeds a bucket of other parameters, even one of the same size.
 // When the averaged gradient has rank <= `rank`, the approximation reproduces it (up to
 // rounding). The P all-reduce is waited for inside the hook, so the Q all-reduce is issued
 // from the backward thread too and collectives stay in the same order on every rank: a
@@ -57,6 +60,8 @@ struct PowerSGDOptions {
   bool use_error_feedback{true};
   bool warm_start{true};
   uint64_t seed{0};  // for the initial Qs; the same on every rank
+  // A matrix is compressed only when its factors are this many times smaller (> 0).
+  double min_compression_rate{2.0};
   void validate() const;
 };
 
@@ -66,19 +71,28 @@ class PowerSGDState {
   const PowerSGDOptions& options() const { return options_; }
   // Iterations (backward passes) seen so far.
   int64_t iteration() const;
-  // The error-feedback residual of bucket `index` (flat, like the bucket), or an undefined
-  // tensor when none is kept yet. A copy.
+  // The error-feedback residual of bucket `index` of the current layout (flat, like the
+  // bucket), or an undefined tensor when none is kept. A copy.
   Tensor error(size_t index) const;
+  // The same for the bucket holding exactly `parameters`, in this order.
+  Tensor error(const std::vector<Tensor>& parameters) const;
 
  private:
   friend Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state,
                                       GradBucket& bucket);
+  using Key = std::vector<const void*>;  // the bucket's parameters' identities
+  struct PerBucket {
+    Tensor error;
+    std::vector<Tensor> qs;
+  };
+  static Key key_of(const std::vector<Tensor>& parameters);
   PowerSGDOptions options_;
   mutable Mutex mutex_;
   int64_t iteration_ GRADWIRE_GUARDED_BY(mutex_) = 0;
   Generator generator_ GRADWIRE_GUARDED_BY(mutex_);
-  std::map<size_t, Tensor> errors_ GRADWIRE_GUARDED_BY(mutex_);
-  std::map<size_t, std::vector<Tensor>> qs_ GRADWIRE_GUARDED_BY(mutex_);
+  uint64_t layout_ GRADWIRE_GUARDED_BY(mutex_) = 0;
+  std::map<Key, PerBucket> buckets_ GRADWIRE_GUARDED_BY(mutex_);
+  std::map<size_t, Key> keys_ GRADWIRE_GUARDED_BY(mutex_);  // bucket index -> key
 };
 
 // One PowerSGD round for `bucket` with `state` (see above).

@@ -5,12 +5,15 @@
 //   - at construction it checks that every rank has the same parameter shapes in the same
 //     order (c10d::verify_params_across_ranks; the error names the first difference and
 //     the parameter's name), then broadcasts rank 0's parameters and buffers to all
-//     (broadcast_coalesced);
+//     (broadcast_coalesced) — every parameter, frozen ones (requires_grad = false)
+//     included, as in PyTorch; only the parameters that require grad are reduced;
 //   - forward() runs the module's forward; with broadcast_buffers, rank 0's buffers are
 //     broadcast first (running statistics stay those of rank 0, as in PyTorch);
 //   - the backward pass after a forward leaves in every parameter's .grad() the average of
 //     the ranks' gradients, computed bucket by bucket while backward goes on (reducer.h);
-//     an optimizer step on each rank then keeps the replicas equal.
+//     an optimizer step on each rank then keeps the replicas equal. A backward pass in a
+//     dist_autograd context leaves the averages in the context instead, never in .grad()
+//     (reducer.h: the Reducer and the gradient sink), for the DistributedOptimizer.
 // no_sync() suspends the averaging: gradients accumulate locally, and the next
 // synchronised backward averages the accumulated sums (gradient accumulation across
 // micro-batches at the cost of one all-reduce).
@@ -29,8 +32,9 @@
 // Errors: InvalidArgument at construction for a bad option, a module without parameters
 // requiring grad, or replicas whose parameters differ (on every rank, naming the
 // parameter); from forward() for a module that is not an nn::UnaryModule (use
-// forward_with) and for no_sync under a Join; gradwire::Error from backward when some
-// parameters got no gradient (see reducer.h); collectives' TimeoutError/NetworkError.
+// forward_with); gradwire::Error from backward when some parameters got no gradient (see
+// reducer.h), and from forward under a Join with throw_on_early_termination once a rank
+// has run out (join.h); collectives' TimeoutError/NetworkError.
 //
 // Example:
 //   auto group = c10d::ProcessGroupGloo::create(store, rank, world);
@@ -113,19 +117,22 @@ class DistributedDataParallel final : public Joinable {
   // Joinable
   c10d::ProcessGroup& join_process_group() override { return *group_; }
   void set_join(Join* join) override;
-  void join_shadow_step(int participants, int root) override;
+  void join_shadow_step(int participants, int root, bool sync) override;
   void join_finish(int root) override;
 
  private:
   friend class NoSyncGuard;
   void before_forward();
   void broadcast_buffers(int root);
+  // What a step under the Join divides by (JoinOptions::divide_by_initial_world_size).
+  int join_divisor(int participants) const;
   std::chrono::milliseconds wait_timeout() const;
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<c10d::ProcessGroup> group_;
   DdpOptions options_;
-  std::vector<Tensor> params_;
+  std::vector<Tensor> params_;      // those that require grad (reduced)
+  std::vector<Tensor> all_params_;  // every parameter, frozen ones too (checked, broadcast)
   std::vector<Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
   Join* join_{nullptr};

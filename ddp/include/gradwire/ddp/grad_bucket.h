@@ -14,8 +14,9 @@
 //     the hook itself);
 //   - complete its future with a tensor shaped and typed like `buffer` (it may be `buffer`
 //     itself, updated in place), or with an error, which then fails the backward pass;
-//   - divide by `divisor`, not by the group's size: under Join (join.h) only the ranks that
-//     still have data count, and the ranks that have run out call the hook on zeros.
+//   - divide by `divisor`, not by the group's size: under Join (join.h) it may count only
+//     the ranks that still have data (JoinOptions::divide_by_initial_world_size = false),
+//     and the ranks that have run out call the hook on zeros.
 //
 // Thread-safety: a GradBucket is a value handed to one hook call; its tensors must not be
 // touched by anyone else until the hook's future completes.
@@ -35,6 +36,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -64,6 +66,10 @@ struct GradBucket {
   std::shared_ptr<Executor> executor;
   // Whether this is the last bucket of the pass (stateful hooks count iterations by it).
   bool is_last{false};
+  // Which bucket layout this bucket belongs to: changes whenever the Reducer builds its
+  // buckets anew (the rebuild after the first pass), so that hooks with per-bucket state
+  // (PowerSGD) can tell that `index` now names other parameters.
+  uint64_t layout{0};
 };
 
 // A communication hook: starts the bucket's communication, returns its averaged buffer.

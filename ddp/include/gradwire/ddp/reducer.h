@@ -184,6 +184,7 @@ class Reducer {
   // The sink of the pass in progress (null: .grad()); set by its first hook.
   autograd::GradientSink* sink_{nullptr};
   int64_t used_flag_reductions_{0};
+  uint64_t layout_{0};  // incremented by every build() (GradBucket::layout)
   std::vector<size_t> arrival_;
   size_t next_bucket_{0};
   bool expect_hooks_{false};
