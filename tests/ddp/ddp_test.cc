@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "c10d/c10d_test_util.h"
+#include "gradwire/autograd/engine.h"
 #include "gradwire/autograd/grad_mode.h"
+#include "gradwire/autograd/gradient_sink.h"
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/c10d/process_group_gloo.h"
@@ -345,6 +347,34 @@ TEST(Ddp, ParameterMarkedReadyTwiceIsAClearError) {
       EXPECT_NE(std::string(e.what()).find("marked ready twice"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("'b."), std::string::npos) << e.what();
     }
+  });
+  EXPECT_ALL_RANKS_OK(results);
+}
+
+// A pass whose gradient sink cannot hand gradients back (a plain collector) fails at DDP's
+// first hook, on every rank, before any collective starts, rather than leaving the sink
+// un-averaged gradients (autograd/gradient_sink.h).
+TEST(Ddp, ASinkThatHoldsNoGradientsFailsThePassClearly) {
+  struct Collector : autograd::GradientSink {
+    void accumulate(const Tensor&, const Tensor&) override { ++count; }
+    std::atomic<int> count{0};
+  };
+  auto results = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+    auto net = make_mlp(7);
+    DistributedDataParallel model(net, group);
+    Batch b = batch(rank, 0);
+    Tensor loss = nn::mse_loss(model.forward(b.x), b.y);
+    autograd::ExecuteOptions options;
+    auto sink = std::make_shared<Collector>();
+    options.sink = sink;
+    try {
+      autograd::execute(autograd::make_roots({loss}), options);
+      ADD_FAILURE() << "the pass succeeded";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("does not hold gradients"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(sink->count.load(), 0) << "no un-averaged gradient reached the sink";
   });
   EXPECT_ALL_RANKS_OK(results);
 }
