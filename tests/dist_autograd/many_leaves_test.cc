@@ -1,11 +1,13 @@
-// The cost of a context's gradients with many leaves: one pass over 100,000 leaves
-// accumulates each leaf's gradient into the context, and each is then looked up. Both go by
-// the leaf's identity (a hash), so the whole costs about as much as the backward pass
-// itself; a scan per leaf (quadratic: 5e9 comparisons each way here) takes seconds.
-// The gradients are checked against the closed form d/dx_i sum_i c_i x_i^2 = 2 c_i x_i.
+// A context's gradients with many leaves: one pass over 20,000 leaves accumulates each
+// leaf's gradient into the context, and each is then looked up. Both go by the leaf's
+// identity (a hash), so the whole costs about as much as the backward pass itself (a scan
+// per leaf was quadratic). The gradients are checked against the closed form
+// d/dx_i sum_i c_i x_i^2 = 2 c_i x_i; the time taken is printed, not asserted (timings
+// belong to gradwire-bench).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <vector>
 
 #include "gradwire/dist_autograd/dist_autograd.h"
@@ -24,8 +26,8 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-TEST(DistAutogradCost, AHundredThousandLeavesAccumulateAndAreLookedUpInLinearTime) {
-  constexpr int64_t kLeaves = 100000;
+TEST(DistAutogradCost, TwentyThousandLeavesAccumulateAndAreLookedUpByIdentity) {
+  constexpr int64_t kLeaves = 20000;
   rpc::Registry reg;
   test::Agents agents = test::start_agents(1, test::agent_options(reg));
   rpc::RpcAgent& agent = *agents[0];
@@ -61,10 +63,6 @@ TEST(DistAutogradCost, AHundredThousandLeavesAccumulateAndAreLookedUpInLinearTim
     }
     const double lookup_s = seconds_since(lookup_start);
     EXPECT_LT(worst, 1e-12);
-    // Bounds with room for a loaded machine (about 0.04 s and 0.2 s here); a scan per leaf
-    // alone costs over 2 s each way at this size.
-    EXPECT_LT(lookup_s, 0.5) << "get_gradients + " << kLeaves << " lookups";
-    EXPECT_LT(backward_s, 1.5) << "the backward pass over " << kLeaves << " leaves";
     std::printf("backward %.3f s, get_gradients and lookups %.3f s\n", backward_s, lookup_s);
   }
   test::shutdown_agents(agents);
