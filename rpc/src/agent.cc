@@ -25,9 +25,14 @@ std::shared_ptr<ServeScope> Interceptor::on_incoming_request(const WorkerInfo&, 
   return nullptr;
 }
 void Interceptor::on_outgoing_response(const WorkerInfo&, const Request&, Response&) {}
+void Interceptor::on_request_not_sent(const Request&) {}
+void Interceptor::on_late_response(const WorkerInfo&, const Response&,
+                                   const std::shared_ptr<void>&) {}
+void Interceptor::on_response_not_sent(const WorkerInfo&, const Request&, const Response&) {}
 std::shared_ptr<ServeScope> Interceptor::capture_thread_state() {
   return nullptr;
 }
+void RpcAgent::release_unsent(const Request&) const {}
 
 void AgentListener::on_worker_lost(const WorkerInfo&, const std::string&) {}
 void AgentListener::on_worker_rejoined(const WorkerInfo&, int) {}

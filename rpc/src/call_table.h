@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -48,6 +49,15 @@ struct PendingCall {
   std::string what() const;
 };
 
+// A call that timed out, kept so that a reply arriving later is still shown to the
+// interceptors that saw its request (Interceptor::on_late_response).
+struct LateCall {
+  WorkerInfo to;
+  uint64_t connection{0};
+  std::shared_ptr<const std::vector<std::shared_ptr<Interceptor>>> interceptors;
+  std::vector<std::shared_ptr<void>> states;
+};
+
 // Thread-safety: every method may be called from any thread. Callbacks and interceptors
 // run on the thread that finishes a call, never with the table's mutex held.
 class CallTable {
@@ -72,8 +82,13 @@ class CallTable {
 
   // Removes call `id`, only if it travels on `connection` (when that is not 0).
   std::optional<PendingCall> take(uint64_t id, uint64_t connection = 0);
-  // Removes every call travelling on `connection`.
+  // Removes every call travelling on `connection` (and forgets its timed-out calls).
   std::vector<PendingCall> take_connection(uint64_t connection);
+  // Removes timed-out call `id`, kept for its late reply, if it travelled on `connection`.
+  // Calls whose interceptors kept no state are not kept; nor are more than kMaxLateCalls
+  // (the oldest are forgotten first).
+  std::optional<LateCall> take_late(uint64_t id, uint64_t connection);
+  static constexpr size_t kMaxLateCalls = size_t{1} << 16;
   // take(), then finish() with `error`.
   void fail(uint64_t id, std::exception_ptr error, CallOutcome outcome, uint64_t connection = 0);
 
@@ -98,6 +113,7 @@ class CallTable {
 
   std::optional<PendingCall> take_locked(uint64_t id, uint64_t connection)
       GRADWIRE_REQUIRES(mutex_);
+  void keep_late_locked(const PendingCall& call) GRADWIRE_REQUIRES(mutex_);
   void timer_loop();
 
   const std::string owner_;
@@ -110,6 +126,8 @@ class CallTable {
   bool closed_ GRADWIRE_GUARDED_BY(mutex_) = false;
   std::unordered_map<uint64_t, Entry> pending_ GRADWIRE_GUARDED_BY(mutex_);
   Deadlines deadlines_ GRADWIRE_GUARDED_BY(mutex_);
+  std::unordered_map<uint64_t, LateCall> late_ GRADWIRE_GUARDED_BY(mutex_);
+  std::deque<uint64_t> late_order_ GRADWIRE_GUARDED_BY(mutex_);  // oldest first
 };
 
 }  // namespace gradwire::rpc::detail

@@ -210,11 +210,22 @@ void Dispatcher::respond(const std::shared_ptr<Link>& from, const Request& reque
   } else {
     response.result = result.value();
   }
+  size_t saw = 0;  // the interceptors that saw the reply
   try {
-    for (const auto& interceptor : interceptors)
+    for (const auto& interceptor : interceptors) {
+      ++saw;
       interceptor->on_outgoing_response(from->peer, request, response);
+    }
     writer_.write_reply(from, request, response, /*plain=*/false);
   } catch (...) {
+    // They learn that it was not written: an error reply goes instead.
+    for (size_t i = 0; i < saw; ++i) {
+      try {
+        interceptors[i]->on_response_not_sent(from->peer, request, response);
+      } catch (...) {
+        // Must not throw (agent.h); the error reply still goes.
+      }
+    }
     ErrorReply reply = error_reply(std::current_exception());
     reply.message = "the reply to " + describe_call(request.handler, request.function) +
                     " could not be sent: " + reply.message;

@@ -55,6 +55,7 @@ namespace {
 namespace tp = tensorpipe;
 using Clock = std::chrono::steady_clock;
 using detail::describe_call;
+using detail::LateCall;
 using detail::ms_text;
 using detail::PendingCall;
 
@@ -126,6 +127,7 @@ class TensorPipeAgent final : public RpcAgent,
   const AgentOptions& options() const override { return options_; }
   std::shared_ptr<Executor> executor() const override { return pool_; }
 
+  void release_unsent(const Request& request) const override;
   void send_request(const Destination& to, Request request, CallOptions options,
                     ReplyCallback done) override;
   void register_handler(uint32_t id, std::string name, MessageHandler handler,
@@ -654,16 +656,35 @@ std::shared_ptr<TensorPipeAgent::Connection> TensorPipeAgent::connection_to(
   return made;
 }
 
+void TensorPipeAgent::release_unsent(const Request& request) const {
+  for (const auto& interceptor : *dispatcher_.interceptors()) {
+    try {
+      interceptor->on_request_not_sent(request);
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "rpc worker " << self_.describe()
+                           << ": an interceptor's on_request_not_sent threw: " << e.what();
+    }
+  }
+}
+
 void TensorPipeAgent::send_request(const Destination& to, Request request, CallOptions options,
                                    ReplyCallback done) {
-  const WorkerInfo target = get_worker_info(to);
-  if (options.timeout.count() < 0) {
-    throw InvalidArgument("rpc: " + describe_call(request.handler, request.function) +
-                          " to worker " + target.describe() + " was given a negative timeout (" +
-                          ms_text(options.timeout) + ")");
+  WorkerInfo target;
+  std::shared_ptr<Connection> conn;
+  try {
+    target = get_worker_info(to);
+    if (options.timeout.count() < 0) {
+      throw InvalidArgument("rpc: " + describe_call(request.handler, request.function) +
+                            " to worker " + target.describe() + " was given a negative timeout (" +
+                            ms_text(options.timeout) + ")");
+    }
+    conn = connection_to(target, request);
+  } catch (...) {
+    // No interceptor saw the request: they learn here that it never left.
+    release_unsent(request);
+    throw;
   }
   const std::chrono::milliseconds timeout = effective_timeout(options);
-  const std::shared_ptr<Connection> conn = connection_to(target, request);
   const uint64_t id = calls_.next_id();
   request.id = id;
   std::shared_ptr<const detail::Dispatcher::Interceptors> interceptors = dispatcher_.interceptors();
@@ -1292,6 +1313,18 @@ void TensorPipeAgent::request_done(const detail::Link& link, size_t held_bytes) 
 void TensorPipeAgent::complete_call(const std::shared_ptr<Connection>& conn, Response response) {
   std::optional<PendingCall> call = calls_.take(response.id, conn->serial);
   if (!call) {
+    // A call that timed out: what the reply carries is still shown to the interceptors
+    // that saw its request.
+    if (std::optional<LateCall> late = calls_.take_late(response.id, conn->serial)) {
+      for (size_t i = 0; i < late->states.size() && i < late->interceptors->size(); ++i) {
+        try {
+          (*late->interceptors)[i]->on_late_response(late->to, response, late->states[i]);
+        } catch (const std::exception& e) {
+          GRADWIRE_LOG(kError) << "rpc worker " << self_.describe()
+                               << ": an interceptor's on_late_response threw: " << e.what();
+        }
+      }
+    }
     GRADWIRE_LOG(kDebug) << "rpc worker " << self_.describe() << ": dropped the reply "
                          << response.id << " from " << conn->peer.describe()
                          << " (its call timed out or was never made)";

@@ -252,8 +252,21 @@ class ServeScope {
 // held until the reply is written; a throw fails the call (the caller gets a RemoteError).
 // From on_outgoing_response, the reply becomes that error.
 //
+// Messages that never reach their peer, or reach it too late, are still shown to the
+// interceptors, so that what a module recorded for the values they carry (rref/: a fork
+// counted for its receiver) can be undone:
+// - on_request_not_sent: a request whose arguments were made but that no interceptor saw
+//   (converting a later argument threw, or send_request threw before the interceptors ran);
+// - on_late_response: the reply to a call that had already ended (it timed out; the call
+//   table keeps the interceptors' state of a timed-out call for this, at most 65,536 calls,
+//   until its connection goes), after on_call_finished was told kTimedOut;
+// - on_response_not_sent: a reply that on_outgoing_response saw but that was not written
+//   (encoding it failed; the caller gets an error reply instead). A reply lost with its
+//   connection is not told here: the agent's listeners learn that the peer was lost.
+//
 // Interceptors run in the order they were added, on the thread that sends or receives; they
-// must not block. on_call_finished must not throw (what it throws is logged).
+// must not block. on_call_finished and the three hooks above must not throw (what they
+// throw is logged).
 class Interceptor {
  public:
   virtual ~Interceptor() = default;
@@ -264,6 +277,11 @@ class Interceptor {
   virtual std::shared_ptr<ServeScope> on_incoming_request(const WorkerInfo& from, Request& request);
   virtual void on_outgoing_response(const WorkerInfo& to, const Request& request,
                                     Response& response);
+  virtual void on_request_not_sent(const Request& request);
+  virtual void on_late_response(const WorkerInfo& from, const Response& response,
+                                const std::shared_ptr<void>& state);
+  virtual void on_response_not_sent(const WorkerInfo& to, const Request& request,
+                                    const Response& response);
   // The thread-local state of this module on the calling thread, as a scope that re-enters
   // it on another thread (null: none). A module that defers a send to another thread (rref/
   // waits for a reference's confirmation) captures it when the call is made and enters it
@@ -376,6 +394,11 @@ class RpcAgent {
   virtual void send_request(const Destination& to, Request request, CallOptions options,
                             ReplyCallback done) = 0;
   Future<Value> send(const Destination& to, Request request, CallOptions options = {});
+  // Tells every interceptor that `request`, whose arguments were made, will never be sent
+  // (Interceptor::on_request_not_sent). send_request does this itself when it throws
+  // before the interceptors saw the request; callers that give up a request before sending
+  // it (an argument failed to convert) call it. Never throws.
+  virtual void release_unsent(const Request& request) const;
 
   // Calls the registered function `function` on `to` with Values.
   Future<Value> call(const Destination& to, std::string function, std::vector<Value> args,
@@ -500,7 +523,17 @@ Future<R> RpcAgent::rpc_async(const Destination& to, std::string function, CallO
   const CallContext context(this, worker_info(), 0, CallContext::Clock::time_point::max());
   std::vector<Value> values;
   values.reserve(sizeof...(Args));
-  (values.push_back(to_value(std::forward<Args>(args), context)), ...);
+  try {
+    (values.push_back(to_value(std::forward<Args>(args), context)), ...);
+  } catch (...) {
+    // What the arguments converted so far recorded (an RRef's fork) is given back.
+    Request unsent;
+    unsent.handler = kCallHandler;
+    unsent.function = function;
+    unsent.args = std::move(values);
+    release_unsent(unsent);
+    throw;
+  }
   Future<R> result;
   // get() without an argument waits as long as the call itself may take.
   result.set_default_timeout(wait_bound(effective_timeout(options)));
