@@ -61,6 +61,17 @@ struct CallState {
   std::vector<std::shared_ptr<detail::RRefCore>> received;  // in its reply
 };
 
+bool is_busy(const std::exception_ptr& error) {
+  if (error == nullptr) return false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const BusyError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 bool is_timeout(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -223,12 +234,27 @@ std::shared_ptr<rpc::RpcAgent> RRefContext::agent_or_null() const {
   return agent_.lock();
 }
 
-std::exception_ptr RRefContext::lost_error(int worker) const {
+std::exception_ptr RRefContext::lost_error(int worker, int incarnation) const {
   MutexLock lock(mutex_);
-  auto it = lost_.find(worker);
+  auto it = lost_.find({worker, incarnation});
   if (it == lost_.end()) return nullptr;
-  return std::make_exception_ptr(NetworkError("rref: the owner, worker " + std::to_string(worker) +
-                                              ", is gone (" + it->second + ")"));
+  std::string name = "worker " + std::to_string(worker);
+  if (std::shared_ptr<rpc::RpcAgent> agent = agent_.lock()) {
+    try {
+      name = agent->get_worker_info(worker).describe();
+    } catch (const std::exception&) {
+      // Named by its rank alone.
+    }
+  }
+  return std::make_exception_ptr(NetworkError("rref: the owner, " + name + " incarnation " +
+                                              std::to_string(incarnation) + ", was lost (" +
+                                              it->second + "); its references stay dead"));
+}
+
+int RRefContext::incarnation_of(int worker) const {
+  MutexLock lock(mutex_);
+  auto it = incarnations_.find(worker);
+  return it == incarnations_.end() ? 0 : it->second;
 }
 
 Future<Value> RRefContext::send(
@@ -279,7 +305,8 @@ Future<Value> RRefContext::send(
 std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, std::string name,
                                                      std::string type_name, std::vector<Value> args,
                                                      rpc::CallOptions options) {
-  if (std::exception_ptr lost = lost_error(owner.id)) std::rethrow_exception(lost);
+  const int incarnation = incarnation_of(owner.id);
+  if (std::exception_ptr lost = lost_error(owner.id, incarnation)) std::rethrow_exception(lost);
   const uint64_t rref_id = mint();
   const uint64_t fork = mint();
   wire::RRefMessage message;
@@ -289,9 +316,9 @@ std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, st
   create->set_type_name(type_name);
   create->set_name(name);
   Future<void> confirmed;
-  auto user =
-      std::make_shared<UserRRef>(shared_from_this(), owner, rref_id, fork, type_name, confirmed,
-                                 /*creator=*/true);
+  auto user = std::make_shared<UserRRef>(shared_from_this(), owner, incarnation, rref_id, fork,
+                                         type_name, confirmed,
+                                         /*creator=*/true);
   {
     MutexLock lock(mutex_);
     users_[fork] = user;
@@ -377,14 +404,14 @@ void RRefContext::add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fo
   children_[fork] = Child{parent, -1};
 }
 
-void RRefContext::release_user(const WorkerInfo& owner, uint64_t rref_id, uint64_t fork,
-                               bool counted) {
+void RRefContext::release_user(const WorkerInfo& owner, int incarnation, uint64_t rref_id,
+                               uint64_t fork, bool counted) {
   {
     MutexLock lock(mutex_);
     auto it = users_.find(fork);
     if (it != users_.end() && it->second.expired()) users_.erase(it);
     cv_.notify_all();
-    if (!counted || closed_ || lost_.count(owner.id) != 0) return;
+    if (!counted || closed_ || lost_.count({owner.id, incarnation}) != 0) return;
   }
   wire::RRefMessage message;
   message.mutable_delete_fork()->set_rref_id(rref_id);
@@ -600,13 +627,14 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
   std::shared_ptr<rpc::RpcAgent> agent = this->agent();
   const WorkerInfo owner = agent->get_worker_info(d.owner);
   Future<void> confirmed;
-  auto user = std::make_shared<UserRRef>(shared_from_this(), owner, d.rref_id, d.fork_id,
-                                         d.type_name, confirmed);
+  const int incarnation = incarnation_of(owner.id);
+  auto user = std::make_shared<UserRRef>(shared_from_this(), owner, incarnation, d.rref_id,
+                                         d.fork_id, d.type_name, confirmed);
   {
     MutexLock lock(mutex_);
     users_[d.fork_id] = user;
   }
-  if (std::exception_ptr lost = lost_error(owner.id)) {
+  if (std::exception_ptr lost = lost_error(owner.id, incarnation)) {
     user->mark_released();
     confirmed.try_set_error(lost);
     return user;
@@ -736,8 +764,49 @@ void RRefContext::on_incoming_response(const WorkerInfo& from, rpc::Response& re
 
 void RRefContext::on_call_finished(const rpc::FinishedCall& call,
                                    const std::shared_ptr<void>& state) {
-  if (state == nullptr || call.outcome != rpc::CallOutcome::kNotSent) return;
+  if (state == nullptr) return;
+  // Served: its receiver accepted what it carried. Anything else (never sent, refused
+  // unread as busy, timed out, its connection or the agent gone) releases the forks it
+  // carried; a receiver that got it anyway finds them refused or freed.
+  if (call.outcome == rpc::CallOutcome::kReplied && !is_busy(call.error)) return;
   unbind(static_cast<CallState*>(state.get())->bound);
+}
+
+void RRefContext::on_request_not_sent(const rpc::Request& request) {
+  discard(request.args);
+}
+
+void RRefContext::on_late_response(const WorkerInfo& from, const rpc::Response& response,
+                                   const std::shared_ptr<void>&) {
+  const Value* value = std::get_if<Value>(&response.result);
+  if (value == nullptr || !has_descriptor(*value)) return;
+  // Accepted as if the call had waited for it, then let go at once: each fork is counted
+  // and deleted (or refused) as usual.
+  std::vector<std::shared_ptr<detail::RRefCore>> dropped;
+  try {
+    accept_all(*value, from, dropped);
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kDebug) << "rref worker " << self_.describe() << ": a late reply from "
+                         << from.describe() << " carried a reference refused here: " << e.what();
+  }
+}
+
+void RRefContext::on_response_not_sent(const WorkerInfo& to, const rpc::Request&,
+                                       const rpc::Response& response) {
+  const Value* value = std::get_if<Value>(&response.result);
+  if (value == nullptr || !has_descriptor(*value)) return;
+  std::vector<uint64_t> forks;
+  for_each_descriptor(*value, [&](const RRefDescriptor& d) {
+    if (minter_of(d.fork_id) != self_.id) return;
+    MutexLock lock(mutex_);
+    if (auto child = children_.find(d.fork_id); child != children_.end()) {
+      if (child->second.to == to.id) forks.push_back(d.fork_id);
+    } else if (auto it = shared_.find(d.rref_id); it != shared_.end()) {
+      auto fork = it->second.forks.find(d.fork_id);
+      if (fork != it->second.forks.end() && fork->second == to.id) forks.push_back(d.fork_id);
+    }
+  });
+  if (!forks.empty()) unbind(forks);
 }
 
 std::shared_ptr<rpc::ServeScope> RRefContext::on_incoming_request(const WorkerInfo& from,
@@ -764,10 +833,13 @@ void RRefContext::on_outgoing_response(const WorkerInfo& to, const rpc::Request&
 void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& why) {
   std::vector<std::shared_ptr<detail::RRefCore>> dropped;
   std::vector<std::shared_ptr<UserRRef>> orphans;
+  int incarnation = 0;
   {
     MutexLock lock(mutex_);
-    if (closed_ || lost_.count(worker.id) != 0) return;
-    lost_[worker.id] = "the connection to " + worker.describe() + " was lost: " + why;
+    incarnation = incarnations_[worker.id];
+    if (closed_ || lost_.count({worker.id, incarnation}) != 0) return;
+    lost_[{worker.id, incarnation}] =
+        "the connection to " + worker.describe() + " was lost: " + why;
     // Forks it held (or that were on their way to it) no longer keep values alive.
     for (auto it = shared_.begin(); it != shared_.end();) {
       for (auto fork = it->second.forks.begin(); fork != it->second.forks.end();) {
@@ -791,12 +863,15 @@ void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& wh
         ++it;
       }
     }
+    // Filtered after the lock: a handle let go meanwhile must not be the last one here.
     for (auto& [fork, weak] : users_) {
-      if (auto user = weak.lock(); user != nullptr && user->owner().id == worker.id)
-        orphans.push_back(std::move(user));
+      if (auto user = weak.lock()) orphans.push_back(std::move(user));
     }
     cv_.notify_all();
   }
+  std::erase_if(orphans, [&](const std::shared_ptr<UserRRef>& user) {
+    return user->owner().id != worker.id || user->owner_incarnation() != incarnation;
+  });
   for (auto& user : orphans)
     user->mark_released();
   GRADWIRE_LOG(kInfo) << "rref worker " << self_.describe() << ": released what "
@@ -806,10 +881,11 @@ void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& wh
 
 void RRefContext::on_worker_rejoined(const WorkerInfo& worker, int incarnation) {
   MutexLock lock(mutex_);
-  if (lost_.erase(worker.id) != 0) {
-    GRADWIRE_LOG(kInfo) << "rref worker " << self_.describe() << ": " << worker.describe()
-                        << " is back as incarnation " << incarnation;
-  }
+  // The lost incarnation stays lost: references made for it keep failing at once, and
+  // only references made from now on reach the replacement.
+  incarnations_[worker.id] = incarnation;
+  GRADWIRE_LOG(kInfo) << "rref worker " << self_.describe() << ": " << worker.describe()
+                      << " is back as incarnation " << incarnation;
 }
 
 void RRefContext::on_graceful_shutdown(Clock::time_point deadline) {
@@ -831,7 +907,7 @@ void RRefContext::on_graceful_shutdown(Clock::time_point deadline) {
   for (auto& user : users) {
     if (user->released() || !user->confirmed_by_owner() || user->creation().has_error()) continue;
     user->mark_released();
-    release_user(user->owner(), user->rref_id(), user->fork_id(), true);
+    release_user(user->owner(), user->owner_incarnation(), user->rref_id(), user->fork_id(), true);
   }
   users.clear();
   wait_idle(deadline, "a graceful shutdown");

@@ -86,15 +86,19 @@ class RRefContext : public rpc::Interceptor,
   // A fork this user sends: `parent` stays alive until the owner accepts it.
   void add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork);
   // A user reference let go (its core's destructor): the owner is told.
-  void release_user(const rpc::WorkerInfo& owner, uint64_t rref_id, uint64_t fork, bool counted);
+  void release_user(const rpc::WorkerInfo& owner, int incarnation, uint64_t rref_id, uint64_t fork,
+                    bool counted);
   // `placeholder`: made by an early fork, never created.
   void owner_destroyed(uint64_t rref_id, bool placeholder);
   void register_owner(const std::shared_ptr<OwnerRRef>& owner);
   void adopt_user(const std::shared_ptr<UserRRef>& user);
   // Forks minted for `values` that will never be sent.
   void discard(const std::vector<rpc::Value>& values);
-  // Whether `worker` was lost (references to its values fail at once).
-  std::exception_ptr lost_error(int worker) const;
+  // The error of references to incarnation `incarnation` of `worker` once it was lost (they
+  // fail at once, also after a replacement rejoined); null while it lives.
+  std::exception_ptr lost_error(int worker, int incarnation) const;
+  // The incarnation of `worker` this worker knows now (0 until a replacement rejoins).
+  int incarnation_of(int worker) const;
   // The references inside values made on this worker, received back by this worker (a call
   // an owner makes on its own object): as if sent to and received from itself.
   std::shared_ptr<void> loop_back(const std::vector<const rpc::Value*>& values);
@@ -128,6 +132,11 @@ class RRefContext : public rpc::Interceptor,
                                                        rpc::Request& request) override;
   void on_outgoing_response(const rpc::WorkerInfo& to, const rpc::Request& request,
                             rpc::Response& response) override;
+  void on_request_not_sent(const rpc::Request& request) override;
+  void on_late_response(const rpc::WorkerInfo& from, const rpc::Response& response,
+                        const std::shared_ptr<void>& state) override;
+  void on_response_not_sent(const rpc::WorkerInfo& to, const rpc::Request& request,
+                            const rpc::Response& response) override;
 
   // ---- AgentListener
   void on_worker_lost(const rpc::WorkerInfo& worker, const std::string& why) override;
@@ -206,7 +215,9 @@ class RRefContext : public rpc::Interceptor,
   std::map<uint64_t, Child> children_ GRADWIRE_GUARDED_BY(mutex_);
   // Placeholders a creator's early call is waiting on, until their creation arrives.
   std::map<uint64_t, std::shared_ptr<OwnerRRef>> awaited_ GRADWIRE_GUARDED_BY(mutex_);
-  std::map<int, std::string> lost_ GRADWIRE_GUARDED_BY(mutex_);  // worker id -> why
+  // Lost incarnations, (worker id, incarnation) -> why; never forgotten.
+  std::map<std::pair<int, int>, std::string> lost_ GRADWIRE_GUARDED_BY(mutex_);
+  std::map<int, int> incarnations_ GRADWIRE_GUARDED_BY(mutex_);  // worker id -> the current one
   // Forks a holder gave up before the message that counts them (a Create queued on the
   // pool, an AddFork delayed) arrived: fork id -> who held it. That message then counts
   // nothing. Bounded, like the placeholders.
@@ -295,11 +306,14 @@ class UserRRef : public detail::RRefCore, public std::enable_shared_from_this<Us
  public:
   // `creator`: the reference remote() returned; its calls go out before the creation's
   // reply (the owner awaits the creation), as PyTorch's do.
-  UserRRef(std::shared_ptr<RRefContext> context, rpc::WorkerInfo owner, uint64_t rref_id,
-           uint64_t fork_id, std::string type_name, Future<void> confirmed, bool creator = false);
+  // `incarnation`: the owner's, as this worker knew it when the reference was made.
+  UserRRef(std::shared_ptr<RRefContext> context, rpc::WorkerInfo owner, int incarnation,
+           uint64_t rref_id, uint64_t fork_id, std::string type_name, Future<void> confirmed,
+           bool creator = false);
   ~UserRRef() override;
 
   const rpc::WorkerInfo& owner() const override { return owner_; }
+  int owner_incarnation() const { return incarnation_; }
   uint64_t rref_id() const override { return id_; }
   uint64_t fork_id() const { return fork_; }
   const std::string& type_name() const override { return type_name_; }
@@ -330,6 +344,7 @@ class UserRRef : public detail::RRefCore, public std::enable_shared_from_this<Us
 
   const std::shared_ptr<RRefContext> context_;
   const rpc::WorkerInfo owner_;
+  const int incarnation_;
   const uint64_t id_;
   const uint64_t fork_;
   const std::string type_name_;

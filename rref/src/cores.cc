@@ -335,10 +335,12 @@ std::shared_ptr<void> OwnerRRef::local_object(const detail::LocalType& type,
 
 // ---- UserRRef
 
-UserRRef::UserRRef(std::shared_ptr<RRefContext> context, WorkerInfo owner, uint64_t rref_id,
-                   uint64_t fork_id, std::string type_name, Future<void> confirmed, bool creator)
+UserRRef::UserRRef(std::shared_ptr<RRefContext> context, WorkerInfo owner, int incarnation,
+                   uint64_t rref_id, uint64_t fork_id, std::string type_name,
+                   Future<void> confirmed, bool creator)
     : context_(std::move(context)),
       owner_(std::move(owner)),
+      incarnation_(incarnation),
       id_(rref_id),
       fork_(fork_id),
       type_name_(std::move(type_name)),
@@ -348,7 +350,7 @@ UserRRef::UserRRef(std::shared_ptr<RRefContext> context, WorkerInfo owner, uint6
 UserRRef::~UserRRef() {
   // Every fork the owner received is counted there, the creation's failed or not; one it
   // refused, or whose owner is gone, is marked released.
-  context_->release_user(owner_, id_, fork_, !released() && confirmed_.completed());
+  context_->release_user(owner_, incarnation_, id_, fork_, !released() && confirmed_.completed());
 }
 
 rpc::RpcAgent& UserRRef::agent() const {
@@ -360,7 +362,7 @@ std::string UserRRef::describe() const {
 }
 
 Future<Value> UserRRef::after_confirmed(std::function<Future<Value>()> send) {
-  if (std::exception_ptr lost = context_->lost_error(owner_.id))
+  if (std::exception_ptr lost = context_->lost_error(owner_.id, incarnation_))
     return make_failed_future<Value>(lost);
   Future<Value> result;
   std::shared_ptr<UserRRef> self = shared_from_this();
@@ -458,7 +460,8 @@ std::shared_ptr<detail::RRefCore> UserRRef::remote(std::string method, std::stri
   create->set_target_rref_id(id_);
   create->set_target_type_name(type_name_);
   Future<void> confirmed;
-  auto made = std::make_shared<UserRRef>(context_, owner_, rref_id, fork, result_type, confirmed,
+  auto made = std::make_shared<UserRRef>(context_, owner_, incarnation_, rref_id, fork, result_type,
+                                         confirmed,
                                          /*creator=*/true);
   context_->adopt_user(made);
   std::shared_ptr<RRefContext> context = context_;
@@ -491,7 +494,8 @@ std::shared_ptr<detail::RRefCore> UserRRef::remote(std::string method, std::stri
 
 Value UserRRef::to_value(const CallContext& ctx) {
   check_agent(ctx, agent(), describe());
-  if (std::exception_ptr lost = context_->lost_error(owner_.id)) std::rethrow_exception(lost);
+  if (std::exception_ptr lost = context_->lost_error(owner_.id, incarnation_))
+    std::rethrow_exception(lost);
   const uint64_t fork = context_->mint();
   context_->add_child(shared_from_this(), fork);
   return Value(RRefDescriptor{owner_.id, id_, fork, type_name_});

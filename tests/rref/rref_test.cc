@@ -24,6 +24,7 @@
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/core/error.h"
+#include "gradwire/rpc/fault_injection.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
@@ -43,9 +44,6 @@ using rref::RRef;
 using test::Agents;
 using test::worker_name;
 
-Agents start_agents(int n, Registry& reg) {
-  return test::start_agents(n, test::agent_options(reg));
-}
 void shutdown_all(const Agents& agents) {
   test::shutdown_agents(agents);
 }
@@ -63,6 +61,10 @@ std::string error_text(F&& f) {
     return std::string("wrong exception type: ") + e.what();
   }
   return "(no exception)";
+}
+
+rpc::CallContext detail_sending(RpcAgent& agent) {
+  return rpc::CallContext(&agent, agent.worker_info(), 0, CallContext::Clock::time_point::max());
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -202,7 +204,10 @@ class RRefThreads : public ::testing::Test {
  protected:
   void SetUp() override {
     define(reg_);
-    agents_ = start_agents(3, reg_);
+    // Every agent may be told to drop, delay or cut what it sends (no rule: nothing).
+    rpc::AgentOptions options = test_options(reg_);
+    options.faults = faults_;
+    agents_ = test::start_agents(3, options);
   }
   void TearDown() override {
     if (!agents_.empty()) shutdown_all(agents_);
@@ -225,6 +230,7 @@ class RRefThreads : public ::testing::Test {
   }
 
   Registry reg_;
+  std::shared_ptr<rpc::FaultInjector> faults_ = std::make_shared<rpc::FaultInjector>();
   Agents agents_;
 };
 
@@ -483,6 +489,127 @@ TEST_F(RRefThreads, ADeleteNeverOvertakesItsCreate) {
   expect_settled(1);
 }
 
+// A call that times out gives up the forks it carried: its receiver, reached later, finds
+// the value freed and its AddFork refused (once, the owner made a placeholder for it that
+// was never filled, and the sender kept its pending child).
+TEST_F(RRefThreads, ATimedOutCallReleasesItsForksAndALateForkOfAFreedValueIsRefused) {
+  test::CountdownLatch refused(1);
+  std::mutex mutex;
+  std::string seen;
+  reg_.def("sum_or_record", [&](const RRef<Tensor>& r) {
+    try {
+      return tensor_sum(r.to_here(10s));
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      seen = e.what();
+      refused.count_down();
+      throw;
+    }
+  });
+  faults_->add({.action = rpc::FaultAction::kDelay,
+                .from = "w0",
+                .to = "w2",
+                .kind = rpc::MessageKind::kRequest,
+                .function = "sum_or_record",
+                .delay = 500ms});
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
+  ASSERT_TRUE(r.creation().wait(10s));
+  EXPECT_THROW(w(0).rpc_sync<double>("w2", "sum_or_record", CallOptions{100ms}, r), TimeoutError);
+  EXPECT_EQ(rref::metrics(w(0)).pending_children, 0);
+  r = {};
+  // Freed before the delayed request reaches w2.
+  EXPECT_TRUE(rref::wait_owned_values(w(1), 0, 10s));
+  ASSERT_TRUE(refused.wait(10s));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_TRUE(contains(seen, "was freed")) << seen;
+  }
+  expect_settled(1);
+  EXPECT_EQ(rref::metrics(w(2)).user_references, 0);
+}
+
+// Replies that arrive after their call timed out: the references they carry (forks the
+// owner counted for the caller, and a fork a user made for it) are released all the same.
+TEST_F(RRefThreads, ALateReplyStillReleasesTheReferencesItCarried) {
+  for (const char* fn : {"make_owned", "forward"}) {
+    faults_->add({.action = rpc::FaultAction::kDelay,
+                  .kind = rpc::MessageKind::kReply,
+                  .function = fn,
+                  .delay = 400ms});
+  }
+  EXPECT_THROW(
+      w(0).rpc_sync<std::vector<RRef<Tensor>>>("w1", "make_owned", CallOptions{100ms}, int64_t{3}),
+      TimeoutError);
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{2});
+  EXPECT_THROW(w(0).rpc_sync<RRef<Tensor>>("w2", "forward", CallOptions{100ms}, r), TimeoutError);
+  r = {};
+  expect_settled(1);
+  for (auto& a : agents_) {
+    const rref::RRefMetrics m = rref::metrics(*a);
+    EXPECT_EQ(m.user_references, 0);
+    EXPECT_EQ(m.owned_values, 0);
+  }
+}
+
+// References converted for a message that never left: a later argument failed to convert,
+// or the send threw before the interceptors saw the request. Their forks are given back.
+TEST_F(RRefThreads, ReferencesInAMessageThatNeverLeftAreReleased) {
+  reg_.def("sum_two", [](const RRef<Tensor>& a, const RRef<Tensor>& b) {
+    return tensor_sum(a.to_here()) + tensor_sum(b.to_here());
+  });
+  RRef<Tensor> theirs = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
+  ASSERT_TRUE(theirs.creation().wait(10s));
+  RRef<Tensor> mine = rref::make_local(w(0), make_tensor(2));
+  RRef<Counter> counter = rref::remote<Counter>(w(0), "w1", "Counter", int64_t{0});
+  ASSERT_TRUE(counter.creation().wait(10s));
+  for (const RRef<Tensor>& r : {theirs, mine}) {
+    // The second argument is an empty reference: it cannot be converted.
+    EXPECT_THROW(w(0).rpc_async<double>("w2", "sum_two", r, RRef<Tensor>()), Error);
+    EXPECT_THROW(rref::remote<double>(w(0), "w2", "sum_two", r, RRef<Tensor>()), Error);
+    EXPECT_THROW(counter.rpc_async<int64_t>("add", r, RRef<Tensor>()), Error);
+    // A negative timeout fails the send before any interceptor sees it.
+    EXPECT_THROW(w(0).rpc_async<double>("w2", "sum_of", CallOptions{-1ms}, r), InvalidArgument);
+    EXPECT_THROW(
+        w(0).call("w2", "sum_of", {rpc::to_value(r, detail_sending(w(0)))}, CallOptions{-1ms}),
+        InvalidArgument);
+  }
+  const rref::RRefMetrics m = rref::metrics(w(0));
+  EXPECT_EQ(m.pending_children, 0);
+  EXPECT_EQ(m.owned_forks, 0);
+  EXPECT_EQ(m.shared_values, 0);
+  // Both still work.
+  EXPECT_DOUBLE_EQ(w(0).rpc_sync<double>("w2", "sum_two", theirs, mine), 10 + 14);
+  theirs = {};
+  mine = {};
+  counter = {};
+  expect_settled(1);
+  expect_settled(0);
+}
+
+// Refuses every reply to `function` after the interceptors before it saw it, as a reply
+// that fails to encode is refused.
+class RefuseReplies : public rpc::Interceptor {
+ public:
+  explicit RefuseReplies(std::string function) : function_(std::move(function)) {}
+  void on_outgoing_response(const rpc::WorkerInfo&, const rpc::Request& request,
+                            rpc::Response&) override {
+    if (request.function == function_) throw Error("reply refused by the test");
+  }
+
+ private:
+  std::string function_;
+};
+
+// A reply whose references were counted for the caller but that was never written: the
+// caller gets an error reply, and the owner counts nothing for it.
+TEST_F(RRefThreads, AReplyThatIsNotWrittenReleasesItsReferences) {
+  w(1).add_interceptor(std::make_shared<RefuseReplies>("make_owned"));
+  const std::string text = error_text<RemoteError>(
+      [&] { w(0).rpc_sync<std::vector<RRef<Tensor>>>("w1", "make_owned", int64_t{2}); });
+  EXPECT_TRUE(contains(text, "reply refused by the test")) << text;
+  expect_settled(1);
+}
+
 TEST_F(RRefThreads, GracefulShutdownReleasesReferencesStillHeld) {
   RRef<Tensor> held = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
   RRef<Tensor> forked = w(0).rpc_sync<RRef<Tensor>>("w2", "forward", held);
@@ -555,6 +682,82 @@ TEST(RRefEmpty, AnEmptyReferenceIsAnError) {
   EXPECT_FALSE(r.valid());
   EXPECT_THROW(r.owner(), Error);
   EXPECT_THROW(r.to_here(), Error);
+}
+
+// References to a worker that was lost fail at once with a NetworkError naming the lost
+// incarnation, before and after a replacement rejoins under its name (once, the loss was
+// forgotten on rejoin, and an old reference sent to the replacement, which waited for a
+// creation that never came). References made after the rejoin reach the replacement.
+TEST(RRefRejoin, ReferencesToALostIncarnationFailAtOnceBeforeAndAfterItsReplacementRejoins) {
+  Registry reg;
+  define(reg);
+  rpc::AgentOptions options = test_options(reg);
+  auto store = std::make_shared<c10d::HashStore>(20s);
+  Agents agents(3);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      agents[static_cast<size_t>(r)] =
+          rpc::create_tensorpipe_agent(test::worker_name(r), r, 3, store, options);
+    }
+    for (int r = 0; r < 3; ++r)
+      threads.emplace_back([&, r] { agents[static_cast<size_t>(r)]->start(); });
+    for (auto& t : threads)
+      t.join();
+  }
+  RpcAgent& w0 = *agents[0];
+  RRef<Counter> counter = rref::remote<Counter>(w0, "w1", "Counter", int64_t{5});
+  RRef<Tensor> value = rref::remote<Tensor>(w0, "w1", "make", int64_t{1});
+  EXPECT_EQ(counter.rpc_sync<int64_t>("get"), 5);
+  ASSERT_TRUE(value.creation().wait(10s));
+  agents[1]->shutdown(false);
+  // w0 learns of the loss when its connection goes; until then a call may fail otherwise.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::string text;
+  while (std::chrono::steady_clock::now() < deadline) {
+    text = error_text<NetworkError>([&] { counter.rpc_sync<int64_t>("get"); });
+    if (contains(text, "incarnation 0")) break;
+  }
+  EXPECT_TRUE(contains(text, "'w1' (rank 1) incarnation 0, was lost")) << text;
+
+  rpc::AgentOptions rejoining = options;
+  rejoining.rejoin = true;
+  auto w1 = rpc::make_tensorpipe_agent("w1", 1, 3, store, rejoining);
+  ASSERT_EQ(w1->incarnation(), 1);
+  // A call from the replacement reaches w0 only after w0 was told that it rejoined.
+  EXPECT_EQ(w1->rpc_sync<int64_t>("w0", "square", int64_t{3}), 9);
+  const auto t0 = std::chrono::steady_clock::now();
+  text = error_text<NetworkError>([&] { counter.rpc_sync<int64_t>("get"); });
+  EXPECT_TRUE(contains(text, "incarnation 0, was lost")) << text;
+  text = error_text<NetworkError>([&] { value.to_here(); });
+  EXPECT_TRUE(contains(text, "incarnation 0, was lost")) << text;
+  text = error_text<NetworkError>([&] { counter.remote<int64_t>("get").to_here(); });
+  EXPECT_TRUE(contains(text, "incarnation 0, was lost")) << text;
+  // Nor may it travel on.
+  text = error_text<NetworkError>([&] { w0.rpc_sync<double>("w2", "sum_of", value); });
+  EXPECT_TRUE(contains(text, "incarnation 0, was lost")) << text;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+
+  // The replacement serves new references.
+  RRef<Counter> fresh = rref::remote<Counter>(w0, "w1", "Counter", int64_t{1});
+  EXPECT_EQ(fresh.rpc_sync<int64_t>("add", int64_t{2}), 3);
+  counter = {};
+  value = {};
+  fresh = {};
+  agents[1] = w1;
+  // Nothing is left anywhere before the group shuts down.
+  for (auto& a : agents)
+    rref::wait_idle(*a, 10s);
+  EXPECT_TRUE(rref::wait_owned_values(*w1, 0, 10s));
+  for (auto& a : agents) {
+    const rref::RRefMetrics m = rref::metrics(*a);
+    EXPECT_EQ(m.owned_values, 0);
+    EXPECT_EQ(m.owned_forks, 0);
+    EXPECT_EQ(m.user_references, 0);
+    EXPECT_EQ(m.pending_children, 0);
+    EXPECT_EQ(a->metrics().pending_calls, 0);
+  }
+  test::shutdown_agents(agents);
 }
 
 // ---- processes

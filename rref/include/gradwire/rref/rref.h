@@ -257,7 +257,15 @@ std::vector<rpc::Value> to_values(rpc::RpcAgent& agent, Args&&... args) {
   const rpc::CallContext ctx = sending_context(agent);
   std::vector<rpc::Value> values;
   values.reserve(sizeof...(Args));
-  (values.push_back(rpc::to_value(std::forward<Args>(args), ctx)), ...);
+  try {
+    (values.push_back(rpc::to_value(std::forward<Args>(args), ctx)), ...);
+  } catch (...) {
+    // A later argument failed: the forks the earlier ones minted are given back.
+    rpc::Request unsent;
+    unsent.args = std::move(values);
+    agent.release_unsent(unsent);
+    throw;
+  }
   return values;
 }
 
