@@ -6,8 +6,11 @@
 // functions, gradients and passes. No message is sent and no node runs under either.
 #include "gradwire/dist_autograd/dist_autograd.h"
 
+#include <algorithm>
+#include <chrono>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -41,6 +44,10 @@ namespace {
 
 thread_local uint64_t t_context = 0;
 
+// How much of a peer's reason for aborting a pass is kept (it is a chain of errors, each
+// naming its worker).
+constexpr size_t kMaxReasonBytes = 4096;
+
 int worker_of(uint64_t id) {
   return rpc::minter_of(id);
 }
@@ -63,10 +70,11 @@ std::vector<Tensor> grad_tensors(const std::vector<const Value*>& values) {
 }
 
 // On the sender: the gradients that come back for the tensors a message sent, passed on to
-// where those tensors came from.
+// where those tensors came from. Only `peer`, the worker the message went to, holds the
+// recv function that discovers this send and propagates into it.
 class SendBackward : public autograd::Node {
  public:
-  explicit SendBackward(const std::vector<Tensor>& sent) {
+  SendBackward(const std::vector<Tensor>& sent, int peer) : peer_(peer) {
     for (const Tensor& t : sent) {
       add_input_metadata(t);
       add_next_edge(autograd::gradient_edge(t));
@@ -74,6 +82,10 @@ class SendBackward : public autograd::Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override { return std::move(grads); }
   std::string name() const override { return "SendRpcBackward"; }
+  int peer() const { return peer_; }
+
+ private:
+  const int peer_;
 };
 
 class Container;
@@ -101,8 +113,74 @@ class RecvBackward : public autograd::Node {
   const uint64_t message_id_;
 };
 
+using Clock = std::chrono::steady_clock;
+
+// How long to wait for something due by `deadline` (kNoTimeout: no deadline).
+std::chrono::milliseconds time_left(Clock::time_point deadline) {
+  if (deadline == Clock::time_point::max()) return kNoTimeout;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::max(left, std::chrono::milliseconds(0));
+}
+
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  const auto now = Clock::now();
+  if (timeout >=
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)) {
+    return Clock::time_point::max();
+  }
+  return now + timeout;
+}
+
+std::string error_text(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+class ContextSink;
+
+// What one pass gives a context's leaves on this worker, so that a failed pass can take
+// it back: the pass's task delivers into this sink, which forwards to the context's and
+// remembers, for each leaf it touches first, what the context held for it before. Once the
+// pass is over (finish) nothing more goes through; a failed pass also puts back what the
+// leaves held before it (DDP's averages included: they went through here too).
+//
+// Thread-safety: as GradientSink; finish() may race with the pass's last deliveries, which
+// are then dropped (the pass has failed, or has already delivered everything).
+class PassSink : public autograd::GradientSink {
+ public:
+  explicit PassSink(std::shared_ptr<ContextSink> target) : target_(std::move(target)) {}
+  void accumulate(const Tensor& leaf, const Tensor& grad) override;
+  Tensor gradient(const Tensor& leaf) const override;
+  void set_gradient(const Tensor& leaf, const Tensor& grad) override;
+  // Ends the pass's deliveries; `take_back` restores what the leaves held before the pass
+  // (once, even if called again).
+  void finish(bool take_back);
+
+ private:
+  void remember(const Tensor& leaf) GRADWIRE_REQUIRES(mutex_);
+
+  const std::shared_ptr<ContextSink> target_;
+  mutable Mutex mutex_;
+  bool open_ GRADWIRE_GUARDED_BY(mutex_) = true;
+  bool taken_back_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  // leaf's TensorImpl -> (leaf, what the context held for it before the pass)
+  std::unordered_map<const void*, std::pair<Tensor, Tensor>> before_ GRADWIRE_GUARDED_BY(mutex_);
+};
+
+// One pass as this worker takes part in it.
 struct Pass {
-  std::shared_ptr<autograd::GraphTask> task;
+  std::shared_ptr<autograd::GraphTask> task;  // dropped once this worker's part is over
+  std::shared_ptr<PassSink> sink;
+  // This worker's part: completes with the task, or fails first (gradients it sent were
+  // not delivered, the pass was aborted, the context released).
+  Future<void> outcome;
+  // The outcome, once the context has recorded it (what Wait answers and backward awaits).
+  Future<void> done;
   std::set<const autograd::Node*> notified;  // recv functions whose sender was told
 };
 
@@ -165,6 +243,38 @@ class ContextSink : public autograd::GradientSink {
   std::unordered_map<const void*, size_t> index_ GRADWIRE_GUARDED_BY(mutex_);
 };
 
+void PassSink::accumulate(const Tensor& leaf, const Tensor& grad) {
+  MutexLock lock(mutex_);
+  if (!open_) return;
+  remember(leaf);
+  target_->accumulate(leaf, grad);
+}
+
+Tensor PassSink::gradient(const Tensor& leaf) const {
+  return target_->gradient(leaf);
+}
+
+void PassSink::set_gradient(const Tensor& leaf, const Tensor& grad) {
+  MutexLock lock(mutex_);
+  if (!open_) return;
+  remember(leaf);
+  target_->set_gradient(leaf, grad);
+}
+
+void PassSink::remember(const Tensor& leaf) {
+  auto [it, fresh] = before_.try_emplace(leaf.impl_ptr().get());
+  if (fresh) it->second = {leaf, target_->gradient(leaf)};
+}
+
+void PassSink::finish(bool take_back) {
+  MutexLock lock(mutex_);
+  open_ = false;
+  if (!take_back || taken_back_) return;
+  taken_back_ = true;
+  for (const auto& [key, entry] : before_)
+    target_->set_gradient(entry.first, entry.second);
+}
+
 struct ContextState {
   explicit ContextState(uint64_t context_id) : id(context_id) {}
   const uint64_t id;
@@ -174,6 +284,15 @@ struct ContextState {
   std::set<int> touched GRADWIRE_GUARDED_BY(mutex);  // workers that know this context from here
   std::map<uint64_t, Pass> passes GRADWIRE_GUARDED_BY(mutex);
   bool running GRADWIRE_GUARDED_BY(mutex) = false;  // a backward() started here is running
+  // The last pass whose part here is over, and its sink: an abort that comes after this
+  // worker's part succeeded still takes back what the pass gave.
+  uint64_t last_pass GRADWIRE_GUARDED_BY(mutex) = 0;
+  std::shared_ptr<PassSink> last_sink GRADWIRE_GUARDED_BY(mutex);
+  Future<void> last_done GRADWIRE_GUARDED_BY(mutex);  // for a Wait asked again
+  // Passes aborted here: their later messages are refused.
+  std::set<uint64_t> aborted GRADWIRE_GUARDED_BY(mutex);
+  // Why the last pass failed here, until one succeeds here (get_gradients throws it).
+  std::optional<std::pair<uint64_t, std::string>> failure GRADWIRE_GUARDED_BY(mutex);
 };
 
 // Sets the current context for the work of one request.
@@ -271,6 +390,12 @@ class Container : public rpc::Interceptor,
     return state;
   }
 
+  // Remembers that `id` was released, for a context that never reached this worker.
+  void remember_released_unseen(uint64_t id) {
+    MutexLock lock(mutex_);
+    if (contexts_.count(id) == 0) remember_released(id);
+  }
+
   // Remembers that `id` was released here (the newest kReleasedMemory ids).
   void remember_released(uint64_t id) GRADWIRE_REQUIRES(mutex_) {
     if (!released_.insert(id).second) return;
@@ -285,15 +410,29 @@ class Container : public rpc::Interceptor,
     return contexts_.size();
   }
 
+  // Sends one of the module's messages; `what` names it for rpc's errors and for fault
+  // rules ("discover", "propagate", "wait", "abort", "release").
   Future<Value> send(const WorkerInfo& to, const wire::DistAutogradMessage& message,
-                     std::string what, std::vector<Value> args = {}) {
+                     std::string what, std::vector<Value> args = {},
+                     rpc::CallOptions options = {}) {
     rpc::Request request;
     request.handler = kDistAutogradHandler;
     request.function = std::move(what);
     const std::string payload = message.SerializeAsString();
     request.payload.assign(payload.begin(), payload.end());
     request.args = std::move(args);
-    return agent()->send(to, std::move(request));
+    return agent()->send(to, std::move(request), options);
+  }
+
+  // As send, but a message that cannot even be sent gives a failed future.
+  Future<Value> try_send(const WorkerInfo& to, const wire::DistAutogradMessage& message,
+                         std::string what, std::vector<Value> args = {},
+                         rpc::CallOptions options = {}) {
+    try {
+      return send(to, message, std::move(what), std::move(args), options);
+    } catch (...) {
+      return make_failed_future<Value>(std::current_exception());
+    }
   }
 
   // ---- recording
@@ -313,7 +452,7 @@ class Container : public rpc::Interceptor,
     state->touched.insert(to.id);
     if (!sent.empty()) {
       const uint64_t message_id = mint();
-      state->sends[message_id] = std::make_shared<SendBackward>(sent);
+      state->sends[message_id] = std::make_shared<SendBackward>(sent, to.id);
       request.autograd_message_id = message_id;
     }
     return nullptr;
@@ -351,7 +490,7 @@ class Container : public rpc::Interceptor,
     if (state == nullptr) return;
     const uint64_t message_id = mint();
     MutexLock lock(state->mutex);
-    state->sends[message_id] = std::make_shared<SendBackward>(sent);
+    state->sends[message_id] = std::make_shared<SendBackward>(sent, to.id);
     state->touched.insert(to.id);
     response.autograd_context_id = ctx;
     response.autograd_message_id = message_id;
@@ -381,6 +520,91 @@ class Container : public rpc::Interceptor,
   }
 
   // ---- backward
+
+  // This worker's part in pass `pass_id`, made on first sight (the initiator's backward, or
+  // the first Discover here). Its sink takes back what the pass gave if the pass fails.
+  std::shared_ptr<autograd::GraphTask> start_part(const std::shared_ptr<ContextState>& state,
+                                                  uint64_t pass_id, bool retain_graph) {
+    MutexLock lock(state->mutex);
+    if (state->aborted.count(pass_id) != 0) {
+      throw CallRejected("dist_autograd: worker " + self_.describe() + " already aborted pass " +
+                         ctx_text(pass_id) + " in context " + ctx_text(state->id));
+    }
+    auto found = state->passes.find(pass_id);
+    if ((found != state->passes.end() && found->second.task == nullptr) ||
+        state->last_pass == pass_id) {
+      throw CallRejected("dist_autograd: worker " + self_.describe() + "'s part in pass " +
+                         ctx_text(pass_id) + " is already over");
+    }
+    if (found != state->passes.end()) return found->second.task;
+    Pass& pass = state->passes[pass_id];
+    autograd::ExecuteOptions options;
+    options.retain_graph = retain_graph;
+    pass.sink = std::make_shared<PassSink>(state->sink);
+    options.sink = pass.sink;
+    pass.task = std::make_shared<autograd::GraphTask>(options);
+    gradwire::detail::forward_completion(pass.task->completion(), pass.outcome);
+    std::weak_ptr<ContextState> weak = state;
+    pass.done = pass.outcome.then(agent()->executor(), [weak, pass_id](Future<void> part) {
+      if (auto s = weak.lock()) part_over(*s, pass_id, part);
+      part.value();
+    });
+    return pass.task;
+  }
+
+  // Records how this worker's part of a pass ended: success clears an earlier failure; a
+  // failure (or an abort, even after success) is remembered and takes back the pass's
+  // gradients. The task, and with it the graph unless retained, is let go.
+  static void part_over(ContextState& state, uint64_t pass_id, const Future<void>& part) {
+    std::shared_ptr<autograd::GraphTask> task;
+    std::shared_ptr<PassSink> sink;
+    bool failed = part.has_error();
+    {
+      MutexLock lock(state.mutex);
+      auto it = state.passes.find(pass_id);
+      if (it != state.passes.end()) {
+        task = std::move(it->second.task);
+        sink = it->second.sink;
+      }
+      if (state.aborted.count(pass_id) != 0) failed = true;
+      if (failed) {
+        if (!state.failure || state.failure->first != pass_id) {
+          state.failure.emplace(pass_id, part.has_error() ? error_text(part.error())
+                                                          : std::string("the pass was aborted"));
+        }
+      } else {
+        state.failure.reset();
+      }
+    }
+    if (sink != nullptr) sink->finish(failed);
+  }
+
+  // Fails this worker's part of a pass with `error`, unless it is over already.
+  static void fail_part(ContextState& state, uint64_t pass_id, std::exception_ptr error) {
+    Future<void> outcome;
+    {
+      MutexLock lock(state.mutex);
+      auto it = state.passes.find(pass_id);
+      if (it == state.passes.end()) return;
+      outcome = it->second.outcome;
+    }
+    outcome.try_set_error(std::move(error));
+  }
+
+  // Forgets the pass here once its part is over and reported; its sink stays as the
+  // context's last, for an abort that may still come.
+  static void forget_pass(ContextState& state, uint64_t pass_id) {
+    std::shared_ptr<autograd::GraphTask> task;
+    MutexLock lock(state.mutex);
+    auto it = state.passes.find(pass_id);
+    if (it == state.passes.end()) return;
+    task = std::move(it->second.task);
+    state.last_pass = pass_id;
+    state.last_sink = std::move(it->second.sink);
+    state.last_done = it->second.done;
+    state.passes.erase(it);
+    lock.unlock();
+  }
 
   // Walks the graph below `edges`, telling each recv function's sender (once per pass) that
   // its send will get a gradient. Completes with the workers taking part.
@@ -421,8 +645,7 @@ class Container : public rpc::Interceptor,
       d->set_retain_graph(retain_graph);
       for (uint64_t m : entry.second)
         d->add_message_ids(m);
-      told.push_back(
-          send(entry.first, message, "dist_autograd discovery in context " + ctx_text(state->id)));
+      told.push_back(try_send(entry.first, message, "discover"));
     }
     Future<std::set<int>> result;
     auto all = collect_all(told);
@@ -443,11 +666,11 @@ class Container : public rpc::Interceptor,
 
   void propagate(const RecvBackward& recv, std::vector<Tensor>&& grads) {
     uint64_t pass_id = 0;
-    std::shared_ptr<ContextState> state = get(recv_context(recv));
+    std::shared_ptr<ContextState> state = get(recv.context_id());
     {
       MutexLock lock(state->mutex);
       for (const auto& [id, pass] : state->passes) {
-        if (pass.task.get() == autograd::GraphTask::current()) pass_id = id;
+        if (pass.task != nullptr && pass.task.get() == autograd::GraphTask::current()) pass_id = id;
       }
     }
     if (pass_id == 0) {
@@ -463,16 +686,49 @@ class Container : public rpc::Interceptor,
     std::vector<Value> args;
     for (Tensor& g : grads)
       args.push_back(g.defined() ? Value(std::move(g)) : Value());
-    // Not waited for: the receiver's part of the pass reports through its Wait.
-    send(recv.from(), message, "dist_autograd gradients in context " + ctx_text(state->id),
-         std::move(args));
+    // The receiver answers once it has taken the gradients (it runs what they make ready
+    // afterwards). Not waited for here, but checked: gradients the receiver refused or never
+    // got end this worker's part, and so the pass, with the receiver's error.
+    Future<Value> sent = try_send(recv.from(), message, "propagate", std::move(args));
+    std::weak_ptr<ContextState> weak = state;
+    gradwire::detail::on_complete_inline(
+        sent, [weak, pass_id, to = recv.from(), m = recv.message_id()](const Future<Value>& done) {
+          if (!done.has_error()) return;
+          if (auto s = weak.lock()) fail_part(*s, pass_id, undelivered(done.error(), to, s->id, m));
+        });
   }
 
-  static uint64_t recv_context(const RecvBackward& recv);
+  // The error of gradients that did not reach `to`, naming it: its own error (RemoteError),
+  // a refusal as a RemoteError of `to`, or the NetworkError / TimeoutError of the send.
+  static std::exception_ptr undelivered(const std::exception_ptr& error, const WorkerInfo& to,
+                                        uint64_t ctx, uint64_t message_id) {
+    const std::string what = "dist_autograd: the gradients for send " + ctx_text(message_id) +
+                             " in context " + ctx_text(ctx) + " did not reach worker " +
+                             to.describe() + ": ";
+    try {
+      std::rethrow_exception(error);
+    } catch (const RemoteError& e) {
+      return std::make_exception_ptr(
+          RemoteError(e.worker(), e.remote_type(), what + e.remote_message()));
+    } catch (const NetworkError& e) {
+      return std::make_exception_ptr(NetworkError(what + e.what()));
+    } catch (const TimeoutError& e) {
+      return std::make_exception_ptr(TimeoutError(what + e.what()));
+    } catch (const Error& e) {
+      return std::make_exception_ptr(
+          RemoteError(to.name, std::string(error_kind_name(e.kind())), what + e.what()));
+    } catch (const std::exception& e) {
+      return std::make_exception_ptr(Error(what + e.what()));
+    }
+  }
 
-  void backward(uint64_t ctx, const std::vector<Tensor>& roots, bool retain_graph) {
+  void backward(uint64_t ctx, const std::vector<Tensor>& roots, const BackwardOptions& options) {
     std::shared_ptr<ContextState> state = get(ctx);
     if (roots.empty()) throw InvalidArgument("dist_autograd::backward: no roots");
+    if (options.timeout <= std::chrono::milliseconds(0)) {
+      throw InvalidArgument("dist_autograd::backward: BackwardOptions::timeout must be > 0, got " +
+                            std::to_string(options.timeout.count()) + " ms");
+    }
     for (size_t i = 0; i < roots.size(); ++i) {
       if (!roots[i].defined() || !roots[i].requires_grad()) {
         throw InvalidArgument("dist_autograd::backward: root " + std::to_string(i) +
@@ -489,43 +745,32 @@ class Container : public rpc::Interceptor,
       state->running = true;
     }
     const uint64_t pass_id = mint();
-    auto finish = [&] {
-      std::shared_ptr<autograd::GraphTask> task;
-      MutexLock lock(state->mutex);
-      state->running = false;
-      auto it = state->passes.find(pass_id);
-      if (it != state->passes.end()) {
-        task = std::move(it->second.task);
-        state->passes.erase(it);
-      }
-      lock.unlock();
-    };
+    const Clock::time_point deadline = deadline_after(options.timeout);
     try {
-      std::shared_ptr<autograd::GraphTask> task = make_task(state, pass_id, retain_graph);
+      std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+      std::shared_ptr<autograd::GraphTask> task = start_part(state, pass_id, options.retain_graph);
       std::vector<autograd::Edge> edges;
       for (const auto& r : graph_roots) {
         task->expect(r.edge);
         edges.push_back(r.edge);
       }
-      std::shared_ptr<rpc::RpcAgent> agent = this->agent();
-      const auto timeout = agent->options().rpc_timeout;
-      std::set<int> workers =
-          discover(state, pass_id, edges, retain_graph).get(rpc::RpcAgent::wait_bound(timeout));
+      auto timed_out = [&] {
+        return TimeoutError("dist_autograd::backward in context " + ctx_text(ctx) +
+                            " did not finish within " + std::to_string(options.timeout.count()) +
+                            " ms (BackwardOptions::timeout)");
+      };
+      Future<std::set<int>> found = discover(state, pass_id, edges, options.retain_graph);
+      if (!found.wait(time_left(deadline))) throw timed_out();
+      const std::set<int> workers = found.value();
       // Every part reports when it is done; the first failure ends the pass.
-      std::vector<Future<Value>> parts;
+      std::vector<Future<void>> parts;
       for (int w : workers) {
-        if (w == self_.id) continue;
-        wire::DistAutogradMessage message;
-        message.mutable_wait()->set_context_id(ctx);
-        message.mutable_wait()->set_pass_id(pass_id);
-        parts.push_back(send(agent->get_worker_info(w), message,
-                             "dist_autograd backward in context " + ctx_text(ctx)));
+        if (w != self_.id) parts.push_back(watch_part(state, pass_id, agent->get_worker_info(w)));
       }
-      Future<void> local = task->completion();
-      parts.push_back(local.then(agent->executor(), [](Future<void> done) {
-        done.value();
-        return Value();
-      }));
+      {
+        MutexLock lock(state->mutex);
+        parts.push_back(state->passes[pass_id].done);
+      }
       Future<void> all = rpc::join_fail_fast(parts);
       for (const auto& r : graph_roots)
         task->add_gradient(r.edge, r.grad);
@@ -534,29 +779,112 @@ class Container : public rpc::Interceptor,
       } catch (...) {
         // The task holds the error; the wait below reports it.
       }
-      if (!all.wait(rpc::RpcAgent::wait_bound(timeout))) {
-        throw TimeoutError("dist_autograd::backward in context " + ctx_text(ctx) +
-                           " did not finish within " + std::to_string(timeout.count()) + " ms");
-      }
+      if (!all.wait(time_left(deadline))) throw timed_out();
       all.value();
     } catch (...) {
-      finish();
-      throw;
+      const std::exception_ptr error = std::current_exception();
+      // Every worker the pass reached takes back what it gave and records the failure
+      // before backward reports it (so a step right after it cannot use partial gradients).
+      if (!abort(state, pass_id, error_text(error), -1).wait(agent_wait())) {
+        GRADWIRE_LOG(kWarning) << "dist_autograd worker " << self_.describe()
+                               << ": the abort of pass " << ctx_text(pass_id) << " in context "
+                               << ctx_text(ctx) << " did not reach every worker in time";
+      }
+      end_pass(*state, pass_id);
+      std::rethrow_exception(error);
     }
-    finish();
+    end_pass(*state, pass_id);
   }
 
-  std::shared_ptr<autograd::GraphTask> make_task(const std::shared_ptr<ContextState>& state,
-                                                 uint64_t pass_id, bool retain_graph) {
-    MutexLock lock(state->mutex);
-    Pass& pass = state->passes[pass_id];
-    if (pass.task == nullptr) {
-      autograd::ExecuteOptions options;
-      options.retain_graph = retain_graph;
-      options.sink = state->sink;
-      pass.task = std::make_shared<autograd::GraphTask>(options);
+  // Completes when worker `to`'s part of the pass is over (failing with its error). A Wait is
+  // a call like any other, bounded by rpc_timeout; while the pass goes on, one that times
+  // out is asked again, so a pass may last longer than rpc_timeout (its own deadline bounds
+  // it) and no call outlives the pass by more than rpc_timeout.
+  Future<void> watch_part(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                          const WorkerInfo& to, Future<void> result = {}) {
+    wire::DistAutogradMessage message;
+    message.mutable_wait()->set_context_id(state->id);
+    message.mutable_wait()->set_pass_id(pass_id);
+    Future<Value> reply = try_send(to, message, "wait");
+    std::weak_ptr<Container> weak_self = weak_from_this();
+    std::weak_ptr<ContextState> weak_state = state;
+    reply.add_callback(agent()->executor(), [weak_self, weak_state, pass_id, to,
+                                             result](Future<Value> done) mutable {
+      if (!done.has_error()) {
+        result.try_set_value();
+        return;
+      }
+      std::shared_ptr<Container> self = weak_self.lock();
+      std::shared_ptr<ContextState> s = weak_state.lock();
+      bool ask_again = false;
+      try {
+        std::rethrow_exception(done.error());
+      } catch (const TimeoutError&) {
+        if (self != nullptr && s != nullptr) {
+          MutexLock lock(s->mutex);
+          ask_again = s->passes.count(pass_id) != 0 && s->aborted.count(pass_id) == 0;
+        }
+      } catch (...) {
+      }
+      if (!ask_again) {
+        result.try_set_error(done.error());
+        return;
+      }
+      try {
+        self->watch_part(s, pass_id, to, result);
+      } catch (...) {
+        result.try_set_error(std::current_exception());
+      }
+    });
+    return result;
+  }
+
+  // The initiator's pass is over: the context may run another.
+  static void end_pass(ContextState& state, uint64_t pass_id) {
+    forget_pass(state, pass_id);
+    MutexLock lock(state.mutex);
+    state.running = false;
+  }
+
+  // Aborts pass `pass_id` here (its part fails with `reason`, or, if it already succeeded,
+  // what it gave is taken back) and tells the workers the context touched from here but
+  // `from`, once: only a worker that took part forwards it. Completes when they have
+  // answered.
+  Future<void> abort(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                     const std::string& reason, int from) {
+    Future<void> outcome;
+    std::shared_ptr<PassSink> sink;
+    std::set<int> touched;
+    {
+      MutexLock lock(state->mutex);
+      if (!state->aborted.insert(pass_id).second) return make_ready_future();
+      auto it = state->passes.find(pass_id);
+      if (it != state->passes.end()) {
+        outcome = it->second.outcome;
+        sink = it->second.sink;
+      } else if (state->last_pass == pass_id) {
+        sink = state->last_sink;
+      } else {
+        return make_ready_future();  // never took part: nothing to take back or forward
+      }
+      state->failure.emplace(pass_id, reason);
+      touched = state->touched;
     }
-    return pass.task;
+    outcome.try_set_error(std::make_exception_ptr(Error(reason)));
+    if (sink != nullptr) sink->finish(/*take_back=*/true);
+    std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
+    if (agent == nullptr || agent->is_shut_down()) return make_ready_future();
+    std::vector<Future<Value>> told;
+    for (int w : touched) {
+      if (w == from || w == self_.id) continue;
+      wire::DistAutogradMessage message;
+      wire::Abort* a = message.mutable_abort();
+      a->set_context_id(state->id);
+      a->set_pass_id(pass_id);
+      a->set_reason(reason);
+      told.push_back(try_send(agent->get_worker_info(w), message, "abort"));
+    }
+    return rpc::join_settled(told);
   }
 
   // ---- the handler
@@ -581,6 +909,29 @@ class Container : public rpc::Interceptor,
     return state;
   }
 
+  // The send `m` recorded here, refused unless `caller` is the worker it went to (the only
+  // one holding its recv function).
+  std::shared_ptr<SendBackward> send_from(ContextState& state, uint64_t m, const WorkerInfo& caller,
+                                          const char* what) const {
+    std::shared_ptr<SendBackward> send;
+    {
+      MutexLock lock(state.mutex);
+      auto it = state.sends.find(m);
+      if (it != state.sends.end()) send = it->second;
+    }
+    if (send == nullptr) {
+      throw CallRejected("dist_autograd: worker " + self_.describe() + " recorded no send " +
+                         ctx_text(m) + " in context " + ctx_text(state.id) +
+                         " (released, or its graph was freed by an earlier pass)");
+    }
+    if (send->peer() != caller.id) {
+      throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a " + what +
+                         " for send " + ctx_text(m) + " in context " + ctx_text(state.id) +
+                         " from worker " + caller.describe() + ", which the send did not go to");
+    }
+    return send;
+  }
+
   Future<Value> handle(const CallContext& ctx, const rpc::Request& request) {
     // Only members of the group speak for a context; each message is then checked against
     // the workers that take part in the context (or pass) it names.
@@ -598,20 +949,13 @@ class Container : public rpc::Interceptor,
       case wire::DistAutogradMessage::kDiscover: {
         const wire::Discover& d = message.discover();
         std::shared_ptr<ContextState> state = get_for(d.context_id(), caller, "discovery");
-        std::shared_ptr<autograd::GraphTask> task = make_task(state, d.pass_id(), d.retain_graph());
+        std::vector<std::shared_ptr<SendBackward>> sends;
+        for (uint64_t m : d.message_ids())
+          sends.push_back(send_from(*state, m, caller, "discovery"));
+        std::shared_ptr<autograd::GraphTask> task =
+            start_part(state, d.pass_id(), d.retain_graph());
         std::vector<autograd::Edge> edges;
-        for (uint64_t m : d.message_ids()) {
-          std::shared_ptr<SendBackward> send;
-          {
-            MutexLock lock(state->mutex);
-            auto it = state->sends.find(m);
-            if (it != state->sends.end()) send = it->second;
-          }
-          if (send == nullptr) {
-            throw CallRejected("dist_autograd: worker " + self_.describe() + " recorded no send " +
-                               ctx_text(m) + " in context " + ctx_text(d.context_id()) +
-                               " (released, or its graph was freed by an earlier pass)");
-          }
+        for (const auto& send : sends) {
           for (uint32_t i = 0; i < send->num_inputs(); ++i) {
             task->expect(autograd::Edge(send, i));
           }
@@ -628,19 +972,19 @@ class Container : public rpc::Interceptor,
       case wire::DistAutogradMessage::kPropagate: {
         const wire::Propagate& p = message.propagate();
         std::shared_ptr<ContextState> state = get_for(p.context_id(), caller, "gradient");
-        std::shared_ptr<SendBackward> send;
+        std::shared_ptr<SendBackward> send = send_from(*state, p.message_id(), caller, "gradient");
         std::shared_ptr<autograd::GraphTask> task;
         {
           MutexLock lock(state->mutex);
-          auto it = state->sends.find(p.message_id());
-          if (it != state->sends.end()) send = it->second;
           auto pass = state->passes.find(p.pass_id());
-          if (pass != state->passes.end()) task = pass->second.task;
+          if (pass != state->passes.end() && state->aborted.count(p.pass_id()) == 0)
+            task = pass->second.task;
         }
-        if (send == nullptr || task == nullptr) {
+        if (task == nullptr) {
           throw CallRejected("dist_autograd: worker " + self_.describe() +
                              " expects no gradients for send " + ctx_text(p.message_id()) +
-                             " in context " + ctx_text(p.context_id()));
+                             " in pass " + ctx_text(p.pass_id()) + " of context " +
+                             ctx_text(p.context_id()) + " (not discovered, over, or aborted)");
         }
         if (request.args.size() != send->num_inputs()) {
           throw CallRejected("dist_autograd: send " + ctx_text(p.message_id()) + " takes " +
@@ -651,7 +995,15 @@ class Container : public rpc::Interceptor,
           const Value& g = request.args[i];
           task->add_gradient(autograd::Edge(send, i), g.is_none() ? Tensor() : g.as_tensor());
         }
-        task->run_ready();
+        // Taken: the sender hears so now, and what the gradients made ready runs on the pool
+        // (however long it takes; a failure there is this worker's part's, and its Wait's).
+        agent()->executor()->execute([task] {
+          try {
+            task->run_ready();
+          } catch (...) {
+            // The task holds the error: this worker's part fails with it.
+          }
+        });
         return make_ready_future(Value());
       }
       case wire::DistAutogradMessage::kWait: {
@@ -663,38 +1015,49 @@ class Container : public rpc::Interceptor,
                              caller.describe() + ", which did not start it");
         }
         std::shared_ptr<ContextState> state = get_for(w.context_id(), caller, "wait");
-        std::shared_ptr<autograd::GraphTask> task;
+        std::optional<Future<void>> done;
         {
           MutexLock lock(state->mutex);
           auto pass = state->passes.find(w.pass_id());
-          if (pass != state->passes.end()) task = pass->second.task;
+          if (pass != state->passes.end() && pass->second.sink != nullptr) {
+            done = pass->second.done;
+          } else if (state->last_pass == w.pass_id()) {
+            done = state->last_done;  // asked again after its answer was lost or late
+          }
         }
-        if (task == nullptr) {
+        if (!done) {
           throw CallRejected("dist_autograd: worker " + self_.describe() +
                              " takes no part in pass " + ctx_text(w.pass_id()));
         }
         std::weak_ptr<ContextState> weak = state;
         const uint64_t pass_id = w.pass_id();
-        return task->completion().then(agent()->executor(), [weak, pass_id](Future<void> done) {
-          // This worker's part is over: its task is let go.
-          if (auto s = weak.lock()) {
-            std::shared_ptr<autograd::GraphTask> finished;
-            MutexLock lock(s->mutex);
-            auto it = s->passes.find(pass_id);
-            if (it != s->passes.end()) {
-              finished = std::move(it->second.task);
-              s->passes.erase(it);
-            }
-            lock.unlock();
-          }
-          done.value();
+        return done->then(agent()->executor(), [weak, pass_id](Future<void> part) {
+          // This worker's part is over and reported.
+          if (auto s = weak.lock()) forget_pass(*s, pass_id);
+          part.value();
           return Value();
         });
       }
+      case wire::DistAutogradMessage::kAbort: {
+        const wire::Abort& a = message.abort();
+        // Unknown here (never seen, or already released): nothing to take back.
+        if (find(a.context_id()) == nullptr) return make_ready_future(Value());
+        std::shared_ptr<ContextState> state = get_for(a.context_id(), caller, "pass abort");
+        const std::string reason = "dist_autograd: pass " + ctx_text(a.pass_id()) +
+                                   " was aborted by worker " + caller.describe() + ": " +
+                                   printable(a.reason(), kMaxReasonBytes);
+        return abort(state, a.pass_id(), reason, caller.id)
+            .then(agent()->executor(), [](Future<void>) { return Value(); });
+      }
       case wire::DistAutogradMessage::kRelease: {
         const uint64_t id = message.release().context_id();
-        // Unknown here (never seen, or already released): nothing to do, whoever asks.
-        if (find(id) == nullptr) return make_ready_future(Value());
+        if (find(id) == nullptr) {
+          // Unknown here: never seen, or already released; nothing to do, whoever asks. Its
+          // creator's release is remembered, though: a request in it still on its way (one
+          // that timed out, say) must not make it here after its end.
+          if (worker_of(id) == caller.id) remember_released_unseen(id);
+          return make_ready_future(Value());
+        }
         get_for(id, caller, "release");
         return release(id, caller.id).then(agent()->executor(), [](Future<void>) {
           return Value();
@@ -719,9 +1082,18 @@ class Container : public rpc::Interceptor,
       remember_released(ctx);
     }
     std::set<int> touched;
+    std::vector<Future<void>> parts;
     {
       MutexLock lock(state->mutex);
       touched = state->touched;
+      for (const auto& [id, pass] : state->passes)
+        parts.push_back(pass.outcome);
+    }
+    // Parts still running end here, so that their Waits are answered.
+    for (Future<void>& part : parts) {
+      part.try_set_error(std::make_exception_ptr(Error("dist_autograd: context " + ctx_text(ctx) +
+                                                       " was released on worker " +
+                                                       self_.describe() + " during the pass")));
     }
     std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
     if (agent == nullptr || agent->is_shut_down()) return make_ready_future();
@@ -731,8 +1103,7 @@ class Container : public rpc::Interceptor,
       wire::DistAutogradMessage message;
       message.mutable_release()->set_context_id(ctx);
       try {
-        told.push_back(send(agent->get_worker_info(w), message,
-                            "dist_autograd release of context " + ctx_text(ctx)));
+        told.push_back(send(agent->get_worker_info(w), message, "release"));
       } catch (const std::exception& e) {
         GRADWIRE_LOG(kDebug) << "dist_autograd worker " << self_.describe()
                              << ": the release of context " << ctx_text(ctx)
@@ -748,7 +1119,19 @@ class Container : public rpc::Interceptor,
     return a == nullptr ? std::chrono::milliseconds(0) : a->options().rpc_timeout;
   }
 
-  Gradients gradients(uint64_t ctx) const { return Gradients(get(ctx)->sink->items()); }
+  Gradients gradients(uint64_t ctx) const {
+    std::shared_ptr<ContextState> state = get(ctx);
+    {
+      MutexLock lock(state->mutex);
+      if (state->failure) {
+        throw Error("dist_autograd: context " + ctx_text(ctx) + " on worker " + self_.describe() +
+                    " holds no gradients: its last backward pass (" +
+                    ctx_text(state->failure->first) +
+                    ") failed, and none has succeeded here since: " + state->failure->second);
+      }
+    }
+    return Gradients(state->sink->items());
+  }
 
   // ---- listener
 
@@ -813,10 +1196,6 @@ std::vector<Tensor> RecvBackward::apply(std::vector<Tensor>&& grads) {
   return {};
 }
 
-uint64_t Container::recv_context(const RecvBackward& recv) {
-  return recv.context_id();
-}
-
 rpc::RpcAgent& default_agent_ref() {
   return *rpc::default_agent();
 }
@@ -829,8 +1208,10 @@ uint64_t current_context_id() {
 
 Context::Context() : Context(default_agent_ref()) {}
 
-Context::Context(rpc::RpcAgent& agent) : agent_(&agent), previous_(t_context) {
-  id_ = Container::of(agent)->create_context()->id;
+Context::Context(rpc::RpcAgent& agent) : previous_(t_context) {
+  std::shared_ptr<Container> container = Container::of(agent);
+  agent_ = container->agent();
+  id_ = container->create_context()->id;
   t_context = id_;
 }
 
@@ -866,11 +1247,19 @@ bool Gradients::contains(const Tensor& leaf) const {
 }
 
 void backward(rpc::RpcAgent& agent, uint64_t context_id, const std::vector<Tensor>& roots,
+              const BackwardOptions& options) {
+  Container::of(agent)->backward(context_id, roots, options);
+}
+void backward(uint64_t context_id, const std::vector<Tensor>& roots,
+              const BackwardOptions& options) {
+  backward(default_agent_ref(), context_id, roots, options);
+}
+void backward(rpc::RpcAgent& agent, uint64_t context_id, const std::vector<Tensor>& roots,
               bool retain_graph) {
-  Container::of(agent)->backward(context_id, roots, retain_graph);
+  backward(agent, context_id, roots, BackwardOptions{.retain_graph = retain_graph});
 }
 void backward(uint64_t context_id, const std::vector<Tensor>& roots, bool retain_graph) {
-  backward(default_agent_ref(), context_id, roots, retain_graph);
+  backward(default_agent_ref(), context_id, roots, BackwardOptions{.retain_graph = retain_graph});
 }
 Gradients get_gradients(rpc::RpcAgent& agent, uint64_t context_id) {
   return Container::of(agent)->gradients(context_id);

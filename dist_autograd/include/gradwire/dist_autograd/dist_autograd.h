@@ -33,9 +33,16 @@
 // threads are independent; one context may run one backward pass at a time.
 //
 // Errors: an unknown or released context id, backward without roots or with a root that
-// does not require grad, a second pass while one runs: InvalidArgument. A node failing on
-// another worker: RemoteError at the initiator. A worker lost mid-pass: NetworkError naming
-// it (at most the agent's rpc_timeout later). TimeoutError when the pass runs past it.
+// does not require grad, a second pass while one runs: InvalidArgument. The first failure
+// of any worker's part ends the pass at once, on every worker, with that error:
+//   - a node failing on another worker, or a worker refusing gradients sent to it:
+//     RemoteError naming that worker;
+//   - a worker lost mid-pass, or gradients that could not reach it: NetworkError naming it
+//     (a RemoteError naming the worker that could not reach it, when that was not this one);
+//   - the pass outliving its deadline (BackwardOptions::timeout): TimeoutError.
+// After a failed pass, every worker it reached has taken back what the pass gave its
+// leaves, and get_gradients (and so DistributedOptimizer::step) throws Error naming the
+// failure on each of them until a later pass in the context succeeds there.
 #pragma once
 
 #include <chrono>
@@ -45,6 +52,7 @@
 #include <utility>
 #include <vector>
 
+#include "gradwire/core/future.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/tensor/tensor.h"
 
@@ -70,7 +78,9 @@ class Context {
   uint64_t id() const { return id_; }
 
  private:
-  rpc::RpcAgent* agent_;
+  // Held, so that rpc::shutdown() (which lets the default agent go) cannot free the agent
+  // this context still has to release itself on.
+  std::shared_ptr<rpc::RpcAgent> agent_;
   uint64_t id_;
   uint64_t previous_;
 };
@@ -101,14 +111,31 @@ class Gradients {
   std::unordered_map<const void*, size_t> index_;  // leaf's TensorImpl -> position in items_
 };
 
+// How long a pass may take by default: generous, since a pass's size has no bound the
+// library could know; set BackwardOptions::timeout for a tighter one.
+inline constexpr std::chrono::milliseconds kDefaultBackwardTimeout{30 * 60 * 1000};
+
+struct BackwardOptions {
+  // Keep the recorded graph for another pass (its gradients then accumulate).
+  bool retain_graph = false;
+  // The pass's deadline, from the call: discovery, every worker's part and their reports
+  // all within it, whatever the agent's rpc_timeout; > 0 (kNoTimeout: none).
+  std::chrono::milliseconds timeout{kDefaultBackwardTimeout};
+};
+
 // Runs a backward pass from `roots` (one-element tensors get gradient 1) in context
 // `context_id`, which must be current here or known to this worker; returns when every
-// worker's part is done. retain_graph keeps the recorded graph for another pass (its
-// gradients then accumulate).
+// worker's part is done, or throws the first failure (see Errors above).
+void backward(rpc::RpcAgent& agent, uint64_t context_id, const std::vector<Tensor>& roots,
+              const BackwardOptions& options);
+void backward(uint64_t context_id, const std::vector<Tensor>& roots,
+              const BackwardOptions& options);
 void backward(rpc::RpcAgent& agent, uint64_t context_id, const std::vector<Tensor>& roots,
               bool retain_graph = false);
 void backward(uint64_t context_id, const std::vector<Tensor>& roots, bool retain_graph = false);
 
+// This worker's leaves and their gradients in the context. Error naming the failure when
+// the context's last pass failed here (and no pass has succeeded here since).
 Gradients get_gradients(rpc::RpcAgent& agent, uint64_t context_id);
 Gradients get_gradients(uint64_t context_id);
 

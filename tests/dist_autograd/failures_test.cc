@@ -1,0 +1,359 @@
+// dist_autograd/ off the straight path: a pass ends with the error that ended it, at once
+// and on every worker; it has its own deadline; a failed pass leaves no gradients behind;
+// a released context stays released; a Context keeps its agent; only the workers a
+// message concerns may send it. Faults come from the fault injector (rpc/fault_injection.h),
+// and every wait is bounded: nothing here sleeps to let an event happen.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradwire/core/error.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/rpc/fault_injection.h"
+#include "gradwire/rpc/registry.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+#include "support/agents.h"
+
+namespace gradwire {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using rpc::CallContext;
+using rpc::FaultAction;
+using rpc::FaultInjector;
+using rpc::MessageKind;
+using rpc::Registry;
+using rpc::RpcAgent;
+namespace da = dist_autograd;
+
+constexpr uint32_t kHandler = da::kDistAutogradHandler;
+
+Tensor leaf(std::vector<double> values) {
+  Tensor t = tensor(values);
+  t.set_requires_grad(true);
+  return t;
+}
+
+void expect_values(const Tensor& got, const std::vector<double>& want) {
+  ASSERT_TRUE(got.defined());
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
+  Tensor c = got.contiguous();
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_DOUBLE_EQ(c.data<double>()[i], want[i]) << "element " << i;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The message of what `fn` throws (as an Error); fails the test when it throws nothing.
+template <typename F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+class DistAutogradFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    reg_.def("square", [](const Tensor& x) { return mul(x, x); });
+    // w1 -> w2: the backward pass sends gradients from w1 to w2.
+    reg_.def("nested", [](const CallContext& ctx, const Tensor& x) {
+      return add(ctx.agent()->rpc_sync<Tensor>("w2", "square", mul(x, 3.0)), x);
+    });
+    // x · W with this worker's W = [[1, 2], [3, 4], [5, 6]].
+    reg_.def("project", [this](const CallContext& ctx, const Tensor& x) {
+      return matmul(x.reshape({1, 3}), weights_.at(ctx.agent()->worker_info().id));
+    });
+    reg_.def("fails_in_backward", [](const Tensor& x) {
+      Tensor y = mul(x, x);
+      y.register_hook([](const Tensor&) -> Tensor { throw std::runtime_error("hook exploded"); });
+      return y;
+    });
+    reg_.def("fails_once_in_backward", [this](const Tensor& x) {
+      Tensor y = mul(x, x);
+      y.register_hook([this](const Tensor& g) -> Tensor {
+        if (!failed_once_.exchange(true)) throw std::runtime_error("hook exploded once");
+        return g;
+      });
+      return y;
+    });
+    for (int r = 0; r < 3; ++r) {
+      weights_[r] = tensor(std::vector<double>{1, 2, 3, 4, 5, 6}, Shape{3, 2});
+      weights_[r].set_requires_grad(true);
+    }
+    rpc::AgentOptions options = test::agent_options(reg_);
+    options.rpc_timeout = rpc_timeout();
+    options.faults = faults_;
+    agents_ = test::start_agents(3, options);
+  }
+  void TearDown() override {
+    faults_->clear();
+    if (!agents_.empty()) test::shutdown_agents(agents_);
+  }
+  virtual std::chrono::milliseconds rpc_timeout() const { return 10s; }
+  RpcAgent& w(int r) { return *agents_[static_cast<size_t>(r)]; }
+
+  Registry reg_;
+  std::map<int, Tensor> weights_;
+  std::atomic<bool> failed_once_{false};
+  std::shared_ptr<FaultInjector> faults_ = std::make_shared<FaultInjector>();
+  test::Agents agents_;
+};
+
+// w0 -> w1 -> w2; the gradients w1 sends back to w2 are lost with their connection. Before,
+// nobody looked at that send: w2 waited for them until the agents' rpc_timeout ended the
+// pass with a TimeoutError that named nothing.
+TEST_F(DistAutogradFaults, GradientsThatCannotBeDeliveredEndThePassAtOnceNamingTheReceiver) {
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, 2.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "nested", x);
+  Future<void> cut = faults_->add({.action = FaultAction::kCut,
+                                   .from = "w1",
+                                   .to = "w2",
+                                   .kind = MessageKind::kRequest,
+                                   .handler = kHandler,
+                                   .function = "propagate"});
+  const auto start = Clock::now();
+  try {
+    da::backward(w(0), ctx.id(), {sum(y)});
+    ADD_FAILURE() << "the pass succeeded without w2's part";
+  } catch (const RemoteError& e) {
+    // w1 could not reach w2: its error, naming w2, is the pass's.
+    EXPECT_EQ(e.worker(), "w1") << e.what();
+    EXPECT_EQ(e.remote_type(), "NetworkError") << e.what();
+    EXPECT_TRUE(contains(e.what(), "did not reach worker 'w2'")) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, 3s) << "the pass waited for the deadline";
+  EXPECT_TRUE(cut.completed());
+}
+
+// Gradients the receiver refuses (here: of the wrong shape, which a hook on the sender
+// made) end the pass at once with the receiver's error. Before, the refusal was never
+// looked at, and the pass waited for the receiver's part until rpc_timeout.
+TEST_F(DistAutogradFaults, GradientsTheReceiverRefusesEndThePassWithItsError) {
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, 2.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+  y.register_hook([](const Tensor&) { return tensor(std::vector<double>{1, 2, 3, 4, 5}); });
+  const auto start = Clock::now();
+  try {
+    da::backward(w(0), ctx.id(), {sum(y)});
+    ADD_FAILURE() << "no error";
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.worker(), "w1") << e.what();
+    EXPECT_EQ(e.remote_type(), "InvalidArgument") << e.what();
+    EXPECT_TRUE(contains(e.what(), "did not reach worker 'w1'")) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, 3s) << "the pass waited for the refused gradients";
+  for (int r : {0, 1})
+    EXPECT_THROW(da::get_gradients(w(r), ctx.id()), Error) << "worker " << r;
+}
+
+// A pass is bounded by BackwardOptions::timeout, not by the agents' rpc_timeout.
+TEST_F(DistAutogradFaults, APassEndsAtItsOwnDeadline) {
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, 2.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+  // The gradients reach w1 long after the pass's deadline.
+  faults_->add({.action = FaultAction::kDelay,
+                .from = "w0",
+                .to = "w1",
+                .handler = kHandler,
+                .function = "propagate",
+                .delay = 2s});
+  const auto start = Clock::now();
+  const std::string what = error_of(
+      [&] { da::backward(w(0), ctx.id(), {sum(y)}, da::BackwardOptions{.timeout = 300ms}); });
+  const auto took = Clock::now() - start;
+  EXPECT_TRUE(contains(what, "did not finish within 300 ms")) << what;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 3s);
+  // Both workers know the pass failed.
+  for (int r : {0, 1}) {
+    const std::string text = error_of([&] { da::get_gradients(w(r), ctx.id()); });
+    EXPECT_TRUE(contains(text, "did not finish within 300 ms")) << "worker " << r << ": " << text;
+  }
+  EXPECT_THROW(da::backward(w(0), ctx.id(), {sum(y)}, da::BackwardOptions{.timeout = 0ms}),
+               InvalidArgument);
+}
+
+class DistAutogradShortRpcTimeout : public DistAutogradFaults {
+ protected:
+  std::chrono::milliseconds rpc_timeout() const override { return 400ms; }
+};
+
+// A pass may outlast rpc_timeout: before, every pass was bounded by it (its Wait messages
+// timed out with it). Here a node on w1 computes for three times the agents' rpc_timeout.
+TEST_F(DistAutogradShortRpcTimeout, APassMayOutlastTheAgentsRpcTimeout) {
+  reg_.def("slow_in_backward", [](const Tensor& x) {
+    Tensor y = mul(x, x);
+    y.register_hook([](const Tensor& g) {
+      std::this_thread::sleep_for(1200ms);  // a node that computes for a while
+      return g;
+    });
+    return y;
+  });
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, -3.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "slow_in_backward", x);
+  const auto start = Clock::now();
+  da::backward(w(0), ctx.id(), {sum(mul(y, 2.0))}, da::BackwardOptions{.timeout = 20s});
+  EXPECT_GE(Clock::now() - start, 1200ms);
+  // d/dx sum(2 x^2) = 4x.
+  expect_values(da::get_gradients(w(0), ctx.id()).at(x), {4.0, -12.0});
+}
+
+// A failed pass leaves nothing for an optimizer: every worker it reached takes back what it
+// had given, and says why it holds no gradients until a pass succeeds there. A pass that
+// then succeeds in the same context gives exactly its own gradients.
+TEST_F(DistAutogradFaults, AFailedPassLeavesNoGradientsUntilAPassSucceeds) {
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, 2.0, 3.0});
+  Tensor p = w(0).rpc_sync<Tensor>("w1", "project", x);                 // W1 gets a gradient
+  Tensor q = w(0).rpc_sync<Tensor>("w2", "fails_once_in_backward", x);  // fails the first pass
+  Tensor loss = add(sum(p), sum(q));
+  try {
+    da::backward(w(0), ctx.id(), {loss}, da::BackwardOptions{.retain_graph = true});
+    ADD_FAILURE() << "no error";
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.worker(), "w2");
+    EXPECT_TRUE(contains(e.remote_message(), "hook exploded once")) << e.what();
+  }
+  for (int r = 0; r < 3; ++r) {
+    const std::string text = error_of([&] { da::get_gradients(w(r), ctx.id()); });
+    EXPECT_TRUE(contains(text, "last backward pass")) << "worker " << r << ": " << text;
+    EXPECT_TRUE(contains(text, "hook exploded once")) << "worker " << r << ": " << text;
+  }
+  // The same graph again: this pass succeeds, and W1's gradient is one pass's, x^T 1.
+  da::backward(w(0), ctx.id(), {loss});
+  expect_values(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)), {1, 1, 2, 2, 3, 3});
+  // d/dx (sum(x W) + sum(x^2)) = W 1 + 2x.
+  expect_values(da::get_gradients(w(0), ctx.id()).at(x), {3 + 2.0, 7 + 4.0, 11 + 6.0});
+  EXPECT_EQ(da::get_gradients(w(2), ctx.id()).size(), 0u);
+}
+
+// A Context holds its agent: the agent's last other owner letting it go (as rpc::shutdown()
+// does with the default agent) cannot free it under the context, whose end still runs.
+TEST(DistAutogradAgent, AContextKeepsItsAgentAlive) {
+  Registry reg;
+  test::Agents agents = test::start_agents(2, test::agent_options(reg));
+  auto ctx = std::make_unique<da::Context>(*agents[1]);
+  std::weak_ptr<RpcAgent> weak = agents[1];
+  agents[1]->shutdown(false);
+  agents[1].reset();
+  EXPECT_FALSE(weak.expired()) << "the context's agent was freed under it";
+  ctx.reset();
+  EXPECT_EQ(da::current_context_id(), 0u);
+  agents[0]->shutdown(false);
+}
+
+// dist_autograd's messages, encoded by hand as a confused or forging member would send them.
+void varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+std::string message(uint32_t op, const std::vector<std::pair<uint32_t, uint64_t>>& fields) {
+  std::string body;
+  for (const auto& [field, value] : fields) {
+    varint(body, uint64_t{field} << 3);
+    varint(body, value);
+  }
+  std::string out;
+  varint(out, (uint64_t{op} << 3) | 2);
+  varint(out, body.size());
+  return out + body;
+}
+constexpr uint32_t kDiscover = 1, kPropagate = 2, kWait = 3, kAbort = 5;
+
+// Sends `payload` to dist_autograd's handler on `to`; the refusal's text, or "(accepted)".
+std::string send_raw(RpcAgent& from, const std::string& to, const std::string& payload) {
+  rpc::Request request;
+  request.handler = kHandler;
+  request.function = "raw";
+  request.payload.assign(payload.begin(), payload.end());
+  try {
+    from.send(to, std::move(request)).get(10s);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+// A worker that takes part in a context may still not feed gradients into, or discover,
+// a send that went to another worker; nor may an outsider abort a pass in it.
+TEST_F(DistAutogradFaults, OnlyTheWorkerASendWentToMayDiscoverOrFeedIt) {
+  da::Context ctx(w(0));
+  const uint64_t id = ctx.id();
+  Tensor x = leaf({2.0});
+  // The request's send is the next id w0 mints after the context's.
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+  const uint64_t send_to_w1 = id + 1;
+  (void)w(0).rpc_sync<Tensor>("w2", "square", tensor(std::vector<double>{1.0}));  // w2 joins
+  for (const auto& [payload, what] : std::vector<std::pair<std::string, std::string>>{
+           {message(kPropagate, {{1, id}, {2, id + 100}, {3, send_to_w1}}), "gradient"},
+           {message(kDiscover, {{1, id}, {2, id + 100}, {3, send_to_w1}}), "discovery"}}) {
+    const std::string text = send_raw(w(2), "w0", payload);
+    EXPECT_TRUE(contains(text, "refused a " + what + " for send")) << text;
+    EXPECT_TRUE(contains(text, "from worker 'w2' (rank 2), which the send did not go to")) << text;
+  }
+  // An abort from a worker that never heard of the context.
+  da::Context other(w(1));
+  const std::string text =
+      send_raw(w(2), "w1", message(kAbort, {{1, other.id()}, {2, other.id() + 1}}));
+  EXPECT_TRUE(contains(text, "which takes no part in it")) << text;
+  // Nothing was disturbed: the real pass is exact (d/dx sum(x^2) = 2x).
+  da::backward(w(0), id, {sum(y)});
+  expect_values(da::get_gradients(w(0), id).at(x), {4.0});
+}
+
+// A request whose context its creator released while the request was on its way (here:
+// dropped, then replayed by hand as it would arrive late) is refused on a worker that never
+// held the context; before, it made the context there, and nothing ever released it.
+TEST_F(DistAutogradFaults, AContextReleasedBeforeItsFirstRequestArrivesIsNeverMade) {
+  uint64_t id = 0;
+  {
+    da::Context ctx(w(0));
+    id = ctx.id();
+    faults_->add({.action = FaultAction::kDrop, .from = "w0", .to = "w1", .function = "square"});
+    Future<Tensor> lost =
+        w(0).rpc_async<Tensor>("w1", "square", rpc::CallOptions{.timeout = 100ms}, leaf({3.0}));
+    EXPECT_THROW(lost.get(10s), TimeoutError);
+    EXPECT_EQ(da::num_contexts(w(1)), 0u);
+  }
+  rpc::Request late;
+  late.function = "square";
+  late.args = {rpc::Value(tensor(std::vector<double>{3.0}))};
+  late.autograd_context_id = id;
+  const std::string text = error_of([&] { w(0).send("w1", std::move(late)).get(10s); });
+  EXPECT_TRUE(contains(text, "already released context")) << text;
+  EXPECT_EQ(da::num_contexts(w(1)), 0u);
+  // dist_autograd's own late messages in it make nothing either.
+  for (const std::string& payload :
+       {message(kDiscover, {{1, id}, {2, id + 9}, {3, id + 1}}),
+        message(kPropagate, {{1, id}, {2, id + 9}, {3, id + 1}}),
+        message(kWait, {{1, id}, {2, id + 9}}), message(kAbort, {{1, id}, {2, id + 9}})}) {
+    (void)send_raw(w(0), "w1", payload);
+    EXPECT_EQ(da::num_contexts(w(1)), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace gradwire
