@@ -122,7 +122,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     wire::RRefMessage message;
     const bool parsed = message.ParseFromString(m.payload);
     const bool runs_user_code = message.op_case() == wire::RRefMessage::kCreate ||
-                                message.op_case() == wire::RRefMessage::kCallMethod;
+                                message.op_case() == wire::RRefMessage::kCallMethod ||
+                                message.op_case() == wire::RRefMessage::kFetch;
     const bool wrong = (m.flags & 1) != 0;
     const uint32_t handler =
         runs_user_code != wrong ? rref::kRRefHandler : rref::kRRefControlHandler;

@@ -88,6 +88,10 @@ std::string parse_error(const char* what) {
 
 }  // namespace
 
+bool contains_references(const Value& value) {
+  return has_descriptor(value);
+}
+
 std::string id_text(uint64_t id) {
   return std::to_string(minter_of(id)) + ":" + std::to_string(id & ((uint64_t{1} << 48) - 1));
 }
@@ -196,8 +200,8 @@ RRefContext::~RRefContext() = default;
 void RRefContext::install(const std::shared_ptr<rpc::RpcAgent>& agent) {
   auto context = std::make_shared<RRefContext>(agent);
   std::weak_ptr<RRefContext> weak = context;
-  // Requests that run user code (a creation, a method) are served on the pool; the
-  // bookkeeping ones (a fetch, forks, deletes) never block and are answered on the I/O
+  // Requests that run user code (a creation, a method, a fetch's copy) are served on the
+  // pool; the bookkeeping ones (forks, deletes) never block and are answered on the I/O
   // thread that received them.
   auto handler = [weak](const CallContext& ctx, const rpc::Request& request) {
     std::shared_ptr<RRefContext> self = weak.lock();
@@ -347,6 +351,13 @@ std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, st
 std::shared_ptr<OwnerRRef> RRefContext::own(std::string type_name, Value value,
                                             std::shared_ptr<void> object) {
   std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  if (object == nullptr && has_descriptor(value)) {
+    discard({value});
+    throw InvalidArgument("rref: make_local of a " + type_name +
+                          " that contains references: a value an RRef holds cannot hold RRefs "
+                          "(they would not be counted); hold them in an object of a registered "
+                          "class instead");
+  }
   auto owner = std::make_shared<OwnerRRef>(shared_from_this(), mint(), type_name);
   register_owner(owner);
   owner->begin_creation(type_name);
@@ -994,12 +1005,15 @@ Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& re
     throw CallRejected("rref: requests from outside the group are refused");
   }
   std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  // A fetch runs user code too: copying an object (copy_object) or converting a held T back
+  // (its ValueConverter).
   const bool runs_user_code = message.op_case() == wire::RRefMessage::kCreate ||
-                              message.op_case() == wire::RRefMessage::kCallMethod;
+                              message.op_case() == wire::RRefMessage::kCallMethod ||
+                              message.op_case() == wire::RRefMessage::kFetch;
   if (runs_user_code != (request.handler == kRRefHandler)) {
-    throw CallRejected(parse_error(runs_user_code
-                                       ? "a creation or method call sent to the control handler"
-                                       : "a control message sent to the call handler"));
+    throw CallRejected(
+        parse_error(runs_user_code ? "a creation, fetch or method call sent to the control handler"
+                                   : "a control message sent to the call handler"));
   }
   return dispatch(ctx, request, message);
 }

@@ -44,6 +44,8 @@ inline int minter_of(uint64_t id) {
 }
 // "0:7" (minter:counter), as messages name references and forks.
 std::string id_text(uint64_t id);
+// Whether `value` holds a reference anywhere inside it.
+bool contains_references(const rpc::Value& value);
 
 class RRefContext : public rpc::Interceptor,
                     public rpc::AgentListener,
@@ -264,6 +266,8 @@ class OwnerRRef : public detail::RRefCore, public std::enable_shared_from_this<O
   // Keeps what `result` completes with (a value of type type_name()).
   void adopt(Future<rpc::Value> result, std::shared_ptr<void> keep = nullptr);
   void fail(std::exception_ptr error);
+  // The refusal of a held value that contains references.
+  rpc::CallRejected references_refused() const;
   // Keeps `object` of class `info` as the created value.
   void hold_object(const rpc::Registry::ClassInfo& info, std::shared_ptr<void> object);
   // The value as a Value for a caller expecting `type_name`, once it exists.

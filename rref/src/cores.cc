@@ -93,6 +93,14 @@ bool OwnerRRef::begin_creation(const std::string& type_name) {
   return true;
 }
 
+CallRejected OwnerRRef::references_refused() const {
+  return CallRejected("rref: " + describe() +
+                      " cannot hold a value that contains references (RRefs inside a " +
+                      type_name_ +
+                      " are not counted as held by the owner); hold them in an object of a "
+                      "registered class instead");
+}
+
 void OwnerRRef::fail(std::exception_ptr error) {
   error_ = as_remote(std::move(error), context_->self());
   ready_.try_set_error(error_);
@@ -142,20 +150,26 @@ void OwnerRRef::create(const CallContext& ctx, const std::string& name,
 
 void OwnerRRef::adopt(Future<Value> result, std::shared_ptr<void> keep) {
   std::weak_ptr<OwnerRRef> weak = weak_from_this();
-  gradwire::detail::on_complete_inline(result,
-                                       [weak, keep = std::move(keep)](const Future<Value>& done) {
-                                         std::shared_ptr<OwnerRRef> self = weak.lock();
-                                         if (self == nullptr) return;
-                                         if (done.has_error()) {
-                                           self->fail(done.error());
-                                           return;
-                                         }
-                                         {
-                                           MutexLock lock(self->mutex_);
-                                           self->value_ = done.value();
-                                         }
-                                         self->ready_.try_set_value();
-                                       });
+  gradwire::detail::on_complete_inline(
+      result, [weak, keep = std::move(keep)](const Future<Value>& done) {
+        std::shared_ptr<OwnerRRef> self = weak.lock();
+        if (self == nullptr) return;
+        if (done.has_error()) {
+          self->fail(done.error());
+          return;
+        }
+        if (contains_references(done.value())) {
+          // Its forks were minted for nobody.
+          self->context_->discard({done.value()});
+          self->fail(std::make_exception_ptr(self->references_refused()));
+          return;
+        }
+        {
+          MutexLock lock(self->mutex_);
+          self->value_ = done.value();
+        }
+        self->ready_.try_set_value();
+      });
 }
 
 Value OwnerRRef::serialise_now(const CallContext& ctx, const std::string& type_name) {
@@ -417,7 +431,7 @@ detail::Reply UserRRef::fetch(rpc::CallOptions options) {
   return detail::Reply{
       after_confirmed([context, owner = owner_, payload = message.SerializeAsString(),
                        what = "to_here of " + describe(), options, keep] {
-        return context->send(owner, payload, what, {}, options, kRRefControlHandler, keep);
+        return context->send(owner, payload, what, {}, options, kRRefHandler, keep);
       }),
       keep};
 }

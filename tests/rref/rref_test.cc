@@ -24,6 +24,7 @@
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/core/error.h"
+#include "gradwire/core/thread_pool.h"
 #include "gradwire/rpc/fault_injection.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
@@ -114,6 +115,15 @@ class SlowBox {
   int64_t n_;
 };
 
+// Copyable; its ValueConverter counts the copies the owner makes off its pool (user code
+// must never run on an I/O thread).
+struct Spot {
+  int64_t n{0};
+};
+std::atomic<ThreadPool*> g_spot_pool{nullptr};  // the owner's pool
+std::atomic<int> g_spot_copies{0};
+std::atomic<int> g_spot_copies_off_pool{0};
+
 // Has a ValueConverter but is not registered .copyable(): it stays on its owner.
 struct Label {
   explicit Label(std::string t) : text(std::move(t)) {}
@@ -131,6 +141,20 @@ struct gradwire::rpc::ValueConverter<gradwire::Point> {
     return gradwire::Point{x, y};
   }
   static std::string name() { return "Point"; }
+};
+
+template <>
+struct gradwire::rpc::ValueConverter<gradwire::Spot> {
+  static Value to(const gradwire::Spot& s) {
+    gradwire::ThreadPool* pool = gradwire::g_spot_pool.load();
+    ++gradwire::g_spot_copies;
+    if (pool == nullptr || !pool->is_worker_thread()) ++gradwire::g_spot_copies_off_pool;
+    return Value(s.n);
+  }
+  static gradwire::Spot from(const Value& v, const Where& where) {
+    return gradwire::Spot{from_value<int64_t>(v, where)};
+  }
+  static std::string name() { return "Spot"; }
 };
 
 template <>
@@ -607,6 +631,49 @@ TEST_F(RRefThreads, AReplyThatIsNotWrittenReleasesItsReferences) {
   const std::string text = error_text<RemoteError>(
       [&] { w(0).rpc_sync<std::vector<RRef<Tensor>>>("w1", "make_owned", int64_t{2}); });
   EXPECT_TRUE(contains(text, "reply refused by the test")) << text;
+  expect_settled(1);
+}
+
+// to_here's copy is user code (copy_object and the class's converter; a converter for a
+// value held as T): it runs on the owner's pool, like every handler, never on the I/O
+// thread that received the fetch.
+TEST_F(RRefThreads, ToHereCopiesOnTheOwnersPool) {
+  reg_.def_class<Spot>("Spot").ctor<int64_t>().copyable();
+  g_spot_pool = std::dynamic_pointer_cast<ThreadPool>(w(1).executor()).get();
+  ASSERT_NE(g_spot_pool.load(), nullptr);
+  g_spot_copies = 0;
+  g_spot_copies_off_pool = 0;
+  RRef<Spot> spot = rref::remote<Spot>(w(0), "w1", "Spot", int64_t{4});
+  ASSERT_TRUE(spot.creation().wait(10s));
+  std::vector<Future<Spot>> copies;
+  for (int i = 0; i < 20; ++i)
+    copies.push_back(spot.to_here_async());
+  for (auto& c : copies)
+    EXPECT_EQ(c.get(10s).n, 4);
+  EXPECT_EQ(g_spot_copies.load(), 20);
+  EXPECT_EQ(g_spot_copies_off_pool.load(), 0);
+  g_spot_pool = nullptr;
+  spot = {};
+  expect_settled(1);
+}
+
+// A value an RRef holds may not itself hold references (they would never be counted as
+// held by the owner): remote() of such a value fails with InvalidArgument, make_local
+// refuses it at once, and the references made for it are given back.
+TEST_F(RRefThreads, AHeldValueContainingReferencesIsRefused) {
+  using Refs = std::vector<RRef<Tensor>>;
+  RRef<Refs> refs = rref::remote<Refs>(w(0), "w1", "make_owned", int64_t{2});
+  ASSERT_TRUE(refs.creation().wait(10s));
+  std::string text = error_text<InvalidArgument>([&] { refs.creation().get(); });
+  EXPECT_TRUE(contains(text, "contains references")) << text;
+  text = error_text<InvalidArgument>([&] { refs.to_here(); });
+  EXPECT_TRUE(contains(text, "contains references")) << text;
+  RRef<Tensor> theirs = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
+  text = error_text<InvalidArgument>([&] { rref::make_local(w(0), Refs{theirs}); });
+  EXPECT_TRUE(contains(text, "contains references")) << text;
+  EXPECT_EQ(rref::metrics(w(0)).pending_children, 0);
+  refs = {};
+  theirs = {};
   expect_settled(1);
 }
 

@@ -70,9 +70,10 @@
 
 namespace gradwire::rref {
 
-// The handler ids rref/ owns on every agent (rpc/ owns 1, dist_autograd/ 3): creations and
-// method calls, served on the agent's pool; and the protocol's bookkeeping (fetch, fork,
-// accept, delete), answered on the thread that received it.
+// The handler ids rref/ owns on every agent (rpc/ owns 1, dist_autograd/ 3): creations,
+// method calls and fetches (they run user code: constructors, methods, copies and
+// converters), served on the agent's pool; and the protocol's bookkeeping (fork, accept,
+// delete), answered on the thread that received it.
 inline constexpr uint32_t kRRefHandler = 2;
 inline constexpr uint32_t kRRefControlHandler = 4;
 
