@@ -931,6 +931,7 @@ void RRefContext::on_closed() {
   std::vector<std::shared_ptr<UserRRef>> users;
   {
     MutexLock lock(mutex_);
+    at_close_ = metrics_locked();
     closed_ = true;
     shared.swap(shared_);
     awaited.swap(awaited_);
@@ -946,6 +947,15 @@ void RRefContext::on_closed() {
 
 RRefMetrics RRefContext::metrics() const {
   MutexLock lock(mutex_);
+  return metrics_locked();
+}
+
+RRefMetrics RRefContext::metrics_at_close() const {
+  MutexLock lock(mutex_);
+  return at_close_;
+}
+
+RRefMetrics RRefContext::metrics_locked() const {
   RRefMetrics m;
   for (const auto& [id, weak] : owners_) {
     if (!weak.expired()) ++m.owned_values;
@@ -1177,6 +1187,10 @@ Future<Value> RRefContext::handle_create(const CallContext& ctx, const rpc::Requ
 
 RRefMetrics metrics(rpc::RpcAgent& agent) {
   return RRefContext::of(agent)->metrics();
+}
+
+RRefMetrics metrics_at_close(rpc::RpcAgent& agent) {
+  return RRefContext::of(agent)->metrics_at_close();
 }
 
 void wait_idle(rpc::RpcAgent& agent, std::chrono::milliseconds timeout) {

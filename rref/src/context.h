@@ -148,6 +148,7 @@ class RRefContext : public rpc::Interceptor,
   void on_closed() override;
 
   RRefMetrics metrics() const;
+  RRefMetrics metrics_at_close() const;
   void wait_idle(Clock::time_point deadline, const char* what) const;
   bool wait_owned_values(int64_t count, Clock::time_point deadline) const;
 
@@ -201,6 +202,7 @@ class RRefContext : public rpc::Interceptor,
 
   // The group's size, known once the agent has started.
   int world_size() const;
+  RRefMetrics metrics_locked() const GRADWIRE_REQUIRES(mutex_);
 
   const std::weak_ptr<rpc::RpcAgent> agent_;
   const rpc::WorkerInfo self_;
@@ -211,6 +213,7 @@ class RRefContext : public rpc::Interceptor,
   mutable std::condition_variable cv_;
   bool shutting_down_ GRADWIRE_GUARDED_BY(mutex_) = false;
   bool closed_ GRADWIRE_GUARDED_BY(mutex_) = false;
+  RRefMetrics at_close_ GRADWIRE_GUARDED_BY(mutex_);  // what on_closed dropped
   std::map<uint64_t, Shared> shared_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<uint64_t, std::weak_ptr<OwnerRRef>> owners_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<uint64_t, std::weak_ptr<UserRRef>> users_ GRADWIRE_GUARDED_BY(mutex_);

@@ -306,32 +306,39 @@ TEST_F(RRefThreads, ObjectsLiveOnTheOwnerAndProxiesCallThem) {
   expect_settled(1);
 }
 
+// Calls `add(1)` n times at once on the object `r` names, from wherever this runs.
+template <typename C>
+int64_t add_ones(const RRef<C>& r, int64_t n) {
+  std::vector<Future<int64_t>> calls;
+  for (int64_t i = 0; i < n; ++i)
+    calls.push_back(r.template rpc_async<int64_t>("add", int64_t{1}));
+  int64_t ok = 0;
+  for (auto& f : calls)
+    ok += f.wait(20s) && !f.has_error() ? 1 : 0;
+  return ok;
+}
+
 TEST_F(RRefThreads, ConcurrentProxyCallsOnOneObject) {
+  reg_.def("add_counter", [](const RRef<Counter>& r, int64_t n) { return add_ones(r, n); });
+  reg_.def("add_tally", [](const RRef<Tally>& r, int64_t n) { return add_ones(r, n); });
   RRef<Counter> c = rref::remote<Counter>(w(0), "w1", "Counter", int64_t{0});
   RRef<Tally> t = rref::remote<Tally>(w(0), "w1", "Tally", int64_t{0});
-  // Two users (w0 and w2) and the owner itself, 100 calls each on both objects.
-  std::vector<RRef<Counter>> counters{c, w(0).rpc_sync<RRef<Counter>>("w2", "echo_rref", c)};
-  std::vector<std::thread> threads;
-  std::atomic<int> failures{0};
-  for (int k = 0; k < 2; ++k) {
-    threads.emplace_back([&, k] {
-      std::vector<Future<int64_t>> calls;
-      for (int i = 0; i < 100; ++i) {
-        calls.push_back(counters[static_cast<size_t>(k)].rpc_async<int64_t>("add", int64_t{1}));
-        calls.push_back(t.rpc_async<int64_t>("add", int64_t{1}));
-      }
-      for (auto& f : calls) {
-        if (!f.wait(20s) || f.has_error()) ++failures;
-      }
-    });
+  ASSERT_TRUE(c.creation().wait(10s));
+  ASSERT_TRUE(t.creation().wait(10s));
+  // Two users (w0 here, w2 through its own fork) and the owner itself (w1 through its owner
+  // reference), 100 calls each on both objects, all at once.
+  std::vector<Future<int64_t>> remote_callers;
+  for (const char* at : {"w2", "w1"}) {
+    remote_callers.push_back(w(0).rpc_async<int64_t>(at, "add_counter", c, int64_t{100}));
+    remote_callers.push_back(w(0).rpc_async<int64_t>(at, "add_tally", t, int64_t{100}));
   }
-  for (auto& th : threads)
-    th.join();
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(c.rpc_sync<int64_t>("get"), 200);
+  EXPECT_EQ(add_ones(c, 100), 100);
+  EXPECT_EQ(add_ones(t, 100), 100);
+  for (auto& f : remote_callers)
+    EXPECT_EQ(f.get(30s), 100);
+  EXPECT_EQ(c.rpc_sync<int64_t>("get"), 300);
   // A serialised class loses no update although its methods are not thread-safe.
-  EXPECT_EQ(t.rpc_sync<int64_t>("get"), 200);
-  counters.clear();
+  EXPECT_EQ(t.rpc_sync<int64_t>("get"), 300);
   c = {};
   t = {};
   expect_settled(1);
@@ -677,13 +684,24 @@ TEST_F(RRefThreads, AHeldValueContainingReferencesIsRefused) {
   expect_settled(1);
 }
 
+// A graceful shutdown gives up the references still held and waits for their deletes, so
+// the owner holds nothing when it closes: what each context still held then (the closing
+// drops it all) is recorded and must be nothing.
 TEST_F(RRefThreads, GracefulShutdownReleasesReferencesStillHeld) {
   RRef<Tensor> held = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
   RRef<Tensor> forked = w(0).rpc_sync<RRef<Tensor>>("w2", "forward", held);
   EXPECT_DOUBLE_EQ(tensor_sum(forked.to_here()), 10);
+  EXPECT_GE(rref::metrics(w(1)).owned_forks, 2);  // held and forked (w2's own may still be going)
   shutdown_all(agents_);
-  EXPECT_EQ(rref::metrics(w(1)).owned_values, 0);
-  EXPECT_EQ(rref::metrics(w(0)).messages_in_flight, 0);
+  const rref::RRefMetrics owner = rref::metrics_at_close(w(1));
+  EXPECT_EQ(owner.owned_values, 0);
+  EXPECT_EQ(owner.shared_values, 0);
+  EXPECT_EQ(owner.owned_forks, 0);
+  for (auto& a : agents_) {
+    const rref::RRefMetrics m = rref::metrics_at_close(*a);
+    EXPECT_EQ(m.pending_children, 0);
+    EXPECT_EQ(m.messages_in_flight, 0);
+  }
   // Used after its agent shut down.
   const std::string text = error_text<Error>([&] { held.to_here(); });
   EXPECT_TRUE(contains(text, "shut down")) << text;

@@ -419,6 +419,10 @@ requires(!std::is_pointer_v<T>) RRef<T> make_local(rpc::RpcAgent& agent, const T
 
 // This worker's reference bookkeeping. Error when rref/ is not installed on `agent`.
 RRefMetrics metrics(rpc::RpcAgent& agent);
+// What this worker's bookkeeping still held when its agent closed (and dropped then): after
+// a graceful shutdown, nothing but the handles the program itself still keeps
+// (user_references). All zero while the agent runs.
+RRefMetrics metrics_at_close(rpc::RpcAgent& agent);
 // Waits until this worker has no protocol message in flight and no reference it sent that
 // the owner has not yet accepted: after it, every reference this worker released is gone
 // from its owner's count. TimeoutError naming what is left.
