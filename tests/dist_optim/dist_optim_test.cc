@@ -1,6 +1,7 @@
 // dist_optim/: DistributedOptimizer over parameters owned by two workers, stepped by a
-// trainer through dist_autograd contexts. Each optimizer's result is checked against optim/'s
-// own step on the same gradients, computed in one process (float64, 1e-12).
+// trainer through dist_autograd contexts. Each optimizer's parameters are checked after every
+// step against PyTorch 1.13's torch.optim on the same training (float64, 1e-12): the values
+// in fixtures/, written by make_fixtures.py (PyTorch is not needed to run the tests).
 #include "gradwire/dist_optim/distributed_optimizer.h"
 
 #include <gtest/gtest.h>
@@ -8,14 +9,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "gradwire/autograd/engine.h"
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/core/error.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
@@ -24,7 +27,6 @@
 #include "gradwire/optim/sgd.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
-#include "gradwire/tensor/zero_grad.h"
 #include "support/agents.h"
 #include "support/harness.h"
 
@@ -48,12 +50,40 @@ Tensor make_param(int64_t seed) {
   return p;
 }
 
-// The loss both ways: sum((p1 * x)^2) + sum(p2 * x) with x = [1, -2, 3, 0.5]; `p3` takes
-// no part, so it gets no gradient.
-Tensor loss_of(const Tensor& p1, const Tensor& p2) {
-  Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
-  Tensor a = mul(p1, x);
-  return add(sum(mul(a, a)), sum(mul(p2, x)));
+// PyTorch's parameters after each step of the training make_fixtures.py describes (the
+// loss sum((p1 * x)^2) + sum(p2 * x) with x = [1, -2, 3, 0.5]; p3 gets no gradient):
+// values[step - 1][param - 1].
+struct Fixture {
+  std::vector<std::vector<std::vector<double>>> values;
+};
+
+Fixture read_fixture(const std::string& name) {
+  const std::filesystem::path path =
+      std::filesystem::path(__FILE__).parent_path() / "fixtures" / (name + ".txt");
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path.string());
+  Fixture f;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream row(line);
+    size_t step = 0, param = 0;
+    std::vector<double> v(4);
+    row >> step >> param >> v[0] >> v[1] >> v[2] >> v[3];
+    if (!row || step < 1 || param < 1 || param > 3) {
+      throw std::runtime_error(path.string() + ": bad line '" + line + "'");
+    }
+    if (f.values.size() < step) f.values.resize(step, std::vector<std::vector<double>>(3));
+    f.values[step - 1][param - 1] = v;
+  }
+  if (f.values.empty()) throw std::runtime_error(path.string() + " holds no steps");
+  return f;
+}
+
+void expect_values(const Tensor& got, const std::vector<double>& want, const std::string& what) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << what;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got.data<double>()[i], want[i], 1e-12) << what << ", element " << i;
 }
 
 class DistOptim : public ::testing::Test {
@@ -85,28 +115,24 @@ class DistOptim : public ::testing::Test {
     opt.step(ctx.id());
   }
 
+  // The optimizer `options` make, stepped through a context per step, against PyTorch's
+  // values after every step.
   template <typename Options>
-  void check_against_local(const Options& options, int steps) {
+  void check_against_pytorch(const Options& options, const std::string& fixture) {
+    const Fixture want = read_fixture(fixture);
     RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
     RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});
     RRef<Tensor> p3 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{3});
     dist_optim::DistributedOptimizer opt(w(0), options, {p1, p2, p3});
     EXPECT_EQ(opt.num_owners(), 2u);
-    // The same in one process, with optim/'s functional optimizer.
-    Tensor l1 = make_param(1), l2 = make_param(2), l3 = make_param(3);
-    auto local = optim::make_functional_optimizer(options);
-    for (int s = 0; s < steps; ++s) {
+    for (size_t s = 0; s < want.values.size(); ++s) {
       remote_step(opt, p1, p2);
-      autograd::backward({loss_of(l1, l2)});
-      local->step({l1, l2, l3}, {l1.grad(), l2.grad(), Tensor()});
-      zero_grad({l1, l2});
-    }
-    const std::vector<std::pair<RRef<Tensor>, Tensor>> pairs{{p1, l1}, {p2, l2}, {p3, l3}};
-    for (const auto& [remote, expected] : pairs) {
-      const Tensor got = remote.to_here();
-      const Tensor& want = expected;
-      for (int64_t i = 0; i < 4; ++i)
-        EXPECT_NEAR(got.data<double>()[i], want.data<double>()[i], 1e-12) << i;
+      const std::vector<RRef<Tensor>> params{p1, p2, p3};
+      for (size_t k = 0; k < params.size(); ++k) {
+        expect_values(
+            params[k].to_here(), want.values[s][k],
+            fixture + ": p" + std::to_string(k + 1) + " after step " + std::to_string(s + 1));
+      }
     }
   }
 
@@ -114,48 +140,114 @@ class DistOptim : public ::testing::Test {
   test::Agents agents_;
 };
 
-TEST_F(DistOptim, SgdWithMomentumNesterovAndWeightDecayMatchesOptim) {
-  check_against_local(
-      optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true}, 3);
+TEST_F(DistOptim, SgdWithMomentumNesterovAndWeightDecayMatchesPyTorch) {
+  check_against_pytorch(
+      optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true},
+      "sgd_momentum");
 }
 
-TEST_F(DistOptim, AdamAdamWAndAdagradMatchOptim) {
-  check_against_local(optim::AdamOptions{.lr = 0.01}, 3);
-  check_against_local(optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.1}, 3);
-  check_against_local(optim::AdagradOptions{.lr = 0.1}, 3);
+TEST_F(DistOptim, AdamMatchesPyTorch) {
+  check_against_pytorch(optim::AdamOptions{.lr = 0.01}, "adam");
 }
 
+TEST_F(DistOptim, AdamWMatchesPyTorch) {
+  check_against_pytorch(optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.1}, "adamw");
+}
+
+TEST_F(DistOptim, AdagradMatchesPyTorch) {
+  check_against_pytorch(optim::AdagradOptions{.lr = 0.1}, "adagrad");
+}
+
+// Two trainers step at once, each with its own DistributedOptimizer over the same three
+// parameters on w2: its own (trainer k's loss is sum((p_k * x)^2) / 2, whose gradient
+// p_k * x^2 depends on the parameter, so a step that used another context's gradients, or
+// a stale or torn parameter, would show) and a shared one (gradient x whatever it is).
+// Plain SGD then has closed forms: p_k after n steps is p_k(0) * (1 - lr x^2)^n, and the
+// shared parameter moves by -lr x per step of either trainer, whatever the interleaving.
 TEST_F(DistOptim, TwoTrainersStepTheSameParametersConcurrently) {
-  RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
-  RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});
-  const Tensor start1 = p1.to_here(), start2 = p2.to_here();
-  // Plain SGD steps commute: two trainers' 10 steps each end where 20 steps of the summed
-  // gradients would, whatever the interleaving, only if no update is lost or torn.
-  dist_optim::DistributedOptimizer a(w(0), optim::SGDOptions{.lr = 0.001}, {p1, p2});
-  dist_optim::DistributedOptimizer b(w(0), optim::SGDOptions{.lr = 0.001}, {p1, p2});
-  // The gradient of p2 is x whatever p2 is; each step moves p2 by -lr * x.
+  RRef<Tensor> mine[2] = {rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{1}),
+                          rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2})};
+  RRef<Tensor> shared = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{3});
+  RRef<Tensor> idle = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{4});
+  const Tensor start[2] = {mine[0].to_here(), mine[1].to_here()};
+  const Tensor start_shared = shared.to_here(), start_idle = idle.to_here();
+  constexpr double kLr = 0.01;
+  constexpr int kSteps = 10;
+  const std::vector<RRef<Tensor>> all{mine[0], mine[1], shared, idle};
+  dist_optim::DistributedOptimizer a(w(0), optim::SGDOptions{.lr = kLr}, all);
+  dist_optim::DistributedOptimizer b(w(0), optim::SGDOptions{.lr = kLr}, all);
+  dist_optim::DistributedOptimizer* opts[2] = {&a, &b};
   std::vector<std::thread> trainers;
-  for (auto* opt : {&a, &b}) {
-    trainers.emplace_back([&, opt] {
-      for (int s = 0; s < 10; ++s) {
+  for (int k = 0; k < 2; ++k) {
+    trainers.emplace_back([&, k] {
+      for (int s = 0; s < kSteps; ++s) {
         da::Context ctx(w(0));
         Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
-        Tensor y = w(0).rpc_sync<Tensor>("w2", "scaled", p2, x);
-        da::backward(w(0), ctx.id(), {sum(y)});
-        opt->step(ctx.id());
+        Tensor y = w(0).rpc_sync<Tensor>("w2", "scaled", mine[k], x);
+        Tensor z = w(0).rpc_sync<Tensor>("w2", "scaled", shared, x);
+        da::backward(w(0), ctx.id(), {add(mul(sum(mul(y, y)), 0.5), sum(z))});
+        opts[k]->step(ctx.id());
       }
     });
   }
   for (auto& t : trainers)
     t.join();
-  Tensor got = p2.to_here();
   const double x[] = {1, -2, 3, 0.5};
+  for (int k = 0; k < 2; ++k) {
+    Tensor got = mine[k].to_here();
+    for (int64_t i = 0; i < 4; ++i) {
+      EXPECT_NEAR(got.data<double>()[i],
+                  start[k].data<double>()[i] * std::pow(1 - kLr * x[i] * x[i], kSteps), 1e-12)
+          << "trainer " << k << ", element " << i;
+    }
+  }
+  Tensor got = shared.to_here();
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(got.data<double>()[i], start_shared.data<double>()[i] - 2 * kSteps * kLr * x[i],
+                1e-12);
+  }
+  // The parameter no pass reached is unchanged.
+  Tensor same = idle.to_here();
   for (int64_t i = 0; i < 4; ++i)
-    EXPECT_NEAR(got.data<double>()[i], start2.data<double>()[i] - 20 * 0.001 * x[i], 1e-12);
-  // p1 took no part: unchanged.
-  Tensor same = p1.to_here();
+    EXPECT_EQ(same.data<double>()[i], start_idle.data<double>()[i]);
+}
+
+// A pass that failed leaves nothing to step: every owner refuses, naming the failure, and
+// no parameter moves; the next context's pass steps as usual.
+TEST_F(DistOptim, AStepAfterAFailedPassThrowsAndMovesNothing) {
+  reg_.def("scaled_then_fails", [](const RRef<Tensor>& p, const Tensor& x) {
+    Tensor y = mul(*p.local_value(), x);
+    y.register_hook([](const Tensor&) -> Tensor { throw std::runtime_error("hook exploded"); });
+    return y;
+  });
+  RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
+  RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});
+  const Tensor start1 = p1.to_here(), start2 = p2.to_here();
+  dist_optim::DistributedOptimizer opt(w(0), optim::SGDOptions{.lr = 0.1}, {p1, p2});
+  {
+    da::Context ctx(w(0));
+    Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
+    Tensor a = w(0).rpc_sync<Tensor>("w1", "scaled", p1, x);
+    Tensor b = w(0).rpc_sync<Tensor>("w2", "scaled_then_fails", p2, x);
+    EXPECT_THROW(da::backward(w(0), ctx.id(), {add(sum(mul(a, a)), sum(b))}), RemoteError);
+    try {
+      opt.step(ctx.id());
+      ADD_FAILURE() << "a step used the gradients of a failed pass";
+    } catch (const RemoteError& e) {
+      EXPECT_NE(std::string(e.what()).find("last backward pass"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("hook exploded"), std::string::npos) << e.what();
+    }
+  }
+  expect_values(p1.to_here(), std::vector<double>(start1.data<double>(), start1.data<double>() + 4),
+                "p1");
+  expect_values(p2.to_here(), std::vector<double>(start2.data<double>(), start2.data<double>() + 4),
+                "p2");
+  remote_step(opt, p1, p2);
+  // d/dp2 sum(p2 * x) = x: one SGD step moves p2 by -0.1 x.
+  const double x[] = {1, -2, 3, 0.5};
+  Tensor got = p2.to_here();
   for (int64_t i = 0; i < 4; ++i)
-    EXPECT_EQ(same.data<double>()[i], start1.data<double>()[i]);
+    EXPECT_NEAR(got.data<double>()[i], start2.data<double>()[i] - 0.1 * x[i], 1e-12);
 }
 
 TEST_F(DistOptim, StateSavesAndLoads) {
@@ -218,29 +310,20 @@ TEST_F(DistOptim, ErrorsNameWhatWasWrong) {
 }
 
 // The parameter-server pattern as processes: w1 and w2 own the parameters, w0 trains them
-// through remote calls, and the values every process ends with equal optim/'s local run.
-TEST(DistOptimProcesses, TrainingAcrossProcessesEqualsTheLocalRun) {
+// through remote calls, and the values every step leaves equal PyTorch's.
+TEST(DistOptimProcesses, TrainingAcrossProcessesMatchesPyTorch) {
   Registry reg;
   reg.def("make_param", [](int64_t seed) { return make_param(seed); });
   reg.def("scaled",
           [](const RRef<Tensor>& p, const Tensor& x) { return mul(*p.local_value(), x); });
-  // The expected values, computed here: 4 Adam steps of the same loss.
-  Tensor l1 = make_param(1), l2 = make_param(2);
-  auto local = optim::make_functional_optimizer(optim::AdamOptions{.lr = 0.02});
-  for (int s = 0; s < 4; ++s) {
-    autograd::backward({loss_of(l1, l2)});
-    local->step({l1, l2}, {l1.grad(), l2.grad()});
-    zero_grad({l1, l2});
-  }
-  const std::vector<double> want1(l1.data<double>(), l1.data<double>() + 4);
-  const std::vector<double> want2(l2.data<double>(), l2.data<double>() + 4);
+  const Fixture want = read_fixture("adam");
   test::RankResults results = test::run_agent_processes(
       "dist-optim", 3, test::agent_options(reg), [&](int rank, c10d::Store&, RpcAgent& agent) {
         if (rank == 0) {
           RRef<Tensor> p1 = rref::remote<Tensor>(agent, "w1", "make_param", int64_t{1});
           RRef<Tensor> p2 = rref::remote<Tensor>(agent, "w2", "make_param", int64_t{2});
-          dist_optim::DistributedOptimizer opt(agent, optim::AdamOptions{.lr = 0.02}, {p1, p2});
-          for (int s = 0; s < 4; ++s) {
+          dist_optim::DistributedOptimizer opt(agent, optim::AdamOptions{.lr = 0.01}, {p1, p2});
+          for (size_t s = 0; s < want.values.size(); ++s) {
             da::Context ctx(agent);
             Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
             Tensor a = agent.rpc_sync<Tensor>("w1", "scaled", p1, x);
@@ -248,11 +331,9 @@ TEST(DistOptimProcesses, TrainingAcrossProcessesEqualsTheLocalRun) {
             da::backward(agent, ctx.id(), {add(sum(mul(a, a)), sum(b))});
             opt.step(ctx.id());
           }
-          Tensor got1 = p1.to_here(), got2 = p2.to_here();
-          for (int64_t i = 0; i < 4; ++i) {
-            EXPECT_NEAR(got1.data<double>()[i], want1[static_cast<size_t>(i)], 1e-12);
-            EXPECT_NEAR(got2.data<double>()[i], want2[static_cast<size_t>(i)], 1e-12);
-          }
+          const auto& last = want.values.back();
+          expect_values(p1.to_here(), last[0], "p1");
+          expect_values(p2.to_here(), last[1], "p2");
         }
         agent.shutdown();
       });
