@@ -72,16 +72,6 @@ bool is_busy(const std::exception_ptr& error) {
   }
 }
 
-bool is_timeout(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const TimeoutError&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
 std::string parse_error(const char* what) {
   return std::string("malformed rref message: ") + what;
 }
@@ -338,13 +328,8 @@ std::shared_ptr<UserRRef> RRefContext::create_remote(const WorkerInfo& owner, st
   }
   // The reference stays alive until the owner has replied: a delete is sent only for a fork
   // the owner has counted.
-  gradwire::detail::on_complete_inline(reply, [user, confirmed](const Future<Value>& done) mutable {
-    if (done.has_error()) {
-      confirmed.try_set_error(done.error());
-    } else {
-      confirmed.try_set_value();
-    }
-  });
+  gradwire::detail::on_complete_inline(
+      reply, [user](const Future<Value>& done) { user->owner_answered(done, /*creation=*/true); });
   return user;
 }
 
@@ -401,18 +386,37 @@ void RRefContext::register_owner(const std::shared_ptr<OwnerRRef>& owner) {
   owners_[owner->rref_id()] = owner;
 }
 
-void RRefContext::add_owner_fork(const std::shared_ptr<OwnerRRef>& owner, uint64_t fork) {
+ForkVerdict RRefContext::apply(uint64_t fork, const ForkEvent& event) {
+  ForkTable::Dropped dropped;  // let go after the lock
   MutexLock lock(mutex_);
-  if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
-  Shared& entry = shared_[owner->rref_id()];
-  if (entry.owner == nullptr) entry.owner = owner;
-  entry.forks[fork] = -1;
+  const ForkVerdict verdict = forks_.apply(fork, event, dropped);
+  cv_.notify_all();
+  lock.unlock();
+  return verdict;
+}
+
+void RRefContext::add_owner_fork(const std::shared_ptr<OwnerRRef>& owner, uint64_t fork) {
+  {
+    MutexLock lock(mutex_);
+    if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
+  }
+  apply(fork, ForkEvent{.kind = ForkEventKind::kMint,
+                        .rref_id = owner->rref_id(),
+                        .side = ForkSide::kOwner,
+                        .owner = self_.id,
+                        .keeps = owner});
 }
 
 void RRefContext::add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork) {
-  MutexLock lock(mutex_);
-  if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
-  children_[fork] = Child{parent, -1};
+  {
+    MutexLock lock(mutex_);
+    if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
+  }
+  apply(fork, ForkEvent{.kind = ForkEventKind::kMint,
+                        .rref_id = parent->rref_id(),
+                        .side = ForkSide::kUser,
+                        .owner = parent->owner().id,
+                        .keeps = parent});
 }
 
 void RRefContext::release_user(const WorkerInfo& owner, int incarnation, uint64_t rref_id,
@@ -469,11 +473,12 @@ bool RRefContext::freed_locked(uint64_t rref_id) const {
 }
 
 bool RRefContext::take_given_up(uint64_t fork, int holder) {
-  MutexLock lock(mutex_);
-  auto it = given_up_.find(fork);
-  if (it == given_up_.end() || it->second != holder) return false;
-  given_up_.erase(it);
-  return true;
+  {
+    MutexLock lock(mutex_);
+    if (!forks_.given_up(fork, holder)) return false;
+  }
+  return apply(fork, ForkEvent{.kind = ForkEventKind::kCount, .peer = holder}) ==
+         ForkVerdict::kForgotten;
 }
 
 std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id,
@@ -539,42 +544,25 @@ std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
     ++placeholders_;
   }
   if (fork == 0) return owner;
-  Shared& entry = shared_[rref_id];
-  if (entry.owner == nullptr) entry.owner = owner;
-  if (!entry.forks.emplace(fork, holder).second) {
+  ForkTable::Dropped none;  // a count drops nothing
+  const ForkVerdict verdict = forks_.apply(
+      fork,
+      ForkEvent{.kind = ForkEventKind::kCount, .peer = holder, .rref_id = rref_id, .keeps = owner},
+      none);
+  if (verdict != ForkVerdict::kApplied) {
     throw CallRejected("rref: fork " + id_text(fork) + " of RRef " + id_text(rref_id) +
                        " is already counted on worker " + self_.describe());
   }
   return owner;
 }
 
-void RRefContext::remove_fork(uint64_t rref_id, uint64_t fork) {
-  std::shared_ptr<OwnerRRef> dropped;
-  {
-    MutexLock lock(mutex_);
-    auto it = shared_.find(rref_id);
-    if (it == shared_.end()) return;
-    it->second.forks.erase(fork);
-    if (it->second.forks.empty()) {
-      dropped = std::move(it->second.owner);
-      shared_.erase(it);
-    }
-    cv_.notify_all();
-  }
+void RRefContext::remove_fork(uint64_t rref_id, uint64_t fork, int holder) {
+  apply(fork, ForkEvent{.kind = ForkEventKind::kDelete, .peer = holder, .rref_id = rref_id});
 }
 
 void RRefContext::accept_children(const std::vector<uint64_t>& forks) {
-  std::vector<std::shared_ptr<UserRRef>> dropped;
-  {
-    MutexLock lock(mutex_);
-    for (uint64_t fork : forks) {
-      auto it = children_.find(fork);
-      if (it == children_.end()) continue;
-      dropped.push_back(std::move(it->second.parent));
-      children_.erase(it);
-    }
-    cv_.notify_all();
-  }
+  for (uint64_t fork : forks)
+    apply(fork, ForkEvent{.kind = ForkEventKind::kSettle});
 }
 
 std::shared_ptr<detail::RRefCore> RRefContext::find_received(const RRefDescriptor& d) const {
@@ -617,7 +605,7 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
     }
     if (minter == self_.id) {
       // A fork this owner made came back: the local handle takes over.
-      remove_fork(d.rref_id, d.fork_id);
+      remove_fork(d.rref_id, d.fork_id, from.id);
     } else {
       // Another user's fork arrived at the owner: that user may let go of its reference.
       wire::RRefMessage message;
@@ -646,12 +634,13 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
     users_[d.fork_id] = user;
   }
   if (std::exception_ptr lost = lost_error(owner.id, incarnation)) {
-    user->mark_released();
+    user->apply(UserRRef::Event::kNotCounted);
     confirmed.try_set_error(lost);
     return user;
   }
   if (minter == d.owner) {
     // The owner made this fork and counted it when it sent it.
+    user->apply(UserRRef::Event::kCounted);
     confirmed.try_set_value();
     return user;
   }
@@ -662,17 +651,8 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
   add->set_type_name(d.type_name);
   Future<Value> reply = send(owner, message.SerializeAsString(),
                              "fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
-  gradwire::detail::on_complete_inline(reply, [user, confirmed](const Future<Value>& done) mutable {
-    if (done.has_error()) {
-      // Refused, or the owner is gone: not counted, nothing to delete. After a timeout the
-      // owner may count it yet: the delete is sent, and the owner forgets the fork whether
-      // it counted it already or not.
-      if (!is_timeout(done.error())) user->mark_released();
-      confirmed.try_set_error(done.error());
-    } else {
-      confirmed.try_set_value();
-    }
-  });
+  gradwire::detail::on_complete_inline(
+      reply, [user](const Future<Value>& done) { user->owner_answered(done, /*creation=*/false); });
   return user;
 }
 
@@ -684,62 +664,26 @@ void RRefContext::accept_all(const Value& value, const WorkerInfo& from,
 void RRefContext::bind_all(const Value& value, int to, std::vector<uint64_t>& bound) {
   for_each_descriptor(value, [&](const RRefDescriptor& d) {
     if (minter_of(d.fork_id) != self_.id) return;
-    MutexLock lock(mutex_);
-    if (d.owner == self_.id) {
-      auto it = shared_.find(d.rref_id);
-      if (it == shared_.end()) return;
-      auto fork = it->second.forks.find(d.fork_id);
-      if (fork == it->second.forks.end() || fork->second != -1) return;
-      fork->second = to;
-    } else {
-      auto it = children_.find(d.fork_id);
-      if (it == children_.end() || it->second.to != -1) return;
-      it->second.to = to;
-    }
-    bound.push_back(d.fork_id);
+    if (apply(d.fork_id, ForkEvent{.kind = ForkEventKind::kBind, .peer = to}) ==
+        ForkVerdict::kApplied)
+      bound.push_back(d.fork_id);
   });
 }
 
-void RRefContext::unbind(const std::vector<uint64_t>& forks) {
-  std::vector<std::shared_ptr<detail::RRefCore>> dropped;
-  {
-    MutexLock lock(mutex_);
-    for (uint64_t fork : forks) {
-      auto child = children_.find(fork);
-      if (child != children_.end()) {
-        dropped.push_back(std::move(child->second.parent));
-        children_.erase(child);
-        continue;
-      }
-      for (auto it = shared_.begin(); it != shared_.end(); ++it) {
-        if (it->second.forks.erase(fork) == 0) continue;
-        if (it->second.forks.empty()) {
-          dropped.push_back(std::move(it->second.owner));
-          shared_.erase(it);
-        }
-        break;
-      }
-    }
-    cv_.notify_all();
-  }
+void RRefContext::unbind(const std::vector<uint64_t>& forks, int to) {
+  for (uint64_t fork : forks)
+    apply(fork, ForkEvent{.kind = ForkEventKind::kNotDelivered, .peer = to});
 }
 
 void RRefContext::discard(const std::vector<Value>& values) {
-  std::vector<uint64_t> forks;
+  // Only forks bound to no receiver: one bound may be accepted there, and the message that
+  // carries it settles it.
   for (const Value& v : values) {
     for_each_descriptor(v, [&](const RRefDescriptor& d) {
-      if (minter_of(d.fork_id) != self_.id) return;
-      // Only forks that never left: one bound to a destination may be accepted there.
-      MutexLock lock(mutex_);
-      if (auto child = children_.find(d.fork_id); child != children_.end()) {
-        if (child->second.to == -1) forks.push_back(d.fork_id);
-      } else if (auto it = shared_.find(d.rref_id); it != shared_.end()) {
-        auto fork = it->second.forks.find(d.fork_id);
-        if (fork != it->second.forks.end() && fork->second == -1) forks.push_back(d.fork_id);
-      }
+      if (minter_of(d.fork_id) == self_.id)
+        apply(d.fork_id, ForkEvent{.kind = ForkEventKind::kDiscarded});
     });
   }
-  if (!forks.empty()) unbind(forks);
 }
 
 std::shared_ptr<void> RRefContext::loop_back(const std::vector<const Value*>& values) {
@@ -780,7 +724,7 @@ void RRefContext::on_call_finished(const rpc::FinishedCall& call,
   // unread as busy, timed out, its connection or the agent gone) releases the forks it
   // carried; a receiver that got it anyway finds them refused or freed.
   if (call.outcome == rpc::CallOutcome::kReplied && !is_busy(call.error)) return;
-  unbind(static_cast<CallState*>(state.get())->bound);
+  unbind(static_cast<CallState*>(state.get())->bound, call.to.id);
 }
 
 void RRefContext::on_request_not_sent(const rpc::Request& request) {
@@ -808,16 +752,9 @@ void RRefContext::on_response_not_sent(const WorkerInfo& to, const rpc::Request&
   if (value == nullptr || !has_descriptor(*value)) return;
   std::vector<uint64_t> forks;
   for_each_descriptor(*value, [&](const RRefDescriptor& d) {
-    if (minter_of(d.fork_id) != self_.id) return;
-    MutexLock lock(mutex_);
-    if (auto child = children_.find(d.fork_id); child != children_.end()) {
-      if (child->second.to == to.id) forks.push_back(d.fork_id);
-    } else if (auto it = shared_.find(d.rref_id); it != shared_.end()) {
-      auto fork = it->second.forks.find(d.fork_id);
-      if (fork != it->second.forks.end() && fork->second == to.id) forks.push_back(d.fork_id);
-    }
+    if (minter_of(d.fork_id) == self_.id) forks.push_back(d.fork_id);
   });
-  if (!forks.empty()) unbind(forks);
+  unbind(forks, to.id);
 }
 
 std::shared_ptr<rpc::ServeScope> RRefContext::on_incoming_request(const WorkerInfo& from,
@@ -851,29 +788,9 @@ void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& wh
     if (closed_ || lost_.count({worker.id, incarnation}) != 0) return;
     lost_[{worker.id, incarnation}] =
         "the connection to " + worker.describe() + " was lost: " + why;
-    // Forks it held (or that were on their way to it) no longer keep values alive.
-    for (auto it = shared_.begin(); it != shared_.end();) {
-      for (auto fork = it->second.forks.begin(); fork != it->second.forks.end();) {
-        fork = fork->second == worker.id ? it->second.forks.erase(fork) : std::next(fork);
-      }
-      if (it->second.forks.empty()) {
-        dropped.push_back(std::move(it->second.owner));
-        it = shared_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    for (auto it = given_up_.begin(); it != given_up_.end();)
-      it = it->second == worker.id ? given_up_.erase(it) : std::next(it);
-    // Forks sent to it, or of its values, will never be accepted.
-    for (auto it = children_.begin(); it != children_.end();) {
-      if (it->second.to == worker.id || it->second.parent->owner().id == worker.id) {
-        dropped.push_back(std::move(it->second.parent));
-        it = children_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    // Forks it held or was receiving no longer keep values alive; forks sent of its values
+    // will never be settled.
+    forks_.lose(worker.id, dropped);
     // Filtered after the lock: a handle let go meanwhile must not be the last one here.
     for (auto& [fork, weak] : users_) {
       if (auto user = weak.lock()) orphans.push_back(std::move(user));
@@ -884,7 +801,7 @@ void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& wh
     return user->owner().id != worker.id || user->owner_incarnation() != incarnation;
   });
   for (auto& user : orphans)
-    user->mark_released();
+    user->apply(UserRRef::Event::kNotCounted);
   GRADWIRE_LOG(kInfo) << "rref worker " << self_.describe() << ": released what "
                       << worker.describe() << " held; " << orphans.size()
                       << " references to its values are now dead";
@@ -916,33 +833,31 @@ void RRefContext::on_graceful_shutdown(Clock::time_point deadline) {
     }
   }
   for (auto& user : users) {
-    if (user->released() || !user->confirmed_by_owner() || user->creation().has_error()) continue;
-    user->mark_released();
-    release_user(user->owner(), user->owner_incarnation(), user->rref_id(), user->fork_id(), true);
+    if (user->apply(UserRRef::Event::kGiveUp))
+      release_user(user->owner(), user->owner_incarnation(), user->rref_id(), user->fork_id(),
+                   true);
   }
   users.clear();
   wait_idle(deadline, "a graceful shutdown");
 }
 
 void RRefContext::on_closed() {
-  std::map<uint64_t, Shared> shared;
-  std::map<uint64_t, Child> children;
+  ForkTable::Dropped dropped;
   std::map<uint64_t, std::shared_ptr<OwnerRRef>> awaited;
   std::vector<std::shared_ptr<UserRRef>> users;
   {
     MutexLock lock(mutex_);
     at_close_ = metrics_locked();
     closed_ = true;
-    shared.swap(shared_);
+    forks_.clear(dropped);
     awaited.swap(awaited_);
-    children.swap(children_);
     for (auto& [fork, weak] : users_) {
       if (auto user = weak.lock()) users.push_back(std::move(user));
     }
     cv_.notify_all();
   }
   for (auto& user : users)
-    user->mark_released();
+    user->apply(UserRRef::Event::kNotCounted);
 }
 
 RRefMetrics RRefContext::metrics() const {
@@ -960,13 +875,12 @@ RRefMetrics RRefContext::metrics_locked() const {
   for (const auto& [id, weak] : owners_) {
     if (!weak.expired()) ++m.owned_values;
   }
-  m.shared_values = static_cast<int64_t>(shared_.size());
-  for (const auto& [id, entry] : shared_)
-    m.owned_forks += static_cast<int64_t>(entry.forks.size());
+  m.shared_values = forks_.shared_values();
+  m.owned_forks = forks_.owner_forks();
   for (const auto& [fork, weak] : users_) {
     if (!weak.expired()) ++m.user_references;
   }
-  m.pending_children = static_cast<int64_t>(children_.size());
+  m.pending_children = forks_.pending_children();
   m.messages_in_flight = in_flight_;
   return m;
 }
@@ -974,13 +888,13 @@ RRefMetrics RRefContext::metrics_locked() const {
 void RRefContext::wait_idle(Clock::time_point deadline, const char* what) const {
   MutexLock lock(mutex_);
   auto busy = [&]() GRADWIRE_REQUIRES(mutex_) {
-    return !closed_ && (in_flight_ > 0 || !children_.empty());
+    return !closed_ && (in_flight_ > 0 || forks_.pending_children() > 0);
   };
   while (busy()) {
     if (lock.wait_until(cv_, deadline) == std::cv_status::timeout && busy()) {
       throw TimeoutError("rref worker " + self_.describe() + ": " + what + " waited for " +
                          std::to_string(in_flight_) + " protocol messages and " +
-                         std::to_string(children_.size()) +
+                         std::to_string(forks_.pending_children()) +
                          " forks not yet accepted by their owners");
     }
   }
@@ -1071,7 +985,7 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
       try {
         owner = owner_with_fork(add.rref_id(), add.type_name(), add.fork_id(), caller.id);
         if (owner->type_name() != add.type_name()) {
-          remove_fork(add.rref_id(), add.fork_id());
+          remove_fork(add.rref_id(), add.fork_id(), caller.id);
           throw CallRejected("rref: RRef " + id_text(add.rref_id()) + " on worker " +
                              self_.describe() + " holds " + owner->type_name() + ", not " +
                              add.type_name());
@@ -1091,38 +1005,40 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
     }
     case wire::RRefMessage::kDeleteFork: {
       const wire::Delete& del = message.delete_fork();
-      {
-        MutexLock lock(mutex_);
-        auto it = shared_.find(del.rref_id());
-        const bool counted = it != shared_.end() && it->second.forks.count(del.fork_id()) != 0;
-        if (!counted) {
-          // A fork the owner made is counted when sent: one it does not count is unknown.
-          if (minter_of(del.fork_id()) == self_.id || del.fork_id() == 0 ||
-              minter_of(del.fork_id()) >= world) {
-            throw CallRejected("rref: worker " + self_.describe() + " counts no fork " +
-                               id_text(del.fork_id()) + " of RRef " + id_text(del.rref_id()));
-          }
-          // Given up before the message that counts it arrived (its Create still queued, its
-          // AddFork delayed): that message will count nothing. Of a freed value, nothing is
-          // left to do.
-          if (!holds_locked(del.rref_id()) && freed_locked(del.rref_id()))
-            return make_ready_future(Value());
-          if (static_cast<int64_t>(given_up_.size()) >= kMaxPlaceholders) {
-            throw CallRejected("rref: worker " + self_.describe() + " holds " +
-                               std::to_string(given_up_.size()) +
-                               " forks given up before they were counted; refusing fork " +
-                               id_text(del.fork_id()));
-          }
-          given_up_[del.fork_id()] = caller.id;
+      const uint64_t fork = del.fork_id();
+      ForkTable::Dropped dropped;  // let go after the lock
+      MutexLock lock(mutex_);
+      // A fork the owner did not make may be given up before the Create or AddFork that
+      // counts it arrives (its Create still queued for a pool thread, its AddFork delayed):
+      // it is remembered, and that message then counts nothing. Of a value already freed,
+      // nothing is left to give up.
+      const bool gone = !holds_locked(del.rref_id()) && freed_locked(del.rref_id());
+      const bool foreign = fork != 0 && minter_of(fork) != self_.id && minter_of(fork) < world;
+      const ForkVerdict verdict = forks_.apply(fork,
+                                               ForkEvent{.kind = ForkEventKind::kDelete,
+                                                         .peer = caller.id,
+                                                         .rref_id = del.rref_id(),
+                                                         .may_remember = foreign && !gone},
+                                               dropped);
+      cv_.notify_all();
+      switch (verdict) {
+        case ForkVerdict::kApplied:
+        case ForkVerdict::kRemembered:
+        case ForkVerdict::kIgnored:
           return make_ready_future(Value());
-        }
-        if (it->second.forks.at(del.fork_id()) != caller.id) {
-          throw CallRejected("rref: fork " + id_text(del.fork_id()) + " of RRef " +
-                             id_text(del.rref_id()) + " is not held by " + caller.describe());
-        }
+        case ForkVerdict::kNotHolder:
+          throw CallRejected("rref: fork " + id_text(fork) + " of RRef " + id_text(del.rref_id()) +
+                             " is not held by " + caller.describe());
+        case ForkVerdict::kFull:
+          throw CallRejected("rref: worker " + self_.describe() + " holds " +
+                             std::to_string(forks_.given_up_count()) +
+                             " forks given up before they were counted; refusing fork " +
+                             id_text(fork));
+        default:
+          if (foreign && gone) return make_ready_future(Value());
+          throw CallRejected("rref: worker " + self_.describe() + " counts no fork " +
+                             id_text(fork) + " of RRef " + id_text(del.rref_id()));
       }
-      remove_fork(del.rref_id(), del.fork_id());
-      return make_ready_future(Value());
     }
     case wire::RRefMessage::OP_NOT_SET:
       break;

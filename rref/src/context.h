@@ -22,6 +22,7 @@
 #include <typeindex>
 #include <vector>
 
+#include "forks.h"
 #include "gradwire/core/future.h"
 #include "gradwire/core/mutex.h"
 #include "gradwire/rpc/agent.h"
@@ -153,15 +154,6 @@ class RRefContext : public rpc::Interceptor,
   bool wait_owned_values(int64_t count, Clock::time_point deadline) const;
 
  private:
-  struct Shared {
-    std::shared_ptr<OwnerRRef> owner;
-    std::map<uint64_t, int> forks;  // fork id -> the worker holding it (-1: not yet sent)
-  };
-  struct Child {
-    std::shared_ptr<UserRRef> parent;
-    int to{-1};  // where it was sent (-1: not yet)
-  };
-
   // Accepts the references inside `value`, received from `from`.
   void accept_all(const rpc::Value& value, const rpc::WorkerInfo& from,
                   std::vector<std::shared_ptr<detail::RRefCore>>& out);
@@ -169,8 +161,10 @@ class RRefContext : public rpc::Interceptor,
                                            const rpc::WorkerInfo& from);
   // Binds the forks minted here inside `value` to destination `to`.
   void bind_all(const rpc::Value& value, int to, std::vector<uint64_t>& bound);
-  // Forks bound by a message that never left.
-  void unbind(const std::vector<uint64_t>& forks);
+  // Forks bound to `to` by a message that was not delivered.
+  void unbind(const std::vector<uint64_t>& forks, int to);
+  // The one place forks change state (forks.h), under the lock; returns the verdict.
+  ForkVerdict apply(uint64_t fork, const ForkEvent& event);
   void validate(const rpc::RRefDescriptor& d) const;
 
   std::shared_ptr<OwnerRRef> find_owner(uint64_t rref_id) const;
@@ -191,8 +185,8 @@ class RRefContext : public rpc::Interceptor,
   // its creation; counts `fork` (0: none) held by `holder`. CallRejected for a freed value.
   std::shared_ptr<OwnerRRef> owner_with_fork(uint64_t rref_id, const std::string& type_name,
                                              uint64_t fork, int holder);
-  // Removes a fork; the value leaves shared_ when none is left.
-  void remove_fork(uint64_t rref_id, uint64_t fork);
+  // `holder` gives up `fork` (kDelete).
+  void remove_fork(uint64_t rref_id, uint64_t fork, int holder);
   void accept_children(const std::vector<uint64_t>& forks);
 
   Future<rpc::Value> dispatch(const rpc::CallContext& ctx, const rpc::Request& request,
@@ -214,19 +208,15 @@ class RRefContext : public rpc::Interceptor,
   bool shutting_down_ GRADWIRE_GUARDED_BY(mutex_) = false;
   bool closed_ GRADWIRE_GUARDED_BY(mutex_) = false;
   RRefMetrics at_close_ GRADWIRE_GUARDED_BY(mutex_);  // what on_closed dropped
-  std::map<uint64_t, Shared> shared_ GRADWIRE_GUARDED_BY(mutex_);
+  // Every fork this worker tracks, owner side and user side, with its state.
+  ForkTable forks_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<uint64_t, std::weak_ptr<OwnerRRef>> owners_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<uint64_t, std::weak_ptr<UserRRef>> users_ GRADWIRE_GUARDED_BY(mutex_);
-  std::map<uint64_t, Child> children_ GRADWIRE_GUARDED_BY(mutex_);
   // Placeholders a creator's early call is waiting on, until their creation arrives.
   std::map<uint64_t, std::shared_ptr<OwnerRRef>> awaited_ GRADWIRE_GUARDED_BY(mutex_);
   // Lost incarnations, (worker id, incarnation) -> why; never forgotten.
   std::map<std::pair<int, int>, std::string> lost_ GRADWIRE_GUARDED_BY(mutex_);
   std::map<int, int> incarnations_ GRADWIRE_GUARDED_BY(mutex_);  // worker id -> the current one
-  // Forks a holder gave up before the message that counts them (a Create queued on the
-  // pool, an AddFork delayed) arrived: fork id -> who held it. That message then counts
-  // nothing. Bounded, like the placeholders.
-  std::map<uint64_t, int> given_up_ GRADWIRE_GUARDED_BY(mutex_);
   // Values this worker held and freed, whose ids another worker minted (the last
   // kRememberedFrees): a later fork or creation naming one is refused, never a placeholder.
   std::set<uint64_t> freed_ GRADWIRE_GUARDED_BY(mutex_);
@@ -339,9 +329,28 @@ class UserRRef : public detail::RRefCore, public std::enable_shared_from_this<Us
   rpc::RpcAgent& agent() const override;
   std::string describe() const override;
 
-  // The owner no longer counts this fork, or never will: no delete is sent for it.
-  void mark_released() { released_.store(true); }
-  bool released() const { return released_.load(); }
+  // The reference's own state machine, user side (docs/rref.md).
+  enum class State {
+    kConfirming,  // its Create or AddFork is on its way to the owner
+    kConfirmed,   // the owner counts its fork
+    kUncertain,   // the owner may count its fork (the Create or AddFork timed out, or the
+                  // Create failed after the owner counted it)
+    kReleased,    // the owner does not count it and never will, or its Delete was sent
+  };
+  enum class Event {
+    kCounted,     // the owner counted it (its reply, or the owner made the fork itself)
+    kUnsettled,   // no answer that says whether the owner counts it
+    kNotCounted,  // refused, never sent, its owner's incarnation lost, or the agent closed
+    kGiveUp,      // its last handle went, or a graceful shutdown gives it up
+  };
+  // The one place the reference changes state; true when a Delete is due (kGiveUp of a fork
+  // the owner counts or may count).
+  bool apply(Event event);
+  State state() const;
+  // The owner's answer to the Create or AddFork that counts this fork: moves the state and
+  // completes creation(). `creation`: a Create, whose failure (other than its owner lost)
+  // may come after the owner counted the fork.
+  void owner_answered(const Future<rpc::Value>& reply, bool creation);
   const std::shared_ptr<RRefContext>& context() const { return context_; }
 
  private:
@@ -357,7 +366,8 @@ class UserRRef : public detail::RRefCore, public std::enable_shared_from_this<Us
   const std::string type_name_;
   const Future<void> confirmed_;
   const bool creator_;
-  std::atomic<bool> released_{false};
+  mutable Mutex state_mutex_;
+  State state_ GRADWIRE_GUARDED_BY(state_mutex_) = State::kConfirming;
 };
 
 }  // namespace gradwire::rref

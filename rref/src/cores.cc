@@ -362,9 +362,57 @@ UserRRef::UserRRef(std::shared_ptr<RRefContext> context, WorkerInfo owner, int i
       creator_(creator) {}
 
 UserRRef::~UserRRef() {
-  // Every fork the owner received is counted there, the creation's failed or not; one it
-  // refused, or whose owner is gone, is marked released.
-  context_->release_user(owner_, incarnation_, id_, fork_, !released() && confirmed_.completed());
+  context_->release_user(owner_, incarnation_, id_, fork_, apply(Event::kGiveUp));
+}
+
+bool UserRRef::apply(Event event) {
+  MutexLock lock(state_mutex_);
+  switch (event) {
+    case Event::kCounted:
+      if (state_ == State::kConfirming) state_ = State::kConfirmed;
+      return false;
+    case Event::kUnsettled:
+      if (state_ == State::kConfirming) state_ = State::kUncertain;
+      return false;
+    case Event::kNotCounted:
+      state_ = State::kReleased;
+      return false;
+    case Event::kGiveUp:
+      if (state_ != State::kConfirmed && state_ != State::kUncertain) return false;
+      state_ = State::kReleased;
+      return true;
+  }
+  return false;
+}
+
+UserRRef::State UserRRef::state() const {
+  MutexLock lock(state_mutex_);
+  return state_;
+}
+
+void UserRRef::owner_answered(const Future<Value>& reply, bool creation) {
+  Future<void> confirmed = confirmed_;
+  if (!reply.has_error()) {
+    apply(Event::kCounted);
+    confirmed.try_set_value();
+    return;
+  }
+  const std::exception_ptr error = reply.error();
+  bool timed_out = false;
+  bool lost = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError&) {
+    timed_out = true;
+  } catch (const NetworkError&) {
+    lost = true;
+  } catch (...) {
+  }
+  // A timeout leaves it open whether the owner counts the fork: the Delete is sent, and the
+  // owner forgets the fork whether it counted it yet or not. A refused AddFork counted
+  // nothing; a failed Create may have counted it. The owner's loss releases it on its own.
+  apply(timed_out || (creation && !lost) ? Event::kUnsettled : Event::kNotCounted);
+  confirmed.try_set_error(error);
 }
 
 rpc::RpcAgent& UserRRef::agent() const {
@@ -492,16 +540,14 @@ std::shared_ptr<detail::RRefCore> UserRRef::remote(std::string method, std::stri
       });
   gradwire::detail::on_complete_inline(
       reply, [made, confirmed, context, shared_args, sent](const Future<Value>& done) mutable {
-        if (done.has_error()) {
+        if (done.has_error() && !sent->load()) {
           // A creation that never left is not counted by the owner: nothing to delete.
-          if (!sent->load()) {
-            made->mark_released();
-            context->discard(*shared_args);
-          }
+          made->apply(UserRRef::Event::kNotCounted);
+          context->discard(*shared_args);
           confirmed.try_set_error(done.error());
-        } else {
-          confirmed.try_set_value();
+          return;
         }
+        made->owner_answered(done, /*creation=*/true);
       });
   return made;
 }
