@@ -1,0 +1,198 @@
+// Completion: each worker's part of a pass ends, is reported to the initiator (Wait) or
+// aborted everywhere the pass reached (Abort), and the context remembers how it ended.
+#include "container.h"
+
+#include "gradwire/core/printable.h"
+#include "gradwire/rpc/join.h"
+
+namespace gradwire::dist_autograd::internal {
+
+Future<void> Container::watch_part(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                                   const WorkerInfo& to, Future<void> result) {
+  wire::DistAutogradMessage message;
+  message.mutable_wait()->set_context_id(state->id);
+  message.mutable_wait()->set_pass_id(pass_id);
+  Future<Value> reply = try_send(to, message, "wait");
+  std::weak_ptr<Container> weak_self = weak_from_this();
+  std::weak_ptr<ContextState> weak_state = state;
+  reply.add_callback(agent()->executor(), [weak_self, weak_state, pass_id, to,
+                                           result](Future<Value> done) mutable {
+    if (!done.has_error()) {
+      result.try_set_value();
+      return;
+    }
+    std::shared_ptr<Container> self = weak_self.lock();
+    std::shared_ptr<ContextState> s = weak_state.lock();
+    bool ask_again = false;
+    try {
+      std::rethrow_exception(done.error());
+    } catch (const TimeoutError&) {
+      if (self != nullptr && s != nullptr) {
+        MutexLock lock(s->mutex);
+        ask_again = s->passes.count(pass_id) != 0 && s->aborted.count(pass_id) == 0;
+      }
+    } catch (...) {
+    }
+    if (!ask_again) {
+      result.try_set_error(done.error());
+      return;
+    }
+    try {
+      self->watch_part(s, pass_id, to, result);
+    } catch (...) {
+      result.try_set_error(std::current_exception());
+    }
+  });
+  return result;
+}
+
+Future<Value> Container::on_wait(const WorkerInfo& caller, const wire::Wait& w) {
+  // Only the pass's initiator (who minted its id) waits for it.
+  if (worker_of(w.pass_id()) != caller.id) {
+    throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a wait for pass " +
+                       ctx_text(w.pass_id()) + " from worker " + caller.describe() +
+                       ", which did not start it");
+  }
+  std::shared_ptr<ContextState> state = get_for(w.context_id(), caller, "wait");
+  std::optional<Future<void>> done;
+  {
+    MutexLock lock(state->mutex);
+    auto pass = state->passes.find(w.pass_id());
+    if (pass != state->passes.end() && pass->second.sink != nullptr) {
+      done = pass->second.done;
+    } else if (state->last_pass == w.pass_id()) {
+      done = state->last_done;  // asked again after its answer was lost or late
+    }
+  }
+  if (!done) {
+    throw CallRejected("dist_autograd: worker " + self_.describe() + " takes no part in pass " +
+                       ctx_text(w.pass_id()));
+  }
+  std::weak_ptr<ContextState> weak = state;
+  const uint64_t pass_id = w.pass_id();
+  return done->then(agent()->executor(), [weak, pass_id](Future<void> part) {
+    // This worker's part is over and reported.
+    if (auto s = weak.lock()) forget_pass(*s, pass_id);
+    part.value();
+    return Value();
+  });
+}
+
+void Container::part_over(ContextState& state, uint64_t pass_id, const Future<void>& part) {
+  std::shared_ptr<autograd::GraphTask> task;
+  std::shared_ptr<PassSink> sink;
+  bool failed = part.has_error();
+  {
+    MutexLock lock(state.mutex);
+    auto it = state.passes.find(pass_id);
+    if (it != state.passes.end()) {
+      task = std::move(it->second.task);
+      sink = it->second.sink;
+    }
+    if (state.aborted.count(pass_id) != 0) failed = true;
+    if (failed) {
+      if (!state.failure || state.failure->first != pass_id) {
+        state.failure.emplace(pass_id, part.has_error() ? error_text(part.error())
+                                                        : std::string("the pass was aborted"));
+      }
+    } else {
+      state.failure.reset();
+    }
+  }
+  if (sink != nullptr) sink->finish(failed);
+}
+
+void Container::fail_part(ContextState& state, uint64_t pass_id, std::exception_ptr error) {
+  Future<void> outcome;
+  {
+    MutexLock lock(state.mutex);
+    auto it = state.passes.find(pass_id);
+    if (it == state.passes.end()) return;
+    outcome = it->second.outcome;
+  }
+  outcome.try_set_error(std::move(error));
+}
+
+void Container::forget_pass(ContextState& state, uint64_t pass_id) {
+  std::shared_ptr<autograd::GraphTask> task;
+  MutexLock lock(state.mutex);
+  auto it = state.passes.find(pass_id);
+  if (it == state.passes.end()) return;
+  task = std::move(it->second.task);
+  state.last_pass = pass_id;
+  state.last_sink = std::move(it->second.sink);
+  state.last_done = it->second.done;
+  state.passes.erase(it);
+  lock.unlock();
+}
+
+void Container::end_pass(ContextState& state, uint64_t pass_id) {
+  forget_pass(state, pass_id);
+  MutexLock lock(state.mutex);
+  state.running = false;
+}
+
+Future<void> Container::abort(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                              const std::string& reason, int from) {
+  Future<void> outcome;
+  std::shared_ptr<PassSink> sink;
+  std::set<int> touched;
+  {
+    MutexLock lock(state->mutex);
+    if (!state->aborted.insert(pass_id).second) return make_ready_future();
+    auto it = state->passes.find(pass_id);
+    if (it != state->passes.end()) {
+      outcome = it->second.outcome;
+      sink = it->second.sink;
+    } else if (state->last_pass == pass_id) {
+      sink = state->last_sink;
+    } else {
+      return make_ready_future();  // never took part: nothing to take back or forward
+    }
+    state->failure.emplace(pass_id, reason);
+    touched = state->touched;
+  }
+  outcome.try_set_error(std::make_exception_ptr(Error(reason)));
+  if (sink != nullptr) sink->finish(/*take_back=*/true);
+  std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
+  if (agent == nullptr || agent->is_shut_down()) return make_ready_future();
+  std::vector<Future<Value>> told;
+  for (int w : touched) {
+    if (w == from || w == self_.id) continue;
+    wire::DistAutogradMessage message;
+    wire::Abort* a = message.mutable_abort();
+    a->set_context_id(state->id);
+    a->set_pass_id(pass_id);
+    a->set_reason(reason);
+    told.push_back(try_send(agent->get_worker_info(w), message, "abort"));
+  }
+  return rpc::join_settled(told);
+}
+
+Future<Value> Container::on_abort(const WorkerInfo& caller, const wire::Abort& a) {
+  // Unknown here (never seen, or already released): nothing to take back.
+  if (find(a.context_id()) == nullptr) return make_ready_future(Value());
+  std::shared_ptr<ContextState> state = get_for(a.context_id(), caller, "pass abort");
+  const std::string reason = "dist_autograd: pass " + ctx_text(a.pass_id()) +
+                             " was aborted by worker " + caller.describe() + ": " +
+                             printable(a.reason(), kMaxReasonBytes);
+  return abort(state, a.pass_id(), reason, caller.id).then(agent()->executor(), [](Future<void>) {
+    return Value();
+  });
+}
+
+Gradients Container::gradients(uint64_t ctx) const {
+  std::shared_ptr<ContextState> state = get(ctx);
+  {
+    MutexLock lock(state->mutex);
+    if (state->failure) {
+      throw Error("dist_autograd: context " + ctx_text(ctx) + " on worker " + self_.describe() +
+                  " holds no gradients: its last backward pass (" +
+                  ctx_text(state->failure->first) +
+                  ") failed, and none has succeeded here since: " + state->failure->second);
+    }
+  }
+  return Gradients(state->sink->items());
+}
+
+}  // namespace gradwire::dist_autograd::internal

@@ -1,0 +1,248 @@
+// The dist-autograd container of one agent: its contexts, the send and recv functions
+// recorded in them, and the passes that run backward through them. It is the agent's
+// attachment, its handler (id 3), an interceptor (recording) and a listener (clean-up).
+//
+// Its methods live where docs/dist_autograd.md explains them, one file per part of a pass:
+//   contexts.cc    the table of contexts, the handler's dispatch and who may send what;
+//   recording.cc   the interceptor: send and recv functions made as messages go and come;
+//   discovery.cc   which sends will get gradients, counted before any flows (Discover);
+//   execution.cc   backward() at the initiator, gradients sent on and taken (Propagate);
+//   completion.cc  each worker's part ending, reported (Wait) or aborted (Abort);
+//   release.cc     a context's end here and wherever it went (Release), lost workers.
+//
+// Locking: mutex_ guards the table of contexts; each context has its own mutex for its
+// functions, gradients and passes (context_state.h). No message is sent and no node runs
+// under either.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "context_state.h"
+#include "functions.h"
+#include "gradwire/core/future.h"
+#include "gradwire/core/mutex.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/ids.h"
+#include "proto/dist_autograd.pb.h"
+
+namespace gradwire::dist_autograd::internal {
+
+using rpc::CallContext;
+using rpc::CallRejected;
+using rpc::Value;
+using rpc::WorkerInfo;
+
+// The context current on this thread (what current_context_id() reads).
+extern thread_local uint64_t t_context;
+
+// How much of a peer's reason for aborting a pass is kept (it is a chain of errors, each
+// naming its worker).
+inline constexpr size_t kMaxReasonBytes = 4096;
+
+inline int worker_of(uint64_t id) {
+  return rpc::minter_of(id);
+}
+
+inline std::string ctx_text(uint64_t id) {
+  return rpc::id_text(id);
+}
+
+using Clock = std::chrono::steady_clock;
+
+// How long to wait for something due by `deadline` (kNoTimeout: no deadline).
+inline std::chrono::milliseconds time_left(Clock::time_point deadline) {
+  if (deadline == Clock::time_point::max()) return kNoTimeout;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::max(left, std::chrono::milliseconds(0));
+}
+
+inline Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  const auto now = Clock::now();
+  if (timeout >=
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)) {
+    return Clock::time_point::max();
+  }
+  return now + timeout;
+}
+
+inline std::string error_text(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+// Sets the current context for the work of one request.
+class ContextScope : public rpc::ServeScope {
+ public:
+  explicit ContextScope(uint64_t id) : id_(id) {}
+  void enter() override {
+    saved_ = t_context;
+    t_context = id_;
+  }
+  void exit() override { t_context = saved_; }
+
+ private:
+  uint64_t id_;
+  uint64_t saved_ = 0;
+};
+
+class Container : public rpc::Interceptor,
+                  public rpc::AgentListener,
+                  public std::enable_shared_from_this<Container> {
+ public:
+  explicit Container(const std::shared_ptr<rpc::RpcAgent>& agent)
+      : agent_(agent), self_(agent->worker_info()), ids_(agent) {}
+
+  // ---- contexts (contexts.cc)
+  static void install(const std::shared_ptr<rpc::RpcAgent>& agent);
+  static std::shared_ptr<Container> of(const rpc::RpcAgent& agent);
+  std::shared_ptr<rpc::RpcAgent> agent() const;
+  std::shared_ptr<ContextState> create_context();
+  std::shared_ptr<ContextState> find(uint64_t id) const;
+  std::shared_ptr<ContextState> get(uint64_t id) const;
+  // The context a request from a participant names, made on its first request here; a
+  // context released here is never made again (a late request in it is refused).
+  std::shared_ptr<ContextState> get_or_make(uint64_t id);
+  // Remembers that `id` was released, for a context that never reached this worker.
+  void remember_released_unseen(uint64_t id);
+  // Remembers that `id` was released here (the newest kReleasedMemory ids).
+  void remember_released(uint64_t id) GRADWIRE_REQUIRES(mutex_);
+  size_t size() const;
+  std::chrono::milliseconds agent_wait() const;
+  // Sends one of the module's messages; `what` names it for rpc's errors and for fault
+  // rules ("discover", "propagate", "wait", "abort", "release").
+  Future<Value> send(const WorkerInfo& to, const wire::DistAutogradMessage& message,
+                     std::string what, std::vector<Value> args = {}, rpc::CallOptions options = {});
+  // As send, but a message that cannot even be sent gives a failed future.
+  Future<Value> try_send(const WorkerInfo& to, const wire::DistAutogradMessage& message,
+                         std::string what, std::vector<Value> args = {},
+                         rpc::CallOptions options = {});
+  // Whether worker `w` takes part in the context: its creator, or a worker it exchanged a
+  // message with from here (both ends record each other, so the set is symmetric).
+  static bool participant(const std::shared_ptr<ContextState>& state, int w);
+  // The context a message from `caller` is about, refused unless the caller takes part.
+  std::shared_ptr<ContextState> get_for(uint64_t id, const WorkerInfo& caller,
+                                        const char* what) const;
+  // The send `m` recorded here, refused unless `caller` is the worker it went to (the only
+  // one holding its recv function).
+  std::shared_ptr<SendBackward> send_from(ContextState& state, uint64_t m, const WorkerInfo& caller,
+                                          const char* what) const;
+  Future<Value> handle(const CallContext& ctx, const rpc::Request& request);
+  // Contexts, messages and passes are named by group-unique ids (rpc/ids.h).
+  uint64_t mint() { return ids_.mint(); }
+
+  // ---- recording (recording.cc)
+  std::shared_ptr<void> on_outgoing_request(const WorkerInfo& to, rpc::Request& request) override;
+  std::shared_ptr<rpc::ServeScope> on_incoming_request(const WorkerInfo& from,
+                                                       rpc::Request& request) override;
+  void on_outgoing_response(const WorkerInfo& to, const rpc::Request& request,
+                            rpc::Response& response) override;
+  void on_incoming_response(const WorkerInfo& from, rpc::Response& response,
+                            const std::shared_ptr<void>&) override;
+  std::shared_ptr<rpc::ServeScope> capture_thread_state() override;
+  void attach_recv(uint64_t ctx, const WorkerInfo& from, uint64_t message_id,
+                   const std::vector<Tensor>& received);
+
+  // ---- discovery (discovery.cc)
+  // This worker's part in pass `pass_id`, made on first sight (the initiator's backward, or
+  // the first Discover here). Its sink takes back what the pass gave if the pass fails.
+  std::shared_ptr<autograd::GraphTask> start_part(const std::shared_ptr<ContextState>& state,
+                                                  uint64_t pass_id, bool retain_graph);
+  // Walks the graph below `edges`, telling each recv function's sender (once per pass) that
+  // its send will get a gradient. Completes with the workers taking part.
+  Future<std::set<int>> discover(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                                 const std::vector<autograd::Edge>& edges, bool retain_graph);
+  // A Discover: count the gradients the listed sends will get, walk on from them, and
+  // answer with the workers reached.
+  Future<Value> on_discover(const WorkerInfo& caller, const wire::Discover& d);
+
+  // ---- execution (execution.cc)
+  void backward(uint64_t ctx, const std::vector<Tensor>& roots, const BackwardOptions& options);
+  void propagate(const RecvBackward& recv, std::vector<Tensor>&& grads);
+  // The error of gradients that did not reach `to`, naming it: its own error (RemoteError),
+  // a refusal as a RemoteError of `to`, or the NetworkError / TimeoutError of the send.
+  static std::exception_ptr undelivered(const std::exception_ptr& error, const WorkerInfo& to,
+                                        uint64_t ctx, uint64_t message_id);
+  // A Propagate: take the gradients of one send (refused unless discovered in a pass that
+  // goes on here), answer, then run what they made ready.
+  Future<Value> on_propagate(const WorkerInfo& caller, const wire::Propagate& p,
+                             const std::vector<Value>& args);
+
+  // ---- completion (completion.cc)
+  // Completes when worker `to`'s part of the pass is over (failing with its error). A Wait is
+  // a call like any other, bounded by rpc_timeout; while the pass goes on, one that times
+  // out is asked again, so a pass may last longer than rpc_timeout (its own deadline bounds
+  // it) and no call outlives the pass by more than rpc_timeout.
+  Future<void> watch_part(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                          const WorkerInfo& to, Future<void> result = {});
+  // A Wait: answer once this worker's part of the pass is over.
+  Future<Value> on_wait(const WorkerInfo& caller, const wire::Wait& w);
+  // Records how this worker's part of a pass ended: success clears an earlier failure; a
+  // failure (or an abort, even after success) is remembered and takes back the pass's
+  // gradients. The task, and with it the graph unless retained, is let go.
+  static void part_over(ContextState& state, uint64_t pass_id, const Future<void>& part);
+  // Fails this worker's part of a pass with `error`, unless it is over already.
+  static void fail_part(ContextState& state, uint64_t pass_id, std::exception_ptr error);
+  // Forgets the pass here once its part is over and reported; its sink stays as the
+  // context's last, for an abort that may still come.
+  static void forget_pass(ContextState& state, uint64_t pass_id);
+  // The initiator's pass is over: the context may run another.
+  static void end_pass(ContextState& state, uint64_t pass_id);
+  // Aborts pass `pass_id` here (its part fails with `reason`, or, if it already succeeded,
+  // what it gave is taken back) and tells the workers the context touched from here but
+  // `from`, once: only a worker that took part forwards it. Completes when they have
+  // answered.
+  Future<void> abort(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                     const std::string& reason, int from);
+  // An Abort: the pass failed elsewhere.
+  Future<Value> on_abort(const WorkerInfo& caller, const wire::Abort& a);
+  Gradients gradients(uint64_t ctx) const;
+
+  // ---- release (release.cc)
+  // Forgets the context here and tells the workers it touched from here (but `from`);
+  // completes once they (and the workers they told) have forgotten it too.
+  Future<void> release(uint64_t ctx, int from);
+  // A Release: forget the context here and wherever it went from here.
+  Future<Value> on_release(const WorkerInfo& caller, const wire::Release& r);
+  // The contexts a lost worker started are released here and on the workers they reached
+  // from here: nobody is left to release them (its replacement, if one comes, starts its
+  // own). Not waited for: this runs on an I/O thread.
+  void on_worker_lost(const WorkerInfo& worker, const std::string&) override;
+  void on_graceful_shutdown(Clock::time_point) override;
+  void on_closed() override;
+
+ private:
+  const std::weak_ptr<rpc::RpcAgent> agent_;
+  const WorkerInfo self_;
+  rpc::IdMinter ids_;
+  mutable Mutex mutex_;
+  std::map<uint64_t, std::shared_ptr<ContextState>> contexts_ GRADWIRE_GUARDED_BY(mutex_);
+  // Contexts released here, newest last: a late request must not make one again. Bounded:
+  // a worker remembers the last kReleasedMemory (ids are never reused, so an older one
+  // could only come from a message delayed past 65,536 later releases).
+  static constexpr size_t kReleasedMemory = 1u << 16;
+  std::unordered_set<uint64_t> released_ GRADWIRE_GUARDED_BY(mutex_);
+  std::deque<uint64_t> released_order_ GRADWIRE_GUARDED_BY(mutex_);
+
+  friend class RecvBackward;
+};
+
+}  // namespace gradwire::dist_autograd::internal

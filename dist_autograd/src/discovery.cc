@@ -1,0 +1,116 @@
+// Discovery: before any gradient flows, every worker in a pass learns which of its sends
+// will get gradients (Discover), counting them in its part's graph task.
+#include "container.h"
+
+namespace gradwire::dist_autograd::internal {
+
+std::shared_ptr<autograd::GraphTask> Container::start_part(
+    const std::shared_ptr<ContextState>& state, uint64_t pass_id, bool retain_graph) {
+  MutexLock lock(state->mutex);
+  if (state->aborted.count(pass_id) != 0) {
+    throw CallRejected("dist_autograd: worker " + self_.describe() + " already aborted pass " +
+                       ctx_text(pass_id) + " in context " + ctx_text(state->id));
+  }
+  auto found = state->passes.find(pass_id);
+  if ((found != state->passes.end() && found->second.task == nullptr) ||
+      state->last_pass == pass_id) {
+    throw CallRejected("dist_autograd: worker " + self_.describe() + "'s part in pass " +
+                       ctx_text(pass_id) + " is already over");
+  }
+  if (found != state->passes.end()) return found->second.task;
+  Pass& pass = state->passes[pass_id];
+  autograd::ExecuteOptions options;
+  options.retain_graph = retain_graph;
+  pass.sink = std::make_shared<PassSink>(state->sink);
+  options.sink = pass.sink;
+  pass.task = std::make_shared<autograd::GraphTask>(options);
+  gradwire::detail::forward_completion(pass.task->completion(), pass.outcome);
+  std::weak_ptr<ContextState> weak = state;
+  pass.done = pass.outcome.then(agent()->executor(), [weak, pass_id](Future<void> part) {
+    if (auto s = weak.lock()) part_over(*s, pass_id, part);
+    part.value();
+  });
+  return pass.task;
+}
+
+Future<std::set<int>> Container::discover(const std::shared_ptr<ContextState>& state,
+                                          uint64_t pass_id,
+                                          const std::vector<autograd::Edge>& edges,
+                                          bool retain_graph) {
+  std::map<int, std::pair<WorkerInfo, std::vector<uint64_t>>> to_tell;
+  {
+    std::vector<autograd::Node*> stack;
+    std::set<autograd::Node*> seen;
+    for (const auto& e : edges) {
+      if (e.is_valid()) stack.push_back(e.function.get());
+    }
+    MutexLock lock(state->mutex);
+    Pass& pass = state->passes[pass_id];
+    while (!stack.empty()) {
+      autograd::Node* node = stack.back();
+      stack.pop_back();
+      if (!seen.insert(node).second) continue;
+      if (auto* recv = dynamic_cast<RecvBackward*>(node)) {
+        if (pass.notified.insert(recv).second) {
+          auto& entry = to_tell[recv->from().id];
+          entry.first = recv->from();
+          entry.second.push_back(recv->message_id());
+        }
+        continue;
+      }
+      for (const auto& next : node->next_edges()) {
+        if (next.is_valid()) stack.push_back(next.function.get());
+      }
+    }
+  }
+  std::vector<Future<Value>> told;
+  for (auto& [id, entry] : to_tell) {
+    wire::DistAutogradMessage message;
+    wire::Discover* d = message.mutable_discover();
+    d->set_context_id(state->id);
+    d->set_pass_id(pass_id);
+    d->set_retain_graph(retain_graph);
+    for (uint64_t m : entry.second)
+      d->add_message_ids(m);
+    told.push_back(try_send(entry.first, message, "discover"));
+  }
+  Future<std::set<int>> result;
+  auto all = collect_all(told);
+  gradwire::detail::on_complete_inline(
+      all, [result, self_id = self_.id](const Future<std::vector<Value>>& done) mutable {
+        if (done.has_error()) {
+          result.try_set_error(done.error());
+          return;
+        }
+        std::set<int> workers{self_id};
+        for (const Value& v : done.value())
+          for (const Value& w : v.as_list())
+            workers.insert(static_cast<int>(w.as_int()));
+        result.try_set_value(std::move(workers));
+      });
+  return result;
+}
+
+Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Discover& d) {
+  std::shared_ptr<ContextState> state = get_for(d.context_id(), caller, "discovery");
+  std::vector<std::shared_ptr<SendBackward>> sends;
+  for (uint64_t m : d.message_ids())
+    sends.push_back(send_from(*state, m, caller, "discovery"));
+  std::shared_ptr<autograd::GraphTask> task = start_part(state, d.pass_id(), d.retain_graph());
+  std::vector<autograd::Edge> edges;
+  for (const auto& send : sends) {
+    for (uint32_t i = 0; i < send->num_inputs(); ++i) {
+      task->expect(autograd::Edge(send, i));
+    }
+    edges.push_back(autograd::Edge(send, 0));
+  }
+  Future<std::set<int>> found = discover(state, d.pass_id(), edges, d.retain_graph());
+  return found.then(agent()->executor(), [](Future<std::set<int>> done) {
+    Value::List ids;
+    for (int w : done.value())
+      ids.push_back(Value(int64_t{w}));
+    return Value::list(std::move(ids));
+  });
+}
+
+}  // namespace gradwire::dist_autograd::internal

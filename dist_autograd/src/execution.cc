@@ -1,0 +1,193 @@
+// Execution: backward() at the initiator, and the gradients each RecvBackward sends on to
+// the worker of its send (Propagate), which takes them and runs what they make ready.
+#include "container.h"
+
+#include "gradwire/autograd/engine.h"
+#include "gradwire/core/logging.h"
+#include "gradwire/rpc/join.h"
+
+namespace gradwire::dist_autograd::internal {
+
+void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
+                         const BackwardOptions& options) {
+  std::shared_ptr<ContextState> state = get(ctx);
+  if (roots.empty()) throw InvalidArgument("dist_autograd::backward: no roots");
+  if (options.timeout <= std::chrono::milliseconds(0)) {
+    throw InvalidArgument("dist_autograd::backward: BackwardOptions::timeout must be > 0, got " +
+                          std::to_string(options.timeout.count()) + " ms");
+  }
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (!roots[i].defined() || !roots[i].requires_grad()) {
+      throw InvalidArgument("dist_autograd::backward: root " + std::to_string(i) +
+                            " does not require grad");
+    }
+  }
+  std::vector<autograd::GraphRoot> graph_roots = autograd::make_roots(roots);
+  {
+    MutexLock lock(state->mutex);
+    if (state->running) {
+      throw InvalidArgument("dist_autograd::backward: context " + ctx_text(ctx) +
+                            " already runs a backward pass");
+    }
+    state->running = true;
+  }
+  const uint64_t pass_id = mint();
+  const Clock::time_point deadline = deadline_after(options.timeout);
+  try {
+    std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+    std::shared_ptr<autograd::GraphTask> task = start_part(state, pass_id, options.retain_graph);
+    std::vector<autograd::Edge> edges;
+    for (const auto& r : graph_roots) {
+      task->expect(r.edge);
+      edges.push_back(r.edge);
+    }
+    auto timed_out = [&] {
+      return TimeoutError("dist_autograd::backward in context " + ctx_text(ctx) +
+                          " did not finish within " + std::to_string(options.timeout.count()) +
+                          " ms (BackwardOptions::timeout)");
+    };
+    Future<std::set<int>> found = discover(state, pass_id, edges, options.retain_graph);
+    if (!found.wait(time_left(deadline))) throw timed_out();
+    const std::set<int> workers = found.value();
+    // Every part reports when it is done; the first failure ends the pass.
+    std::vector<Future<void>> parts;
+    for (int w : workers) {
+      if (w != self_.id) parts.push_back(watch_part(state, pass_id, agent->get_worker_info(w)));
+    }
+    {
+      MutexLock lock(state->mutex);
+      parts.push_back(state->passes[pass_id].done);
+    }
+    Future<void> all = rpc::join_fail_fast(parts);
+    for (const auto& r : graph_roots)
+      task->add_gradient(r.edge, r.grad);
+    try {
+      task->run_ready();
+    } catch (...) {
+      // The task holds the error; the wait below reports it.
+    }
+    if (!all.wait(time_left(deadline))) throw timed_out();
+    all.value();
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    // Every worker the pass reached takes back what it gave and records the failure
+    // before backward reports it (so a step right after it cannot use partial gradients).
+    if (!abort(state, pass_id, error_text(error), -1).wait(agent_wait())) {
+      GRADWIRE_LOG(kWarning) << "dist_autograd worker " << self_.describe()
+                             << ": the abort of pass " << ctx_text(pass_id) << " in context "
+                             << ctx_text(ctx) << " did not reach every worker in time";
+    }
+    end_pass(*state, pass_id);
+    std::rethrow_exception(error);
+  }
+  end_pass(*state, pass_id);
+}
+
+void Container::propagate(const RecvBackward& recv, std::vector<Tensor>&& grads) {
+  uint64_t pass_id = 0;
+  std::shared_ptr<ContextState> state = get(recv.context_id());
+  {
+    MutexLock lock(state->mutex);
+    for (const auto& [id, pass] : state->passes) {
+      if (pass.task != nullptr && pass.task.get() == autograd::GraphTask::current()) pass_id = id;
+    }
+  }
+  if (pass_id == 0) {
+    throw Error(
+        "dist_autograd: a recv function ran outside a distributed backward pass (use "
+        "dist_autograd::backward, not autograd::backward, on a graph with remote calls)");
+  }
+  wire::DistAutogradMessage message;
+  wire::Propagate* p = message.mutable_propagate();
+  p->set_context_id(state->id);
+  p->set_pass_id(pass_id);
+  p->set_message_id(recv.message_id());
+  std::vector<Value> args;
+  args.reserve(grads.size());
+  for (Tensor& g : grads) {
+    if (g.defined()) {
+      args.emplace_back(std::move(g));
+    } else {
+      args.emplace_back();  // None: no gradient for this input
+    }
+  }
+  // The receiver answers once it has taken the gradients (it runs what they make ready
+  // afterwards). Not waited for here, but checked: gradients the receiver refused or never
+  // got end this worker's part, and so the pass, with the receiver's error.
+  Future<Value> sent = try_send(recv.from(), message, "propagate", std::move(args));
+  std::weak_ptr<ContextState> weak = state;
+  gradwire::detail::on_complete_inline(
+      sent, [weak, pass_id, to = recv.from(), m = recv.message_id()](const Future<Value>& done) {
+        if (!done.has_error()) return;
+        if (auto s = weak.lock()) fail_part(*s, pass_id, undelivered(done.error(), to, s->id, m));
+      });
+}
+
+std::exception_ptr Container::undelivered(const std::exception_ptr& error, const WorkerInfo& to,
+                                          uint64_t ctx, uint64_t message_id) {
+  const std::string what = "dist_autograd: the gradients for send " + ctx_text(message_id) +
+                           " in context " + ctx_text(ctx) + " did not reach worker " +
+                           to.describe() + ": ";
+  try {
+    std::rethrow_exception(error);
+  } catch (const RemoteError& e) {
+    return std::make_exception_ptr(
+        RemoteError(e.worker(), e.remote_type(), what + e.remote_message()));
+  } catch (const NetworkError& e) {
+    return std::make_exception_ptr(NetworkError(what + e.what()));
+  } catch (const TimeoutError& e) {
+    return std::make_exception_ptr(TimeoutError(what + e.what()));
+  } catch (const Error& e) {
+    return std::make_exception_ptr(
+        RemoteError(to.name, std::string(error_kind_name(e.kind())), what + e.what()));
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(Error(what + e.what()));
+  }
+}
+
+Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Propagate& p,
+                                      const std::vector<Value>& args) {
+  std::shared_ptr<ContextState> state = get_for(p.context_id(), caller, "gradient");
+  std::shared_ptr<SendBackward> send = send_from(*state, p.message_id(), caller, "gradient");
+  std::shared_ptr<autograd::GraphTask> task;
+  {
+    MutexLock lock(state->mutex);
+    auto pass = state->passes.find(p.pass_id());
+    if (pass != state->passes.end() && state->aborted.count(p.pass_id()) == 0)
+      task = pass->second.task;
+  }
+  if (task == nullptr) {
+    throw CallRejected("dist_autograd: worker " + self_.describe() +
+                       " expects no gradients for send " + ctx_text(p.message_id()) + " in pass " +
+                       ctx_text(p.pass_id()) + " of context " + ctx_text(p.context_id()) +
+                       " (not discovered, over, or aborted)");
+  }
+  if (args.size() != send->num_inputs()) {
+    throw CallRejected("dist_autograd: send " + ctx_text(p.message_id()) + " takes " +
+                       std::to_string(send->num_inputs()) + " gradients, got " +
+                       std::to_string(args.size()));
+  }
+  for (uint32_t i = 0; i < send->num_inputs(); ++i) {
+    const Value& g = args[i];
+    task->add_gradient(autograd::Edge(send, i), g.is_none() ? Tensor() : g.as_tensor());
+  }
+  // Taken: the sender hears so now, and what the gradients made ready runs on the pool
+  // (however long it takes; a failure there is this worker's part's, and its Wait's).
+  agent()->executor()->execute([task] {
+    try {
+      task->run_ready();
+    } catch (...) {
+      // The task holds the error: this worker's part fails with it.
+    }
+  });
+  return make_ready_future(Value());
+}
+
+std::vector<Tensor> RecvBackward::apply(std::vector<Tensor>&& grads) {
+  std::shared_ptr<Container> container = container_.lock();
+  if (container == nullptr) throw Error("dist_autograd: the agent of this graph is gone");
+  container->propagate(*this, std::move(grads));
+  return {};
+}
+
+}  // namespace gradwire::dist_autograd::internal

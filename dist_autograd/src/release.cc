@@ -1,0 +1,101 @@
+// Release: a context ends here and wherever it went from here; the contexts of a lost worker
+// end where they reached.
+#include "container.h"
+
+#include "gradwire/core/logging.h"
+#include "gradwire/rpc/join.h"
+
+namespace gradwire::dist_autograd::internal {
+
+Future<void> Container::release(uint64_t ctx, int from) {
+  std::shared_ptr<ContextState> state;
+  {
+    MutexLock lock(mutex_);
+    auto it = contexts_.find(ctx);
+    if (it == contexts_.end()) return make_ready_future();
+    state = std::move(it->second);
+    contexts_.erase(it);
+    remember_released(ctx);
+  }
+  std::set<int> touched;
+  std::vector<Future<void>> parts;
+  {
+    MutexLock lock(state->mutex);
+    touched = state->touched;
+    for (const auto& [id, pass] : state->passes)
+      parts.push_back(pass.outcome);
+  }
+  // Parts still running end here, so that their Waits are answered.
+  for (Future<void>& part : parts) {
+    part.try_set_error(std::make_exception_ptr(Error("dist_autograd: context " + ctx_text(ctx) +
+                                                     " was released on worker " + self_.describe() +
+                                                     " during the pass")));
+  }
+  std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
+  if (agent == nullptr || agent->is_shut_down()) return make_ready_future();
+  std::vector<Future<Value>> told;
+  for (int w : touched) {
+    if (w == from || w == self_.id) continue;
+    wire::DistAutogradMessage message;
+    message.mutable_release()->set_context_id(ctx);
+    try {
+      told.push_back(send(agent->get_worker_info(w), message, "release"));
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kDebug) << "dist_autograd worker " << self_.describe()
+                           << ": the release of context " << ctx_text(ctx)
+                           << " was not sent: " << e.what();
+    }
+  }
+  // A worker that is gone, or never had it, does not hold it: failures only end the wait.
+  return rpc::join_settled(told);
+}
+
+Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Release& r) {
+  const uint64_t id = r.context_id();
+  if (find(id) == nullptr) {
+    // Unknown here: never seen, or already released; nothing to do, whoever asks. Its
+    // creator's release is remembered, though: a request in it still on its way (one
+    // that timed out, say) must not make it here after its end.
+    if (worker_of(id) == caller.id) remember_released_unseen(id);
+    return make_ready_future(Value());
+  }
+  get_for(id, caller, "release");
+  return release(id, caller.id).then(agent()->executor(), [](Future<void>) { return Value(); });
+}
+
+void Container::on_worker_lost(const WorkerInfo& worker, const std::string&) {
+  std::vector<uint64_t> theirs;
+  {
+    MutexLock lock(mutex_);
+    for (const auto& [id, state] : contexts_) {
+      if (worker_of(id) == worker.id) theirs.push_back(id);
+    }
+  }
+  for (uint64_t id : theirs)
+    release(id, worker.id);
+  if (!theirs.empty()) {
+    GRADWIRE_LOG(kInfo) << "dist_autograd worker " << self_.describe() << ": released "
+                        << theirs.size() << " contexts of lost worker " << worker.describe();
+  }
+}
+
+void Container::on_graceful_shutdown(Clock::time_point) {
+  std::vector<uint64_t> mine;
+  {
+    MutexLock lock(mutex_);
+    for (const auto& [id, state] : contexts_) {
+      if (worker_of(id) == self_.id) mine.push_back(id);
+    }
+  }
+  for (uint64_t id : mine)
+    release(id, -1).wait(agent_wait());
+}
+
+void Container::on_closed() {
+  std::map<uint64_t, std::shared_ptr<ContextState>> dropped;
+  MutexLock lock(mutex_);
+  dropped.swap(contexts_);
+  lock.unlock();
+}
+
+}  // namespace gradwire::dist_autograd::internal
