@@ -25,8 +25,9 @@
 //
 // Errors: construction with no parameters, or an empty RRef, is InvalidArgument; options
 // are validated as optim/ does. step(): an owner that fails names itself (a RemoteError
-// carrying the owner's error and type, e.g. InvalidArgument for a context it does not know;
-// NetworkError when it is gone), after every other owner has finished.
+// carrying the owner's error and type, e.g. InvalidArgument for a context it does not know,
+// or Error naming the failure for a context whose last backward pass failed there, which
+// moves no parameter; NetworkError when it is gone), after every other owner has finished.
 #pragma once
 
 #include <chrono>
