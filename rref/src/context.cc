@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gradwire/core/logging.h"
+#include "gradwire/rpc/value_walk.h"
 #include "proto/rref.pb.h"
 
 namespace gradwire::rref {
@@ -28,21 +29,9 @@ constexpr size_t kRememberedFrees = 1 << 16;
 // Visits every RRef descriptor inside a Value tree.
 template <typename F>
 void for_each_descriptor(const Value& value, F&& fn) {
-  switch (value.type()) {
-    case rpc::ValueType::kRRef:
-      fn(value.as_rref());
-      break;
-    case rpc::ValueType::kList:
-      for (const Value& item : value.as_list())
-        for_each_descriptor(item, fn);
-      break;
-    case rpc::ValueType::kMap:
-      for (const auto& [key, item] : value.as_map())
-        for_each_descriptor(item, fn);
-      break;
-    default:
-      break;
-  }
+  rpc::for_each_leaf(value, [&](const Value& leaf) {
+    if (leaf.type() == rpc::ValueType::kRRef) fn(leaf.as_rref());
+  });
 }
 
 bool has_descriptor(const Value& value) {
@@ -80,10 +69,6 @@ std::string parse_error(const char* what) {
 
 bool contains_references(const Value& value) {
   return has_descriptor(value);
-}
-
-std::string id_text(uint64_t id) {
-  return std::to_string(minter_of(id)) + ":" + std::to_string(id & ((uint64_t{1} << 48) - 1));
 }
 
 namespace detail {
@@ -174,7 +159,7 @@ std::shared_ptr<RRefCore> receive(const Value& value, const rpc::Where& where,
 // ---- the context
 
 RRefContext::RRefContext(const std::shared_ptr<rpc::RpcAgent>& agent)
-    : agent_(agent), self_(agent->worker_info()) {}
+    : agent_(agent), self_(agent->worker_info()), ids_(agent) {}
 
 int RRefContext::world_size() const {
   int n = world_size_.load(std::memory_order_acquire);

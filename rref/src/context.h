@@ -26,6 +26,7 @@
 #include "gradwire/core/future.h"
 #include "gradwire/core/mutex.h"
 #include "gradwire/rpc/agent.h"
+#include "gradwire/rpc/ids.h"
 #include "gradwire/rref/rref.h"
 
 namespace gradwire::rref {
@@ -39,12 +40,10 @@ class OwnerRRef;
 class UserRRef;
 class RRefMessageBuilder;
 
-// The worker that minted an id.
-inline int minter_of(uint64_t id) {
-  return static_cast<int>(id >> 48);
-}
-// "0:7" (minter:counter), as messages name references and forks.
-std::string id_text(uint64_t id);
+// Ids of references and forks are rpc/'s group-unique ids (ids.h): minter_of names the
+// worker that minted one, id_text prints it as messages name it ("0:7").
+using rpc::id_text;
+using rpc::minter_of;
 // Whether `value` holds a reference anywhere inside it.
 bool contains_references(const rpc::Value& value);
 
@@ -65,14 +64,8 @@ class RRefContext : public rpc::Interceptor,
   std::shared_ptr<rpc::RpcAgent> agent() const;
   // The agent or null, for clean-up paths.
   std::shared_ptr<rpc::RpcAgent> agent_or_null() const;
-  // Ids name their minter (the top 16 bits) and keep successive incarnations of its rank
-  // apart (the next 8: AgentOptions::rejoin), so a restarted worker never reuses an id its
-  // predecessor's peers may still hold.
-  uint64_t mint() {
-    uint64_t incarnation = 0;
-    if (auto a = agent_.lock()) incarnation = static_cast<uint64_t>(a->incarnation());
-    return (static_cast<uint64_t>(self_.id) << 48) | (incarnation << 40) | next_id_.fetch_add(1);
-  }
+  // A new reference or fork id (rpc::IdMinter: its minter and incarnation inside).
+  uint64_t mint() { return ids_.mint(); }
 
   // ---- references made here
   std::shared_ptr<UserRRef> create_remote(const rpc::WorkerInfo& owner, std::string name,
@@ -201,7 +194,7 @@ class RRefContext : public rpc::Interceptor,
   const std::weak_ptr<rpc::RpcAgent> agent_;
   const rpc::WorkerInfo self_;
   mutable std::atomic<int> world_size_{0};
-  std::atomic<uint64_t> next_id_{1};
+  rpc::IdMinter ids_;
 
   mutable Mutex mutex_;
   mutable std::condition_variable cv_;
