@@ -68,6 +68,18 @@ rpc::CallContext detail_sending(RpcAgent& agent) {
   return rpc::CallContext(&agent, agent.worker_info(), 0, CallContext::Clock::time_point::max());
 }
 
+// Polls `done` until it holds or `within` has passed: for counts that settle just after the
+// messages that change them were answered.
+template <typename F>
+bool eventually(F&& done, std::chrono::milliseconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -237,7 +249,9 @@ class RRefThreads : public ::testing::Test {
     if (!agents_.empty()) shutdown_all(agents_);
   }
   RpcAgent& w(int r) { return *agents_[static_cast<size_t>(r)]; }
-  // Every worker has nothing in flight, and the owner holds `live` values.
+  // Every worker has nothing in flight, and the owner holds `live` values. With none left,
+  // no worker holds a reference, a fork or a pending call either (checked while the agents
+  // run: a shutdown drops whatever is left, so a check after it could not fail).
   void expect_settled(int owner, int64_t live = 0) {
     for (auto& a : agents_)
       rref::wait_idle(*a, 10s);
@@ -249,8 +263,23 @@ class RRefThreads : public ::testing::Test {
       EXPECT_EQ(m.shared_values, 0);
       EXPECT_EQ(m.owned_forks, 0);
     }
-    for (auto& a : agents_)
-      EXPECT_EQ(rref::metrics(*a).pending_children, 0);
+    for (auto& a : agents_) {
+      // A server lets go of the references a request carried just after its reply left.
+      const bool settled = eventually(
+          [&] {
+            const rref::RRefMetrics n = rref::metrics(*a);
+            return n.pending_children == 0 && n.messages_in_flight == 0 &&
+                   (live > 0 || (n.user_references == 0 && n.owned_values == 0)) &&
+                   a->metrics().pending_calls == 0;
+          },
+          10s);
+      const rref::RRefMetrics n = rref::metrics(*a);
+      EXPECT_TRUE(settled) << a->worker_info().describe() << ": " << n.pending_children
+                           << " pending children, " << n.messages_in_flight
+                           << " messages in flight, " << n.user_references << " user references, "
+                           << n.owned_values << " owned values, " << a->metrics().pending_calls
+                           << " pending calls";
+    }
   }
 
   Registry reg_;
@@ -895,6 +924,16 @@ TEST(RRefProcesses, EveryPatternLeavesTheOwnerWithNothing) {
               << rref::metrics(agent).owned_values << " values left";
           EXPECT_EQ(rref::metrics(agent).owned_forks, 0);
         }
+        // Nothing else is left on any worker either, checked while all still serve.
+        EXPECT_TRUE(eventually(
+            [&] {
+              const rref::RRefMetrics m = rref::metrics(agent);
+              return m.user_references == 0 && m.pending_children == 0 &&
+                     m.messages_in_flight == 0 && agent.metrics().pending_calls == 0;
+            },
+            10s))
+            << "rank " << rank << ": " << rref::metrics(agent).user_references
+            << " user references, " << agent.metrics().pending_calls << " pending calls";
         agent.shutdown();
       });
   EXPECT_ALL_RANKS_OK(results);
