@@ -709,9 +709,19 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
   } catch (...) {
     return_loans(lending.taken, conn->serial);
     // The interceptors that saw the request learn that it never left; the caller gets the
-    // error thrown, not through its callback.
+    // error thrown, not through its callback. The one that refused it, and those after it,
+    // are told as for a request that never reached them.
     call.done = nullptr;
+    const size_t saw = call.states.size();
     calls_.finish(call, Value(), std::current_exception(), CallOutcome::kNotSent);
+    for (size_t i = saw; i < interceptors->size(); ++i) {
+      try {
+        (*interceptors)[i]->on_request_not_sent(request);
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kError) << "rpc worker " << self_.describe()
+                             << ": an interceptor's on_request_not_sent threw: " << e.what();
+      }
+    }
     throw;
   }
   // A close that began meanwhile refuses the call here, as it would have before encoding;

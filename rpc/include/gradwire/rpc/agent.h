@@ -255,8 +255,9 @@ class ServeScope {
 // Messages that never reach their peer, or reach it too late, are still shown to the
 // interceptors, so that what a module recorded for the values they carry (rref/: a fork
 // counted for its receiver) can be undone:
-// - on_request_not_sent: a request whose arguments were made but that no interceptor saw
-//   (converting a later argument threw, or send_request threw before the interceptors ran);
+// - on_request_not_sent: a request whose arguments were made but that this interceptor did
+//   not see (converting a later argument threw, send_request threw before the interceptors
+//   ran, or an interceptor before it refused the request);
 // - on_late_response: the reply to a call that had already ended (it timed out; the call
 //   table keeps the interceptors' state of a timed-out call for this, at most 65,536 calls,
 //   until its connection goes), after on_call_finished was told kTimedOut;
