@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -179,6 +180,18 @@ TEST(RpcEnvelopeExhaustion, MalformedWireFormatIsNamed) {
 
 // ---- the in-flight budget on live agents
 
+// Waits (bounded) until the agent's metrics satisfy `done`: a request returns its budget
+// just after its reply is written, so the caller may see the reply a moment before.
+bool metrics_reach(rpc::RpcAgent& agent,
+                   const std::function<bool(const rpc::AgentMetrics&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!done(agent.metrics())) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);  // polling a counter, not waiting for an event
+  }
+  return true;
+}
+
 struct Gate {
   test::CountdownLatch arrived;
   test::CountdownLatch open{1};
@@ -220,7 +233,9 @@ TEST(RpcBusy, APeerPastItsQueuedRequestsGetsBusyErrorAndTheWorkerGoesOn) {
   EXPECT_EQ(second.get(10s), 2);
   // The same connection carries on.
   EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "ping", int64_t{41}), 42);
-  EXPECT_EQ(agents[1]->metrics().queued_requests, 0u);
+  EXPECT_TRUE(metrics_reach(*agents[1], [](const rpc::AgentMetrics& m) {
+    return m.queued_requests == 0 && m.inflight_bytes == 0;
+  }));
   test::shutdown_agents(agents);
 }
 
@@ -273,7 +288,9 @@ TEST(RpcBusy, InlineBytesCountAgainstTheTotalBudget) {
   }
   gate.open.count_down();
   EXPECT_EQ(held.get(10s), 64 << 10);
-  EXPECT_EQ(agents[1]->metrics().inflight_bytes, 0u);
+  EXPECT_TRUE(metrics_reach(*agents[1], [](const rpc::AgentMetrics& m) {
+    return m.inflight_bytes == 0 && m.queued_requests == 0;
+  }));
   test::shutdown_agents(agents);
 }
 
