@@ -583,9 +583,11 @@ void run_schedule(uint64_t seed) {
 // - rref: a dropped fork-protocol message (handler 4: an accept or a delete) is never sent
 //   again, and the owner keeps the value and its fork for good: seeds 59, 62, 67.
 // - rref: after w1 is killed, w2 keeps a value it owns (an input forked to w1) and a
-//   running handler past 10 s: seed 5.
+//   running handler past 10 s: seed 5. After w1 is killed, w0 keeps a fork it sent whose
+//   owner died as a pending child that is never settled: seed 2646191281925694804 (long
+//   run).
 // - dist_autograd: a dropped Release leaves the context on its receiver for good (nothing
-//   sends it again, nothing expires it): seeds 13, 17.
+//   sends it again, nothing expires it): seeds 13, 17, 1561503560630265507 (long run).
 // - dist_autograd: a pass that fails waits up to rpc_timeout for its abort to reach every
 //   worker before it throws, so backward ends that much past BackwardOptions::timeout:
 //   seed 3 (backward 664 ms against a 260 ms deadline, rpc_timeout 404 ms).
