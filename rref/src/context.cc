@@ -380,28 +380,34 @@ ForkVerdict RRefContext::apply(uint64_t fork, const ForkEvent& event) {
   return verdict;
 }
 
-void RRefContext::add_owner_fork(const std::shared_ptr<OwnerRRef>& owner, uint64_t fork) {
+void RRefContext::add_owner_fork(const std::shared_ptr<OwnerRRef>& owner, uint64_t fork,
+                                 const CallContext& ctx) {
   {
     MutexLock lock(mutex_);
     if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
   }
   apply(fork, ForkEvent{.kind = ForkEventKind::kMint,
+                        .peer = ctx.caller().id,
                         .rref_id = owner->rref_id(),
                         .side = ForkSide::kOwner,
                         .owner = self_.id,
-                        .keeps = owner});
+                        .keeps = owner,
+                        .request = ctx.request_id()});
 }
 
-void RRefContext::add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork) {
+void RRefContext::add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork,
+                            const CallContext& ctx) {
   {
     MutexLock lock(mutex_);
     if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
   }
   apply(fork, ForkEvent{.kind = ForkEventKind::kMint,
+                        .peer = ctx.caller().id,
                         .rref_id = parent->rref_id(),
                         .side = ForkSide::kUser,
                         .owner = parent->owner().id,
-                        .keeps = parent});
+                        .keeps = parent,
+                        .request = ctx.request_id()});
 }
 
 void RRefContext::release_user(const WorkerInfo& owner, int incarnation, uint64_t rref_id,
@@ -753,12 +759,22 @@ std::shared_ptr<rpc::ServeScope> RRefContext::on_incoming_request(const WorkerIn
   return held;
 }
 
-void RRefContext::on_outgoing_response(const WorkerInfo& to, const rpc::Request&,
+void RRefContext::on_outgoing_response(const WorkerInfo& to, const rpc::Request& request,
                                        rpc::Response& response) {
   const Value* value = std::get_if<Value>(&response.result);
-  if (value == nullptr || !has_descriptor(*value)) return;
-  std::vector<uint64_t> bound;
-  bind_all(*value, to.id, bound);
+  if (value != nullptr && has_descriptor(*value)) {
+    std::vector<uint64_t> bound;
+    bind_all(*value, to.id, bound);
+  }
+  // Forks converted for this reply that it does not carry: its result failed to convert
+  // part-way (a later element threw), or the function made them and failed.
+  std::vector<uint64_t> unused;
+  {
+    MutexLock lock(mutex_);
+    unused = forks_.take_minted_for_reply(to.id, request.id);
+  }
+  for (uint64_t fork : unused)
+    apply(fork, ForkEvent{.kind = ForkEventKind::kDiscarded});
 }
 
 // ---- listener

@@ -77,10 +77,13 @@ class RRefContext : public rpc::Interceptor,
                                  std::shared_ptr<void> object);
   std::shared_ptr<OwnerRRef> create_local(std::string name, std::string type_name,
                                           std::vector<rpc::Value> args);
-  // A new fork of an owned value, counted until it is bound to a destination.
-  void add_owner_fork(const std::shared_ptr<OwnerRRef>& owner, uint64_t fork);
+  // A new fork of an owned value, counted until it is bound to a destination. `ctx`: the
+  // conversion's context (while serving a request, the fork is made for its reply).
+  void add_owner_fork(const std::shared_ptr<OwnerRRef>& owner, uint64_t fork,
+                      const rpc::CallContext& ctx);
   // A fork this user sends: `parent` stays alive until the owner accepts it.
-  void add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork);
+  void add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fork,
+                 const rpc::CallContext& ctx);
   // A user reference let go (its core's destructor): the owner is told.
   void release_user(const rpc::WorkerInfo& owner, int incarnation, uint64_t rref_id, uint64_t fork,
                     bool counted);

@@ -314,7 +314,7 @@ std::shared_ptr<detail::RRefCore> OwnerRRef::remote(std::string method, std::str
 Value OwnerRRef::to_value(const CallContext& ctx) {
   check_agent(ctx, agent(), describe());
   const uint64_t fork = context_->mint();
-  context_->add_owner_fork(shared_from_this(), fork);
+  context_->add_owner_fork(shared_from_this(), fork, ctx);
   return Value(RRefDescriptor{context_->self().id, id_, fork, type_name_});
 }
 
@@ -557,7 +557,7 @@ Value UserRRef::to_value(const CallContext& ctx) {
   if (std::exception_ptr lost = context_->lost_error(owner_.id, incarnation_))
     std::rethrow_exception(lost);
   const uint64_t fork = context_->mint();
-  context_->add_child(shared_from_this(), fork);
+  context_->add_child(shared_from_this(), fork, ctx);
   return Value(RRefDescriptor{owner_.id, id_, fork, type_name_});
 }
 

@@ -36,6 +36,7 @@ ForkVerdict ForkTable::apply(uint64_t fork, const ForkEvent& e, Dropped& dropped
     switch (e.kind) {
       case ForkEventKind::kMint:
         add(fork, Fork{e.side, ForkState::kMinted, e.rref_id, -1, e.owner, e.keeps});
+        if (e.request != 0) for_reply_[{e.peer, e.request}].push_back(fork);
         return ForkVerdict::kApplied;
       case ForkEventKind::kCount:
         add(fork, Fork{ForkSide::kOwner, ForkState::kHeld, e.rref_id, e.peer, -1, e.keeps});
@@ -98,7 +99,18 @@ ForkVerdict ForkTable::apply(uint64_t fork, const ForkEvent& e, Dropped& dropped
   return ForkVerdict::kIgnored;
 }
 
+std::vector<uint64_t> ForkTable::take_minted_for_reply(int peer, uint64_t request) {
+  auto it = for_reply_.find({peer, request});
+  if (it == for_reply_.end()) return {};
+  std::vector<uint64_t> forks = std::move(it->second);
+  for_reply_.erase(it);
+  return forks;
+}
+
 void ForkTable::lose(int worker, Dropped& dropped) {
+  // No reply goes to it any more.
+  for (auto it = for_reply_.begin(); it != for_reply_.end();)
+    it = it->first.first == worker ? for_reply_.erase(it) : std::next(it);
   std::vector<uint64_t> forks;
   for (const auto& [fork, f] : forks_) {
     if (f.peer == worker || (f.side == ForkSide::kUser && f.owner == worker)) forks.push_back(fork);
@@ -113,6 +125,7 @@ void ForkTable::clear(Dropped& dropped) {
   }
   forks_.clear();
   per_value_.clear();
+  for_reply_.clear();
   owner_forks_ = 0;
   user_forks_ = 0;
   given_up_ = 0;

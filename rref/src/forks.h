@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "gradwire/rref/rref.h"
@@ -55,6 +56,10 @@ struct ForkEvent {
   int owner{-1};                              // kMint: the worker owning the value
   std::shared_ptr<detail::RRefCore> keeps{};  // kMint, kCount: what the fork keeps alive
   bool may_remember{false};  // kDelete: a Create/AddFork counting it may still come
+  // kMint while serving a request: minted for the reply to request `request` of `peer`
+  // (a result being converted). Such forks left unbound when that reply is written were
+  // made for a reply that failed before it was built, and are discarded.
+  uint64_t request{0};
 };
 
 enum class ForkVerdict {
@@ -80,6 +85,10 @@ class ForkTable {
   void lose(int worker, Dropped& dropped);
   // Every fork leaves (the agent closed).
   void clear(Dropped& dropped);
+
+  // The forks minted for the reply to `request` of `peer` (ForkEvent::request), forgotten
+  // here; some may be bound already.
+  std::vector<uint64_t> take_minted_for_reply(int peer, uint64_t request);
 
   // The state of `fork`, or null when the table does not track it.
   const ForkState* state(uint64_t fork) const;
@@ -108,6 +117,8 @@ class ForkTable {
 
   std::map<uint64_t, Fork> forks_;
   std::map<uint64_t, int64_t> per_value_;  // owner: rref id -> its live forks
+  // (peer, request) -> forks minted for the reply to it.
+  std::map<std::pair<int, uint64_t>, std::vector<uint64_t>> for_reply_;
   int64_t owner_forks_{0};
   int64_t user_forks_{0};
   size_t given_up_{0};

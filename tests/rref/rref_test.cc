@@ -673,6 +673,26 @@ TEST_F(RRefThreads, AReplyThatIsNotWrittenReleasesItsReferences) {
 // to_here's copy is user code (copy_object and the class's converter; a converter for a
 // value held as T): it runs on the owner's pool, like every handler, never on the I/O
 // thread that received the fetch.
+// A result whose later element fails to convert after a reference in it was converted
+// (its fork counted by the owner, or kept as a pending child by a user): the caller gets
+// the error, and the fork is given back.
+TEST_F(RRefThreads, AResultThatFailsToConvertReleasesTheReferencesConvertedFirst) {
+  // An undefined tensor cannot be sent: the tuple's second element fails.
+  reg_.def("owned_and_hole", [](const CallContext& ctx) {
+    return std::make_tuple(rref::make_local(*ctx.agent(), make_tensor(1)), Tensor());
+  });
+  reg_.def("forward_and_hole", [](const RRef<Tensor>& r) { return std::make_tuple(r, Tensor()); });
+  using Pair = std::tuple<RRef<Tensor>, Tensor>;
+  std::string text =
+      error_text<InvalidArgument>([&] { w(0).rpc_sync<Pair>("w1", "owned_and_hole"); });
+  EXPECT_TRUE(contains(text, "undefined Tensor")) << text;
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
+  text = error_text<InvalidArgument>([&] { w(0).rpc_sync<Pair>("w2", "forward_and_hole", r); });
+  EXPECT_TRUE(contains(text, "undefined Tensor")) << text;
+  r = {};
+  expect_settled(1);
+}
+
 TEST_F(RRefThreads, ToHereCopiesOnTheOwnersPool) {
   reg_.def_class<Spot>("Spot").ctor<int64_t>().copyable();
   g_spot_pool = std::dynamic_pointer_cast<ThreadPool>(w(1).executor()).get();
