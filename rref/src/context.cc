@@ -1024,9 +1024,21 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
       cv_.notify_all();
       switch (verdict) {
         case ForkVerdict::kApplied:
-        case ForkVerdict::kRemembered:
         case ForkVerdict::kIgnored:
           return make_ready_future(Value());
+        case ForkVerdict::kRemembered: {
+          lock.unlock();
+          // The AddFork of a fork another user made may never come (it timed out on its way
+          // here): the user that sent the fork learns now that it is settled.
+          const int parent = minter_of(fork);
+          if (parent != caller.id) {
+            wire::RRefMessage settled;
+            settled.mutable_child_accepted()->add_fork_ids(fork);
+            send(agent->get_worker_info(parent), settled.SerializeAsString(),
+                 "accept of fork " + id_text(fork) + " of RRef " + id_text(del.rref_id()));
+          }
+          return make_ready_future(Value());
+        }
         case ForkVerdict::kNotHolder:
           throw CallRejected("rref: fork " + id_text(fork) + " of RRef " + id_text(del.rref_id()) +
                              " is not held by " + caller.describe());

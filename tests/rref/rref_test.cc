@@ -243,6 +243,7 @@ class RRefThreads : public ::testing::Test {
     // Every agent may be told to drop, delay or cut what it sends (no rule: nothing).
     rpc::AgentOptions options = test_options(reg_);
     options.faults = faults_;
+    if (rpc_timeout_.count() > 0) options.rpc_timeout = rpc_timeout_;
     agents_ = test::start_agents(3, options);
   }
   void TearDown() override {
@@ -284,7 +285,14 @@ class RRefThreads : public ::testing::Test {
 
   Registry reg_;
   std::shared_ptr<rpc::FaultInjector> faults_ = std::make_shared<rpc::FaultInjector>();
+  std::chrono::milliseconds rpc_timeout_{0};  // 0: the test options' own
   Agents agents_;
+};
+
+// The same workers, whose protocol messages time out after one second.
+class RRefShortTimeout : public RRefThreads {
+ protected:
+  RRefShortTimeout() { rpc_timeout_ = 1s; }
 };
 
 TEST_F(RRefThreads, RemoteValueArrivesWithToHere) {
@@ -689,6 +697,31 @@ TEST_F(RRefThreads, AResultThatFailsToConvertReleasesTheReferencesConvertedFirst
   RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
   text = error_text<InvalidArgument>([&] { w(0).rpc_sync<Pair>("w2", "forward_and_hole", r); });
   EXPECT_TRUE(contains(text, "undefined Tensor")) << text;
+  r = {};
+  expect_settled(1);
+}
+
+// An AddFork lost on its way: the receiver's confirmation times out, its reference is
+// given up, and the owner, which never counted the fork, remembers it as given up and tells
+// the user that sent it that it is settled (that user's pending child would otherwise keep
+// its reference, and its shutdown, waiting).
+TEST_F(RRefShortTimeout, AForkWhoseAddForkIsLostIsSettledWhenItsHolderGivesItUp) {
+  reg_.def("sum_or_fail", [](const RRef<Tensor>& r) {
+    return tensor_sum(r.to_here(std::chrono::milliseconds(300)));
+  });
+  RRef<Tensor> r = rref::remote<Tensor>(w(0), "w1", "make", int64_t{1});
+  ASSERT_TRUE(r.creation().wait(10s));
+  // The first bookkeeping request w2 sends w1 is the AddFork of the fork w0 sends it.
+  Future<void> dropped = faults_->add({.action = rpc::FaultAction::kDrop,
+                                       .from = "w2",
+                                       .to = "w1",
+                                       .kind = rpc::MessageKind::kRequest,
+                                       .handler = rref::kRRefControlHandler});
+  // The AddFork itself times out after the agents' rpc_timeout (1 s).
+  const std::string text = error_text<RemoteError>(
+      [&] { w(0).rpc_sync<double>("w2", "sum_or_fail", CallOptions{10s}, r); });
+  EXPECT_TRUE(contains(text, "timed out")) << text;
+  EXPECT_TRUE(dropped.wait(1s));
   r = {};
   expect_settled(1);
 }
