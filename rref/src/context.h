@@ -1,13 +1,16 @@
-// RRefContext: one agent's reference bookkeeping — the values it owns and who holds forks
-// of them, the references it holds to other workers' values, and the forks it sent that
-// their owner has not yet accepted. It is the agent's attachment, its rref handler, an
-// interceptor (references inside any message are accounted for as they leave and arrive)
-// and an agent listener (a lost worker's references are released; a graceful shutdown
-// sends this worker's last deletes). docs/rref.md describes the protocol.
+// RRefContext: one agent's reference bookkeeping. The fork protocol's state is one table,
+// forks_ (forks.h: every fork of a value owned here, and every fork this worker sent of a
+// reference it holds, each with its state); beside it, registries of the references alive
+// here (owners_, users_), the placeholders awaiting a creation, the values freed, and the
+// incarnations of other workers that were lost. It is the agent's attachment, its rref
+// handler, an interceptor (it turns what happens to each message that carries references —
+// sent, delivered, not delivered, late — into fork events) and an agent listener (a lost
+// worker's forks are released; a graceful shutdown sends this worker's last deletes).
+// docs/rref.md describes the protocol and has its state tables.
 //
-// Locking: mutex_ guards the maps. No reference core is ever destroyed while it is held
-// (a core's destructor calls back into the context): whatever a change drops is moved out
-// and let go after the lock. No message is sent under it.
+// Locking: mutex_ guards the table and the maps. No reference core is ever destroyed while
+// it is held (a core's destructor calls back into the context): whatever a change drops is
+// moved out and let go after the lock. No message is sent under it.
 #pragma once
 
 #include <atomic>
