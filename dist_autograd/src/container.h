@@ -53,6 +53,9 @@ extern thread_local uint64_t t_context;
 // naming its worker).
 inline constexpr size_t kMaxReasonBytes = 4096;
 
+// How long past its deadline a failed pass waits for its aborts to be answered.
+inline constexpr std::chrono::milliseconds kAbortMargin{50};
+
 inline int worker_of(uint64_t id) {
   return rpc::minter_of(id);
 }

@@ -72,7 +72,13 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     const std::exception_ptr error = std::current_exception();
     // Every worker the pass reached takes back what it gave and records the failure
     // before backward reports it (so a step right after it cannot use partial gradients).
-    if (!abort(state, pass_id, error_text(error), -1).wait(agent_wait())) {
+    // The wait is the pass's: bounded by what is left of its deadline (plus a small margin,
+    // for the aborts of a pass that failed at its deadline) and by rpc_timeout. Aborts that
+    // take longer still go on; a worker they miss keeps its part until the context ends.
+    std::chrono::milliseconds abort_wait = agent_wait();
+    if (deadline != Clock::time_point::max())
+      abort_wait = std::min(abort_wait, time_left(deadline) + kAbortMargin);
+    if (!abort(state, pass_id, error_text(error), -1).wait(abort_wait)) {
       GRADWIRE_LOG(kWarning) << "dist_autograd worker " << self_.describe()
                              << ": the abort of pass " << ctx_text(pass_id) << " in context "
                              << ctx_text(ctx) << " did not reach every worker in time";

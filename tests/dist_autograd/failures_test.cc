@@ -218,6 +218,43 @@ TEST_F(DistAutogradShortRpcTimeout, APassMayOutlastTheAgentsRpcTimeout) {
   expect_values(da::get_gradients(w(0), ctx.id()).at(x), {4.0, -12.0});
 }
 
+class DistAutogradTwoSecondRpcTimeout : public DistAutogradFaults {
+ protected:
+  std::chrono::milliseconds rpc_timeout() const override { return 2s; }
+};
+
+// A pass that fails (here: at its deadline) waits for its aborts only as long as its
+// deadline allows: before, it waited up to rpc_timeout (2 s here) for an abort that was
+// dropped, and backward ended long past BackwardOptions::timeout.
+TEST_F(DistAutogradTwoSecondRpcTimeout, AFailedPassDoesNotWaitPastItsDeadlineForItsAborts) {
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, 2.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+  faults_->add({.action = FaultAction::kDelay,
+                .from = "w0",
+                .to = "w1",
+                .handler = kHandler,
+                .function = "propagate",
+                .delay = 2s});
+  Future<void> dropped = faults_->add({.action = FaultAction::kDrop,
+                                       .from = "w0",
+                                       .to = "w1",
+                                       .kind = MessageKind::kRequest,
+                                       .handler = kHandler,
+                                       .function = "abort"});
+  const auto start = Clock::now();
+  const std::string what = error_of(
+      [&] { da::backward(w(0), ctx.id(), {sum(y)}, da::BackwardOptions{.timeout = 300ms}); });
+  const auto took = Clock::now() - start;
+  EXPECT_TRUE(contains(what, "did not finish within 300 ms")) << what;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 1s) << "backward waited past its deadline for the dropped abort";
+  EXPECT_TRUE(dropped.completed());
+  // The initiator knows the pass failed.
+  EXPECT_TRUE(contains(error_of([&] { da::get_gradients(w(0), ctx.id()); }),
+                       "did not finish within 300 ms"));
+}
+
 // A failed pass leaves nothing for an optimizer: every worker it reached takes back what it
 // had given, and says why it holds no gradients until a pass succeeds there. A pass that
 // then succeeds in the same context gives exactly its own gradients.
