@@ -223,6 +223,13 @@ class Container : public rpc::Interceptor,
   // Forgets the context here and tells the workers it touched from here (but `from`);
   // completes once they (and the workers they told) have forgotten it too.
   Future<void> release(uint64_t ctx, int from);
+  // Sends a Release to `to`, and again when an attempt is not answered (dropped, timed out,
+  // its connection lost): at most kReleaseAttempts, each bounded by a share of rpc_timeout,
+  // so a worker hears of the end unless the faults outlast all of them. `result` completes
+  // with the last attempt's outcome.
+  void send_release(const WorkerInfo& to, const wire::DistAutogradMessage& message,
+                    int attempts_left, Future<Value> result);
+  static constexpr int kReleaseAttempts = 4;
   // A Release: forget the context here and wherever it went from here.
   Future<Value> on_release(const WorkerInfo& caller, const wire::Release& r);
   // The contexts a lost worker started are released here and on the workers they reached
@@ -244,6 +251,8 @@ class Container : public rpc::Interceptor,
   static constexpr size_t kReleasedMemory = 1u << 16;
   std::unordered_set<uint64_t> released_ GRADWIRE_GUARDED_BY(mutex_);
   std::deque<uint64_t> released_order_ GRADWIRE_GUARDED_BY(mutex_);
+  // Contexts whose release here still waits for the workers it told: completes with it.
+  std::map<uint64_t, Future<void>> releasing_ GRADWIRE_GUARDED_BY(mutex_);
 
   friend class RecvBackward;
 };

@@ -9,13 +9,21 @@ namespace gradwire::dist_autograd::internal {
 
 Future<void> Container::release(uint64_t ctx, int from) {
   std::shared_ptr<ContextState> state;
+  Future<void> released;
   {
     MutexLock lock(mutex_);
     auto it = contexts_.find(ctx);
-    if (it == contexts_.end()) return make_ready_future();
+    if (it == contexts_.end()) {
+      // Being released here already: a Release sent again (its first attempt's answer was
+      // late) is answered when that release is, so an answer still means "gone everywhere
+      // from here".
+      auto going = releasing_.find(ctx);
+      return going == releasing_.end() ? make_ready_future() : going->second;
+    }
     state = std::move(it->second);
     contexts_.erase(it);
     remember_released(ctx);
+    releasing_.emplace(ctx, released);
   }
   std::set<int> touched;
   std::vector<Future<void>> parts;
@@ -31,15 +39,28 @@ Future<void> Container::release(uint64_t ctx, int from) {
                                                      " was released on worker " + self_.describe() +
                                                      " during the pass")));
   }
+  std::weak_ptr<Container> weak_self = weak_from_this();
+  auto settle = [weak_self, ctx, released](const Future<void>&) mutable {
+    if (auto self = weak_self.lock()) {
+      MutexLock lock(self->mutex_);
+      self->releasing_.erase(ctx);
+    }
+    released.try_set_value();
+  };
   std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
-  if (agent == nullptr || agent->is_shut_down()) return make_ready_future();
+  if (agent == nullptr || agent->is_shut_down()) {
+    settle(make_ready_future());
+    return released;
+  }
   std::vector<Future<Value>> told;
   for (int w : touched) {
     if (w == from || w == self_.id) continue;
     wire::DistAutogradMessage message;
     message.mutable_release()->set_context_id(ctx);
     try {
-      told.push_back(send(agent->get_worker_info(w), message, "release"));
+      Future<Value> done;
+      send_release(agent->get_worker_info(w), message, kReleaseAttempts, done);
+      told.push_back(std::move(done));
     } catch (const std::exception& e) {
       GRADWIRE_LOG(kDebug) << "dist_autograd worker " << self_.describe()
                            << ": the release of context " << ctx_text(ctx)
@@ -47,7 +68,54 @@ Future<void> Container::release(uint64_t ctx, int from) {
     }
   }
   // A worker that is gone, or never had it, does not hold it: failures only end the wait.
-  return rpc::join_settled(told);
+  gradwire::detail::on_complete_inline(rpc::join_settled(told), std::move(settle));
+  return released;
+}
+
+void Container::send_release(const WorkerInfo& to, const wire::DistAutogradMessage& message,
+                             int attempts_left, Future<Value> result) {
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  const std::chrono::milliseconds budget = agent->options().rpc_timeout;
+  const std::chrono::milliseconds attempt =
+      budget == kNoTimeout ? kNoTimeout
+                           : std::max(budget / kReleaseAttempts, std::chrono::milliseconds(1));
+  Future<Value> reply = try_send(to, message, "release", {}, rpc::CallOptions{.timeout = attempt});
+  std::weak_ptr<Container> weak_self = weak_from_this();
+  reply.add_callback(agent->executor(), [weak_self, to, message, attempts_left,
+                                         result](Future<Value> done) mutable {
+    if (!done.has_error()) {
+      result.try_set_value(Value());
+      return;
+    }
+    // Not answered: the request or its reply was lost on the way (a timeout, a connection
+    // closed under it). A refusal is the receiver's answer, and a worker that is gone holds
+    // nothing; in both cases sending again would change nothing.
+    bool again = false;
+    try {
+      std::rethrow_exception(done.error());
+    } catch (const TimeoutError&) {
+      again = true;
+    } catch (const NetworkError&) {
+      again = true;
+    } catch (...) {
+    }
+    std::shared_ptr<Container> self = weak_self.lock();
+    if (!again || attempts_left <= 1 || self == nullptr) {
+      if (again) {
+        GRADWIRE_LOG(kDebug) << "dist_autograd: the release of context "
+                             << ctx_text(message.release().context_id()) << " did not reach worker "
+                             << to.describe() << " in " << kReleaseAttempts
+                             << " attempts: " << error_text(done.error());
+      }
+      result.try_set_error(done.error());
+      return;
+    }
+    try {
+      self->send_release(to, message, attempts_left - 1, result);
+    } catch (...) {
+      result.try_set_error(std::current_exception());  // the agent has shut down
+    }
+  });
 }
 
 Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Release& r) {

@@ -218,6 +218,55 @@ TEST_F(DistAutogradShortRpcTimeout, APassMayOutlastTheAgentsRpcTimeout) {
   expect_values(da::get_gradients(w(0), ctx.id()).at(x), {4.0, -12.0});
 }
 
+// A Release that is lost on its way is sent again: before, the receiver kept the context
+// for good (nothing sent it again, nothing expired it). Here the first Release from w0 to
+// w1, and the first from w1 on to w2, are dropped; the context still ends everywhere
+// before its Context's end returns (a second attempt goes after a share of rpc_timeout).
+TEST_F(DistAutogradShortRpcTimeout, ADroppedReleaseIsSentAgain) {
+  Future<void> to_w1 = faults_->add({.action = FaultAction::kDrop,
+                                     .from = "w0",
+                                     .to = "w1",
+                                     .kind = MessageKind::kRequest,
+                                     .handler = kHandler,
+                                     .function = "release"});
+  Future<void> to_w2 = faults_->add({.action = FaultAction::kDrop,
+                                     .from = "w1",
+                                     .to = "w2",
+                                     .kind = MessageKind::kRequest,
+                                     .handler = kHandler,
+                                     .function = "release"});
+  const auto start = Clock::now();
+  {
+    da::Context ctx(w(0));
+    (void)w(0).rpc_sync<Tensor>("w1", "nested", leaf({1.0, 2.0}));  // w0 -> w1 -> w2
+    for (int r = 0; r < 3; ++r)
+      ASSERT_EQ(da::num_contexts(w(r)), 1u) << "worker " << r;
+  }
+  EXPECT_LT(Clock::now() - start, rpc_timeout() + 1s) << "the release outlived rpc_timeout";
+  EXPECT_TRUE(to_w1.completed());
+  EXPECT_TRUE(to_w2.completed());
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(da::num_contexts(w(r)), 0u) << "worker " << r;
+}
+
+// A Release whose answer is lost: the attempt sent again is answered once the first one's
+// release (here: on to w2) is over, so the end of the Context still means "gone everywhere".
+TEST_F(DistAutogradShortRpcTimeout, AReleaseWhoseAnswerIsLostEndsEverywhere) {
+  Future<void> reply = faults_->add({.action = FaultAction::kDrop,
+                                     .from = "w1",
+                                     .to = "w0",
+                                     .kind = MessageKind::kReply,
+                                     .handler = kHandler,
+                                     .function = "release"});
+  {
+    da::Context ctx(w(0));
+    (void)w(0).rpc_sync<Tensor>("w1", "nested", leaf({1.0, 2.0}));
+  }
+  EXPECT_TRUE(reply.completed());
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(da::num_contexts(w(r)), 0u) << "worker " << r;
+}
+
 class DistAutogradTwoSecondRpcTimeout : public DistAutogradFaults {
  protected:
   std::chrono::milliseconds rpc_timeout() const override { return 2s; }
