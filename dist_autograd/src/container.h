@@ -221,8 +221,10 @@ class Container : public rpc::Interceptor,
 
   // ---- release (release.cc)
   // Forgets the context here and tells the workers it touched from here (but `from`);
-  // completes once they (and the workers they told) have forgotten it too.
-  Future<void> release(uint64_t ctx, int from);
+  // completes once they (and the workers they told) have forgotten it too. `lost`, when not
+  // empty, says which worker was lost that the context ends for (its parts still running
+  // here then fail with a NetworkError that names it).
+  Future<void> release(uint64_t ctx, int from, const std::string& lost = {});
   // Sends a Release to `to`, and again when an attempt is not answered (dropped, timed out,
   // its connection lost): at most kReleaseAttempts, each bounded by a share of rpc_timeout,
   // so a worker hears of the end unless the faults outlast all of them. `result` completes
@@ -235,7 +237,7 @@ class Container : public rpc::Interceptor,
   // The contexts a lost worker started are released here and on the workers they reached
   // from here: nobody is left to release them (its replacement, if one comes, starts its
   // own). Not waited for: this runs on an I/O thread.
-  void on_worker_lost(const WorkerInfo& worker, const std::string&) override;
+  void on_worker_lost(const WorkerInfo& worker, const std::string& reason) override;
   void on_graceful_shutdown(Clock::time_point) override;
   void on_closed() override;
 

@@ -3,11 +3,12 @@
 #include "container.h"
 
 #include "gradwire/core/logging.h"
+#include "gradwire/core/printable.h"
 #include "gradwire/rpc/join.h"
 
 namespace gradwire::dist_autograd::internal {
 
-Future<void> Container::release(uint64_t ctx, int from) {
+Future<void> Container::release(uint64_t ctx, int from, const std::string& lost) {
   std::shared_ptr<ContextState> state;
   Future<void> released;
   {
@@ -34,10 +35,12 @@ Future<void> Container::release(uint64_t ctx, int from) {
       parts.push_back(pass.outcome);
   }
   // Parts still running end here, so that their Waits are answered.
+  const std::string what = "dist_autograd: context " + ctx_text(ctx) + " was released on worker " +
+                           self_.describe() + " during the pass";
   for (Future<void>& part : parts) {
-    part.try_set_error(std::make_exception_ptr(Error("dist_autograd: context " + ctx_text(ctx) +
-                                                     " was released on worker " + self_.describe() +
-                                                     " during the pass")));
+    // Released because a worker was lost: the pass failed for the lost connection.
+    part.try_set_error(lost.empty() ? std::make_exception_ptr(Error(what))
+                                    : std::make_exception_ptr(NetworkError(what + ": " + lost)));
   }
   std::weak_ptr<Container> weak_self = weak_from_this();
   auto settle = [weak_self, ctx, released](const Future<void>&) mutable {
@@ -57,6 +60,7 @@ Future<void> Container::release(uint64_t ctx, int from) {
     if (w == from || w == self_.id) continue;
     wire::DistAutogradMessage message;
     message.mutable_release()->set_context_id(ctx);
+    message.mutable_release()->set_lost(lost);
     try {
       Future<Value> done;
       send_release(agent->get_worker_info(w), message, kReleaseAttempts, done);
@@ -128,10 +132,14 @@ Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Releas
     return make_ready_future(Value());
   }
   get_for(id, caller, "release");
-  return release(id, caller.id).then(agent()->executor(), [](Future<void>) { return Value(); });
+  std::string lost;
+  if (!r.lost().empty()) lost = printable(r.lost(), kMaxReasonBytes);
+  return release(id, caller.id, lost).then(agent()->executor(), [](Future<void>) {
+    return Value();
+  });
 }
 
-void Container::on_worker_lost(const WorkerInfo& worker, const std::string&) {
+void Container::on_worker_lost(const WorkerInfo& worker, const std::string& reason) {
   std::vector<uint64_t> theirs;
   {
     MutexLock lock(mutex_);
@@ -139,8 +147,10 @@ void Container::on_worker_lost(const WorkerInfo& worker, const std::string&) {
       if (worker_of(id) == worker.id) theirs.push_back(id);
     }
   }
+  const std::string lost = "worker " + self_.describe() + " lost worker " + worker.describe() +
+                           (reason.empty() ? std::string() : " (" + reason + ")");
   for (uint64_t id : theirs)
-    release(id, worker.id);
+    release(id, worker.id, lost);
   if (!theirs.empty()) {
     GRADWIRE_LOG(kInfo) << "dist_autograd worker " << self_.describe() << ": released "
                         << theirs.size() << " contexts of lost worker " << worker.describe();

@@ -304,6 +304,54 @@ TEST_F(DistAutogradTwoSecondRpcTimeout, AFailedPassDoesNotWaitPastItsDeadlineFor
                        "did not finish within 300 ms"));
 }
 
+// A lost connection ends a pass with a NetworkError naming the worker lost, not with a plain
+// Error saying the context was released. w1 took part in the context (it called w2) but not
+// in the pass; while w2 runs its part, the connection between w0 and w1 is cut: w1 sees w0
+// lost and releases w0's context, and tells w2, which tells w0, whose pass fails with that.
+TEST_F(DistAutogradFaults, APassEndedByALostConnectionGivesANetworkErrorNamingTheLostWorker) {
+  reg_.def("ping", [] { return 1; });
+  Future<void> gate;
+  std::atomic<bool> entered{false};
+  reg_.def("waits_in_backward", [&](const Tensor& x) {
+    Tensor y = mul(x, x);
+    y.register_hook([&](const Tensor& g) {
+      if (!entered.exchange(true)) {
+        // w2 runs its part: the connection between w0 and w1 goes now.
+        (void)w(0).rpc_async<int>("w1", "ping");
+      }
+      (void)gate.wait(5s);  // bounded: the test opens the gate once backward returns
+      return g;
+    });
+    return y;
+  });
+  Future<void> cut = faults_->add({.action = FaultAction::kCut,
+                                   .from = "w0",
+                                   .to = "w1",
+                                   .kind = MessageKind::kRequest,
+                                   .function = "ping"});
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, 2.0});
+  (void)w(0).rpc_sync<Tensor>("w1", "nested", x);  // w1 and w2 in the context, not in the pass
+  Tensor y = w(0).rpc_sync<Tensor>("w2", "waits_in_backward", x);
+  const auto start = Clock::now();
+  try {
+    da::backward(w(0), ctx.id(), {sum(y)});
+    ADD_FAILURE() << "the pass succeeded";
+  } catch (const RemoteError& e) {
+    // w2's part failed first, and its Wait told w0 why.
+    EXPECT_EQ(e.worker(), "w2") << e.what();
+    EXPECT_EQ(e.remote_type(), "NetworkError") << e.what();
+    EXPECT_TRUE(contains(e.what(), "lost worker 'w0'")) << e.what();
+  } catch (const NetworkError& e) {
+    EXPECT_TRUE(contains(e.what(), "worker 'w1' (rank 1) lost worker 'w0'")) << e.what();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "not a NetworkError: " << e.what();
+  }
+  gate.try_set_value();
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_TRUE(cut.completed());
+}
+
 // A failed pass leaves nothing for an optimizer: every worker it reached takes back what it
 // had given, and says why it holds no gradients until a pass succeeds there. A pass that
 // then succeeds in the same context gives exactly its own gradients.
