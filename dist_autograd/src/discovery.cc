@@ -106,9 +106,13 @@ Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Disco
   }
   Future<std::set<int>> found = discover(state, d.pass_id(), edges, d.retain_graph());
   return found.then(agent()->executor(), [](Future<std::set<int>> done) {
-    Value::List ids;
-    for (int w : done.value())
-      ids.push_back(Value(int64_t{w}));
+    const std::set<int>& workers = done.value();
+    // Sized first and assigned in place: moving a Value into a growing vector here made
+    // GCC 12 warn (wrongly) that the variant's inactive members may be used uninitialised.
+    Value::List ids(workers.size());
+    size_t i = 0;
+    for (int w : workers)
+      ids[i++] = Value(int64_t{w});
     return Value::list(std::move(ids));
   });
 }
