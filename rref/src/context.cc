@@ -481,6 +481,12 @@ std::shared_ptr<OwnerRRef> RRefContext::placeholder(uint64_t rref_id,
   if (it != owners_.end()) {
     if (auto owner = it->second.lock()) return owner;
   }
+  // A fetch or call that arrives after its value was freed (it raced the creation that
+  // failed, or came late) must not bring back a placeholder nobody will fill.
+  if (freed_locked(rref_id)) {
+    throw CallRejected("rref: RRef " + id_text(rref_id) + " on worker " + self_.describe() +
+                       " was freed");
+  }
   if (placeholders_ >= kMaxPlaceholders) {
     throw CallRejected(
         "rref: worker " + self_.describe() + " holds " + std::to_string(placeholders_) +
