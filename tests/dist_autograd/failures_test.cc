@@ -21,6 +21,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/proto_bytes.h"
 
 namespace gradwire {
 namespace {
@@ -397,23 +398,8 @@ TEST(DistAutogradAgent, AContextKeepsItsAgentAlive) {
 }
 
 // dist_autograd's messages, encoded by hand as a confused or forging member would send them.
-void varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
 std::string message(uint32_t op, const std::vector<std::pair<uint32_t, uint64_t>>& fields) {
-  std::string body;
-  for (const auto& [field, value] : fields) {
-    varint(body, uint64_t{field} << 3);
-    varint(body, value);
-  }
-  std::string out;
-  varint(out, (uint64_t{op} << 3) | 2);
-  varint(out, body.size());
-  return out + body;
+  return test::proto_bytes::oneof_message(op, fields);
 }
 constexpr uint32_t kDiscover = 1, kPropagate = 2, kWait = 3, kAbort = 5;
 

@@ -15,6 +15,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/proto_bytes.h"
 
 namespace gradwire {
 namespace {
@@ -25,23 +26,8 @@ using test::Agents;
 namespace da = dist_autograd;
 
 // dist_autograd's messages (dist_autograd/proto), encoded by hand as a forger would.
-void varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
 std::string message(uint32_t op, const std::vector<std::pair<uint32_t, uint64_t>>& fields) {
-  std::string body;
-  for (const auto& [field, value] : fields) {
-    varint(body, uint64_t{field} << 3);
-    varint(body, value);
-  }
-  std::string out;
-  varint(out, (uint64_t{op} << 3) | 2);
-  varint(out, body.size());
-  return out + body;
+  return test::proto_bytes::oneof_message(op, fields);
 }
 constexpr uint32_t kDiscover = 1, kPropagate = 2, kWait = 3, kRelease = 4;
 

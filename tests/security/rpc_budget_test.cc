@@ -16,6 +16,7 @@
 #include "gradwire/rpc/registry.h"
 #include "gradwire/tensor/factory.h"
 #include "support/agents.h"
+#include "support/proto_bytes.h"
 #include "support/sync.h"
 #include "wire.h"
 
@@ -29,25 +30,11 @@ using rpc::Registry;
 using test::Agents;
 using test::start_agents;
 
-// ---- a hand-written Protobuf encoder: what a hostile peer sends, byte by byte
+// ---- what a hostile peer sends, byte by byte (support/proto_bytes.h)
 
-void varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-
-void tag(std::string& out, uint32_t field, uint32_t wire_type) {
-  varint(out, (uint64_t{field} << 3) | wire_type);
-}
-
-void length_delimited(std::string& out, uint32_t field, const std::string& body) {
-  tag(out, field, 2);
-  varint(out, body.size());
-  out += body;
-}
+using test::proto_bytes::length_delimited;
+using test::proto_bytes::tag;
+using test::proto_bytes::varint;
 
 // Envelope{version 2, request{id, function, <body>}}: `request_body` holds the request's
 // extra fields.
