@@ -74,7 +74,8 @@ function(gradwire_add_module name)
 endfunction()
 
 function(gradwire_add_test module)
-  cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
+  # PROPERTIES: more CTest properties for every case (e.g. RUN_SERIAL TRUE).
+  cmake_parse_arguments(ARG "" "" "DEPS;PROPERTIES" ${ARGN})
   file(GLOB sources CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/${module}/*.cc")
   set(target ${module}_test)
   add_executable(${target} ${sources})
@@ -83,7 +84,7 @@ function(gradwire_add_test module)
                                           GTest::gmock)
   gtest_discover_tests(${target}
     TEST_PREFIX "${module}."
-    PROPERTIES LABELS ${module} TIMEOUT 120
+    PROPERTIES LABELS ${module} TIMEOUT 120 ${ARG_PROPERTIES}
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
