@@ -128,24 +128,7 @@ AgentOptions identity_options(const std::string& secret,
 
 std::unique_ptr<Group> start_group(int n, const AgentOptions& options) {
   auto g = std::make_unique<Group>();
-  g->agents.resize(static_cast<size_t>(n));
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        g->agents[static_cast<size_t>(r)] =
-            make_tensorpipe_agent(test::worker_name(r), r, n, g->store, options);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads)
-    t.join();
-  for (const std::string& e : errors) {
-    if (!e.empty()) throw std::runtime_error(e);
-  }
+  g->agents = test::start_agents(n, options, g->store);
   for (auto& agent : g->agents) {
     g->recorders.push_back(std::make_shared<LossRecorder>());
     agent->add_listener(g->recorders.back());
@@ -153,39 +136,9 @@ std::unique_ptr<Group> start_group(int n, const AgentOptions& options) {
   return g;
 }
 
-// The tcp address worker `rank` published ("host", port).
-std::pair<std::string, int> published_address(c10d::Store& store, int rank) {
-  std::istringstream in(c10d::to_string(store.get("rpc/1/worker/" + std::to_string(rank))));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("url tcp://", 0) == 0) {
-      const std::string hp = line.substr(10);
-      const size_t colon = hp.rfind(':');
-      return {hp.substr(0, colon), std::stoi(hp.substr(colon + 1))};
-    }
-  }
-  return {"", 0};
-}
-
-int raw_connect(const std::pair<std::string, int>& to) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(to.second));
-  ::inet_pton(AF_INET, to.first.c_str(), &addr.sin_addr);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << to.first;
-  return fd;
-}
-
-void send_all(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the peer closed it: what the caller checks next
-    done += static_cast<size_t>(n);
-  }
-}
+using test::published_address;
+using test::raw_connect;
+using test::send_all;
 
 // What the peer sends until it closes the connection; `closed` says whether it did within
 // `timeout`.
@@ -592,6 +545,11 @@ TEST(RpcIdentity, ALocalPeerOfAnotherUserIsRefusedUnlessOtherUsersAreAllowed) {
   {
     LocalServer server(/*allow_other_uids=*/false);
     EXPECT_EQ(hello_as_user(server.name, kNobody), 1);
+    // Counted by the listener's thread just after it closed the connection: the child may
+    // see the close first.
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (server.stats->refused.load() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(1ms);  // polling a counter, not waiting for an event
     EXPECT_EQ(server.stats->refused.load(), 1u);
     // The same user is served as before.
     EXPECT_EQ(hello_as_user(server.name, ::geteuid()), 0);

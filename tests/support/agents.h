@@ -15,7 +15,15 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <sstream>
+#include <utility>
 
 #include <filesystem>
 #include <functional>
@@ -65,10 +73,12 @@ inline rpc::AgentOptions agent_options(rpc::Registry& reg) {
   return o;
 }
 
-// Starts agents "w0" ... "w<n-1>" on one store, concurrently.
-inline Agents start_agents(int n, const rpc::AgentOptions& options) {
+// Starts agents "w0" ... "w<n-1>" on one store (a fresh HashStore when none is given),
+// concurrently.
+inline Agents start_agents(int n, const rpc::AgentOptions& options,
+                           std::shared_ptr<c10d::Store> store = nullptr) {
   using namespace std::chrono_literals;
-  auto store = std::make_shared<c10d::HashStore>(20s);
+  if (store == nullptr) store = std::make_shared<c10d::HashStore>(20s);
   Agents agents(static_cast<size_t>(n));
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
@@ -90,6 +100,46 @@ inline Agents start_agents(int n, const rpc::AgentOptions& options) {
     }
   }
   return agents;
+}
+
+// The tcp address worker `rank` published in the store ({host, port}; {"", 0} if none).
+inline std::pair<std::string, int> published_address(c10d::Store& store, int rank) {
+  std::istringstream in(c10d::to_string(store.get("rpc/1/worker/" + std::to_string(rank))));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("url tcp://", 0) == 0) {
+      const std::string hp = line.substr(10);
+      const size_t colon = hp.rfind(':');
+      return {hp.substr(0, colon), std::stoi(hp.substr(colon + 1))};
+    }
+  }
+  return {"", 0};
+}
+
+// A plain TCP socket connected to `to`, for tests that speak to a listener byte by byte,
+// with a 10 s receive timeout so that no read waits forever.
+inline int raw_connect(const std::pair<std::string, int>& to) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(to.second));
+  ::inet_pton(AF_INET, to.first.c_str(), &addr.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << to.first;
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Writes all of `bytes`, or stops when the peer closed the connection (what the caller
+// checks next).
+inline void send_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
 }
 
 // Graceful shutdown of every agent at once; each error is a test failure.
