@@ -1,0 +1,352 @@
+#include "run_rendezvous.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "gradwire/core/error.h"
+#include "gradwire/core/net.h"
+
+namespace gradwire::run {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+using c10d::Bytes;
+using c10d::to_bytes;
+using c10d::to_string;
+
+// A TCP port nothing listens on now, on every interface.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw NetworkError(std::string("gradwire-run: socket: ") + std::strerror(errno));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(sa);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw NetworkError("gradwire-run: cannot find a free port: " + why);
+  }
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+struct NodeInfo {
+  int nproc = 0;
+  std::string host;
+  std::string host_id;
+};
+
+NodeInfo parse_node(const std::string& text) {
+  NodeInfo n;
+  std::istringstream in(text);
+  in >> n.nproc >> n.host;
+  std::getline(in >> std::ws, n.host_id);
+  if (n.nproc < 1 || n.host.empty()) {
+    throw StoreError("gradwire-run: a node published a malformed description '" + text + "'");
+  }
+  return n;
+}
+
+}  // namespace
+
+Rendezvous::Rendezvous(const Options& options) : options_(options) {
+  prefix_ = "/gradwire-run/" + options_.run_id + "/";
+  const std::string host = options_.standalone() ? "127.0.0.1" : options_.rdzv_host;
+  uint16_t port = static_cast<uint16_t>(options_.standalone() ? 0 : options_.rdzv_port);
+  // Whoever can bind the endpoint hosts the store; everyone else (a launcher on another
+  // host, a second one on this host, or all when gradwire-store listens there) is a client.
+  try {
+    server_ = std::make_unique<c10d::TCPStoreServer>(
+        c10d::TCPStoreServerOptions{.bind_host = host, .port = port});
+    port = server_->port();
+  } catch (const NetworkError&) {
+    if (options_.standalone()) throw;
+  }
+  // The first connection may wait for the launcher that hosts the store to start; once
+  // connected, a store that goes away must be noticed within the heartbeat timeout.
+  {
+    c10d::TCPStore first(c10d::TCPStoreOptions{.host = host,
+                                               .port = port,
+                                               .timeout = options_.rdzv_timeout,
+                                               .connect_timeout = options_.rdzv_timeout});
+    first.check({key("gen")});
+  }
+  store_ = std::make_unique<c10d::TCPStore>(
+      c10d::TCPStoreOptions{.host = host,
+                            .port = port,
+                            .timeout = options_.rdzv_timeout,
+                            .connect_timeout = options_.heartbeat_timeout,
+                            .wait_grace = std::chrono::milliseconds(2000)});
+  advertised_ = net::advertised_host(host);
+  host_id_ = net::host_id();
+  std::random_device rd;
+  token_ = advertised_ + "/" + std::to_string(::getpid()) + "/" + std::to_string(rd());
+}
+
+Rendezvous::~Rendezvous() = default;
+
+std::string Rendezvous::endpoint() const {
+  return store_->host() + ":" + std::to_string(store_->port());
+}
+
+std::string Rendezvous::key(const std::string& name) const {
+  return prefix_ + name;
+}
+
+std::string Rendezvous::gkey(const std::string& name) const {
+  return prefix_ + "g" + std::to_string(gen_) + "/" + name;
+}
+
+int64_t Rendezvous::counter(const std::string& name, int64_t delta) {
+  return store_->add(name, delta);
+}
+
+void Rendezvous::try_close(int64_t nodes) {
+  const std::string value = std::to_string(nodes) + " " + std::to_string(counter(key("failures")));
+  store_->compare_set(gkey("closed"), {}, to_bytes(value));
+}
+
+void Rendezvous::beat() {
+  if (Clock::now() < next_beat_) return;
+  store_->set(gkey("hb" + std::to_string(node_rank_)), std::to_string(++beat_));
+  next_beat_ = Clock::now() + std::max(options_.heartbeat_timeout / 5, 20ms);
+}
+
+std::optional<GroupPlan> Rendezvous::join() {
+  const Options& o = options_;
+  const auto deadline = Clock::now() + o.rdzv_timeout;
+  auto check_deadline = [&](const std::string& waiting_for) {
+    if (Clock::now() < deadline) return;
+    throw TimeoutError("gradwire-run: rendezvous '" + o.run_id + "' at " + endpoint() +
+                       ": no generation formed within --rdzv-timeout (" +
+                       std::to_string(o.rdzv_timeout.count()) + " ms); " + waiting_for);
+  };
+  for (;;) {
+    gen_ = counter(key("gen"));
+    if (store_->check({key("abandoned")})) {
+      throw Error("gradwire-run: the job was abandoned: " + store_->get_string(key("abandoned")));
+    }
+    if (store_->check({key("complete")})) return std::nullopt;
+    int index = -1;
+    if (!store_->check({gkey("closed")})) {
+      if (o.node_rank) {
+        const std::string slot = gkey("slot" + std::to_string(*o.node_rank));
+        const std::string holder = to_string(store_->compare_set(slot, {}, to_bytes(token_)));
+        if (holder == token_) {
+          counter(gkey("joined"), 1);
+          index = *o.node_rank;
+        } else if (!store_->check({gkey("closed")})) {
+          throw InvalidArgument("gradwire-run: --node-rank " + std::to_string(*o.node_rank) +
+                                " is already held by another launcher (" + holder +
+                                "): every node needs its own --node-rank");
+        }
+      } else {
+        index = static_cast<int>(counter(gkey("joined"), 1) - 1);
+      }
+    }
+    if (index >= 0 && index < o.max_nodes) {
+      node_rank_ = index;
+      next_beat_ = {};
+      beat();
+      store_->set(gkey("node" + std::to_string(index)),
+                  std::to_string(o.nproc_per_node) + " " + advertised_ + " " + host_id_);
+      std::optional<Clock::time_point> min_at;
+      while (!store_->check({gkey("closed")})) {
+        const int64_t joined = counter(gkey("joined"));
+        if (joined >= o.max_nodes) {
+          try_close(o.max_nodes);
+        } else if (joined >= o.min_nodes) {
+          if (!min_at) min_at = Clock::now();
+          if (Clock::now() - *min_at >= o.last_call) try_close(joined);
+        }
+        check_deadline(std::to_string(joined) + " of at least " + std::to_string(o.min_nodes) +
+                       " nodes joined generation " + std::to_string(gen_));
+        beat();
+        try {
+          store_->wait({gkey("closed")}, 100ms);
+        } catch (const TimeoutError&) {
+        }
+      }
+    }
+    int nodes = 0;
+    int64_t failures = 0;
+    {
+      std::istringstream in(index >= 0 ? store_->get_string(gkey("closed")) : "0 0");
+      in >> nodes >> failures;
+    }
+    if (index >= 0 && index < nodes) {
+      num_nodes_ = nodes;
+      if (index == 0) {
+        const std::string addr = o.master_addr.value_or(advertised_);
+        const int port = o.worker_port.value_or(0) != 0 ? *o.worker_port : free_port();
+        store_->set(gkey("master"), addr + " " + std::to_string(port));
+      }
+      std::vector<std::string> keys;
+      for (int k = 0; k < nodes; ++k)
+        keys.push_back(gkey("node" + std::to_string(k)));
+      keys.push_back(gkey("master"));
+      std::vector<Bytes> values;
+      try {
+        values = store_->multi_get(keys, o.heartbeat_timeout);
+      } catch (const TimeoutError& e) {
+        // A node counted in the generation died before it said who it is: start again
+        // without it.
+        store_->compare_set(gkey("stop"), {},
+                            to_bytes(std::string("changed a node of the generation did not "
+                                                 "publish its details: ") +
+                                     e.what()));
+        advance();  // the loop's start sees an abandoned job
+        continue;
+      }
+      GroupPlan plan;
+      plan.generation = gen_;
+      plan.node_rank = index;
+      plan.num_nodes = nodes;
+      plan.restart_count = static_cast<int>(failures);
+      plan.world_size = 0;
+      for (int k = 0; k < nodes; ++k) {
+        const NodeInfo n = parse_node(to_string(values[static_cast<size_t>(k)]));
+        if (k < index) plan.rank_offset += n.nproc;
+        plan.world_size += n.nproc;
+      }
+      std::istringstream master(to_string(values.back()));
+      master >> plan.master_addr >> plan.master_port;
+      seen_.clear();
+      for (int k = 0; k < nodes; ++k)
+        if (k != index) seen_[k] = {"", Clock::now()};
+      if (o.max_nodes > 1) {
+        std::fprintf(stderr,
+                     "gradwire-run: generation %lld of '%s': node %d of %d, ranks %d..%d of %d; "
+                     "workers meet at %s:%d\n",
+                     static_cast<long long>(gen_), o.run_id.c_str(), index, nodes, plan.rank_offset,
+                     plan.rank_offset + o.nproc_per_node - 1, plan.world_size,
+                     plan.master_addr.c_str(), plan.master_port);
+      }
+      return plan;
+    }
+    // Too late for this generation: ask for the next one and wait for it.
+    std::fprintf(stderr,
+                 "gradwire-run: generation %lld of '%s' is running without this node; waiting "
+                 "for the next one\n",
+                 static_cast<long long>(gen_), o.run_id.c_str());
+    store_->set(gkey("waiting"), token_);
+    const std::string next = prefix_ + "g" + std::to_string(gen_ + 1) + "/joined";
+    for (;;) {
+      if (store_->check({key("complete")}) || store_->check({key("abandoned")})) break;
+      check_deadline("generation " + std::to_string(gen_) + " never ended to let this node in");
+      try {
+        store_->wait({next}, 200ms);
+        break;
+      } catch (const TimeoutError&) {
+      }
+    }
+  }
+}
+
+std::optional<std::string> Rendezvous::watch() {
+  beat();
+  if (store_->check({gkey("stop")})) return stop_reason();
+  auto change = [&](const std::string& why) -> std::optional<std::string> {
+    store_->compare_set(gkey("stop"), {}, to_bytes("changed " + why));
+    return stop_reason();
+  };
+  if (num_nodes_ < options_.max_nodes && store_->check({gkey("waiting")}) &&
+      counter(gkey("done_count")) == 0) {
+    return change("a node is waiting to join");
+  }
+  if (seen_.empty()) return std::nullopt;
+  std::vector<std::string> keys;
+  for (const auto& [k, _] : seen_)
+    keys.push_back(gkey("hb" + std::to_string(k)));
+  const std::vector<Bytes> values = store_->multi_get(keys, options_.heartbeat_timeout);
+  size_t i = 0;
+  const auto now = Clock::now();
+  for (auto& [k, last] : seen_) {
+    const std::string value = to_string(values[i++]);
+    if (value != last.first) {
+      last = {value, now};
+    } else if (now - last.second > options_.heartbeat_timeout) {
+      return change("node " + std::to_string(k) + " stopped answering (no heartbeat for " +
+                    std::to_string(options_.heartbeat_timeout.count()) + " ms)");
+    }
+  }
+  return std::nullopt;
+}
+
+void Rendezvous::fail(int rank, int status) {
+  store_->compare_set(
+      gkey("stop"), {},
+      to_bytes("failed " + std::to_string(status) + " rank " + std::to_string(rank) + " on node " +
+               std::to_string(node_rank_) + " (" + advertised_ + ") exited with status " +
+               std::to_string(status)));
+}
+
+void Rendezvous::leave(const std::string& why) {
+  store_->compare_set(gkey("stop"), {},
+                      to_bytes("changed node " + std::to_string(node_rank_) + " left: " + why));
+}
+
+void Rendezvous::mark_done() {
+  store_->set(gkey("done" + std::to_string(node_rank_)), "1");
+  counter(gkey("done_count"), 1);
+}
+
+bool Rendezvous::all_done() {
+  return counter(gkey("done_count")) >= num_nodes_;
+}
+
+std::string Rendezvous::stop_reason() {
+  return store_->get_string(gkey("stop"), options_.heartbeat_timeout);
+}
+
+int64_t Rendezvous::failures() {
+  return counter(key("failures"));
+}
+
+bool Rendezvous::advance() {
+  const std::string stop = stop_reason();
+  if (to_string(store_->compare_set(gkey("advance"), {}, to_bytes(token_))) == token_) {
+    const bool failed = stop.rfind("failed ", 0) == 0;
+    const int64_t f = counter(key("failures"), failed ? 1 : 0);
+    if (failed && f > options_.max_restarts) {
+      store_->set(key("abandoned"), stop.substr(7));
+    } else {
+      store_->compare_set(key("gen"), to_bytes(std::to_string(gen_)),
+                          to_bytes(std::to_string(gen_ + 1)));
+    }
+    store_->set(gkey("next"), "1");
+  }
+  store_->wait({gkey("next")}, options_.rdzv_timeout);
+  return !store_->check({key("abandoned")});
+}
+
+void Rendezvous::complete() {
+  store_->compare_set(key("complete"), {}, to_bytes(std::to_string(gen_)));
+}
+
+void Rendezvous::finish() {
+  try {
+    store_->set(gkey("exited" + std::to_string(node_rank_)), "1");
+    if (server_ == nullptr || num_nodes_ <= 1) return;
+    // The others may still need the store to learn how the job ended.
+    std::vector<std::string> keys;
+    for (int k = 0; k < num_nodes_; ++k)
+      keys.push_back(gkey("exited" + std::to_string(k)));
+    store_->wait(keys, options_.heartbeat_timeout);
+  } catch (const Error&) {
+    // A node that died never says it saw the end: leave after the bounded wait anyway.
+  }
+}
+
+}  // namespace gradwire::run

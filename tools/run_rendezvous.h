@@ -1,0 +1,119 @@
+// gradwire-run's rendezvous: how the launchers of a job's nodes meet on a TCPStore, agree
+// on generations, and learn their node ranks and global rank offsets.
+//
+// The launcher that can bind the endpoint address hosts the store server in-process (the
+// others, or every launcher when a standalone gradwire-store already listens there, are
+// clients). All keys live under "/gradwire-run/<run-id>/":
+//
+//   gen                 the current generation G (a counter; 0 at first)
+//   failures            generations that ended because a worker failed (a counter)
+//   complete            set (to G) when every worker of generation G exited 0
+//   g<G>/joined         arrivals in G (a counter); without --node-rank the value add()
+//                       returns, minus one, is the node's rank
+//   g<G>/slot<K>        with --node-rank K: claimed by the node that has it (a duplicate is
+//                       refused)
+//   g<G>/node<K>        node K's "<nproc> <advertised host> <host id>"
+//   g<G>/closed         "<nodes> <failures>": the generation's membership, set once (first
+//                       compare_set wins) when MAX nodes joined, or MIN joined and the last
+//                       call window passed since
+//   g<G>/master         "<addr> <port>": the workers' store, chosen by node 0
+//   g<G>/hb<K>          node K's heartbeat, a number it raises every heartbeat_timeout/5
+//   g<G>/waiting        set by a node that arrived after G closed and wants in
+//   g<G>/stop           why G ends, set once: "failed <status> <reason>" (counted in
+//                       `failures`) or "changed <reason>" (a node joined or left: not counted)
+//   g<G>/advance        set once by the launcher that ends G: it counts a failure, then
+//                       either raises `gen` or, past --max-restarts, sets `abandoned`
+//   g<G>/next           set once that is done (the others wait for it)
+//   abandoned           the failure that used up --max-restarts: every launcher exits
+//   g<G>/done<K>        node K's workers all exited 0; g<G>/done_count counts them
+//   g<G>/exited<K>      node K's launcher saw the job end (the store's host waits for them)
+//
+// Heartbeats carry no clock: a node is considered gone when its number has not changed for
+// --rdzv-heartbeat-timeout as seen by the node watching it.
+//
+// Thread-safety: one thread uses a Rendezvous.
+// Errors: TimeoutError when a rendezvous does not complete within --rdzv-timeout;
+// NetworkError when the store cannot be reached (or goes away); InvalidArgument for a node
+// rank another node already holds.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradwire/c10d/tcp_store.h"
+#include "gradwire/c10d/tcp_store_server.h"
+#include "run_options.h"
+#include "run_workers.h"
+
+namespace gradwire::run {
+
+class Rendezvous {
+ public:
+  explicit Rendezvous(const Options& options);
+  ~Rendezvous();
+
+  // Whether this launcher hosts the store server.
+  bool hosts_store() const { return server_ != nullptr; }
+  // "host:port" of the store.
+  std::string endpoint() const;
+
+  // Joins the next generation and returns what this node's workers are told; nullopt when
+  // the job completed before this node could join one.
+  std::optional<GroupPlan> join();
+
+  // Called while the generation runs: raises this node's heartbeat and returns why the
+  // generation must end, if it must (a stop set by anyone, a node waiting to join while
+  // fewer than MAX run, a node whose heartbeat stopped).
+  std::optional<std::string> watch();
+
+  // Marks the generation failed because local rank `rank` exited with `status`.
+  void fail(int rank, int status);
+  // Marks the generation ended by a membership change (this node leaves: a signal).
+  void leave(const std::string& why);
+  // Records that this node's workers all exited 0.
+  void mark_done();
+  // Whether every node's workers of the generation exited 0.
+  bool all_done();
+  // After the generation ended: the stop value ("failed <status> <why>" or "changed <why>").
+  std::string stop_reason();
+  // Generations ended by a failure so far.
+  int64_t failures();
+  // After the generation ended: moves the job to the next generation (whoever is first
+  // does it for all). Returns false when the job is abandoned instead: a failure past
+  // --max-restarts.
+  bool advance();
+  // Marks the job complete (every node's workers exited 0).
+  void complete();
+  // Says this launcher is leaving; the store's host waits (bounded) for the others.
+  void finish();
+
+ private:
+  std::string key(const std::string& name) const;
+  std::string gkey(const std::string& name) const;
+  int64_t counter(const std::string& name, int64_t delta = 0);
+  void try_close(int64_t nodes);
+  void beat();
+
+  const Options& options_;
+  std::unique_ptr<c10d::TCPStoreServer> server_;
+  std::unique_ptr<c10d::TCPStore> store_;
+  std::string prefix_;
+  std::string advertised_;
+  std::string host_id_;
+  std::string token_;  // this launcher, for the keys set once
+
+  int64_t gen_ = 0;
+  int node_rank_ = 0;
+  int num_nodes_ = 0;
+  int64_t beat_ = 0;
+  std::chrono::steady_clock::time_point next_beat_{};
+  // Other nodes' last heartbeat value and when it last changed, seen from here.
+  std::map<int, std::pair<std::string, std::chrono::steady_clock::time_point>> seen_;
+};
+
+}  // namespace gradwire::run

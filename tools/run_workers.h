@@ -1,0 +1,84 @@
+// gradwire-run's local workers: starting them with their environment, copying their output
+// (prefixed, to the console and/or --log-dir), and watching them until they all end, one
+// fails, a signal arrives, or the rendezvous asks the group to stop.
+//
+// Each worker runs in its own process group (signals go to the whole group, so a worker's
+// own children are stopped with it) and dies with the launcher (PR_SET_PDEATHSIG, SIGKILL).
+//
+// Thread-safety: single-threaded; LocalGroup::run polls the workers' output pipes, their
+// pidfds and the launcher's signal pipe, and calls the caller's tick between polls.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "run_options.h"
+
+namespace gradwire::run {
+
+// Installs the SIGINT/SIGTERM handlers that write to the signal pipe, and ignores SIGPIPE.
+void install_signal_handlers();
+// The read end of the signal pipe (one byte per signal: its number).
+int signal_fd();
+// Reads a pending signal number from the pipe; 0 when none.
+int take_signal();
+
+// What one generation's workers on this node are told.
+struct GroupPlan {
+  int64_t generation = 0;
+  int node_rank = 0;
+  int num_nodes = 1;
+  int rank_offset = 0;  // the global rank of this node's local rank 0
+  int world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;  // failures of the job so far
+};
+
+enum class Outcome {
+  kSucceeded,    // every worker exited 0
+  kFailed,       // a worker failed (status, reason); the others were stopped
+  kStopped,      // tick asked the group to stop (reason)
+  kInterrupted,  // SIGINT or SIGTERM reached the launcher (signal)
+};
+
+struct GroupResult {
+  Outcome outcome = Outcome::kSucceeded;
+  int status = 0;  // kFailed: the worker's exit status (128 + N for signal N)
+  int signal = 0;  // kInterrupted
+  std::string reason;
+};
+
+class LocalGroup {
+ public:
+  // Starts the workers. Throws std::runtime_error when a pipe, fork or log file fails.
+  LocalGroup(const Options& options, GroupPlan plan);
+  ~LocalGroup();
+  LocalGroup(const LocalGroup&) = delete;
+  LocalGroup& operator=(const LocalGroup&) = delete;
+
+  // Watches the workers until they have all ended. `tick` runs about every `tick_ms` and
+  // returns a reason to stop them (then SIGTERM to each worker's process group, SIGKILL
+  // after --grace-ms). `on_failure` runs once, at the first failure that ends the group,
+  // before the others are stopped. `worker_restarts` counts workers restarted alone
+  // (--restart-workers) over the whole run.
+  GroupResult run(int tick_ms, const std::function<std::optional<std::string>()>& tick,
+                  const std::function<void(int rank, int status)>& on_failure,
+                  int& worker_restarts);
+
+  struct Worker;
+
+ private:
+  void spawn(int local_rank, int restarts, bool alone);
+  void signal_all(int sig);
+
+  const Options& options_;
+  GroupPlan plan_;
+  std::vector<Worker> workers_;
+};
+
+}  // namespace gradwire::run
