@@ -87,6 +87,15 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                            ProcessGroupOptions options)
     : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {
   if (store_ == nullptr) throw InvalidArgument("ProcessGroup: the store is null");
+  // A group's ranks are fixed when it is created, so a worker that gradwire-run started again
+  // alone (--restart-workers) can never take its predecessor's place in one.
+  if (env_bool("GRADWIRE_RESTARTED_ALONE", false)) {
+    throw InvalidArgument(
+        "ProcessGroup: this worker was restarted alone by gradwire-run --restart-workers "
+        "(GRADWIRE_RESTARTED_ALONE=1), and a process group cannot take a worker restarted "
+        "alone: its ranks are fixed when it is created. Jobs that use process groups must "
+        "restart every worker together: use --max-restarts instead of --restart-workers");
+  }
   if (size_ < 1) {
     throw InvalidArgument("ProcessGroup: size must be at least 1, got " + std::to_string(size_));
   }

@@ -1,148 +1,42 @@
 // gradwire-run, run as a user runs it: the environment each worker sees, output prefixes,
 // a failing worker stopping the others, restarts, signals reaching the workers, and the
 // errors for a bad command line. The workers are small /bin/sh scripts.
-#include <fcntl.h>
-#include <gtest/gtest.h>
-#include <poll.h>
+#include <sched.h>
 #include <signal.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "gradwire/c10d/hash_store.h"
+#include "gradwire/c10d/process_group.h"
+#include "gradwire/core/error.h"
+#include "launch.h"
+
 namespace {
 
-using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
-
-// A launcher run: its pid, and its stdout and stderr read as they come.
-class Launch {
- public:
-  explicit Launch(std::vector<std::string> args) {
-    int out[2], err[2];
-    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
-    EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
-    args.insert(args.begin(), GRADWIRE_RUN_PATH);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(out[1], STDOUT_FILENO);
-      ::dup2(err[1], STDERR_FILENO);
-      std::vector<char*> argv;
-      for (auto& a : args)
-        argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(126);
-    }
-    ::close(out[1]);
-    ::close(err[1]);
-    fds_[0] = out[0];
-    fds_[1] = err[0];
-    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-  }
-  ~Launch() {
-    if (!status_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    for (int fd : fds_)
-      if (fd >= 0) ::close(fd);
-    if (pidfd_ >= 0) ::close(pidfd_);
-  }
-
-  // Reads until `pred(stdout)` holds or the deadline passes.
-  template <typename P>
-  bool read_until(P pred, std::chrono::milliseconds limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!pred(out_)) {
-      if (Clock::now() >= deadline || !pump(deadline)) return pred(out_);
-    }
-    return true;
-  }
-  // Waits for the launcher to exit (reading its output); its exit status, or -1 at the
-  // deadline.
-  int wait(std::chrono::milliseconds limit = 20s) {
-    const auto deadline = Clock::now() + limit;
-    while (!status_ || fds_[0] >= 0 || fds_[1] >= 0) {
-      if (Clock::now() >= deadline) return -1;
-      pump(deadline);
-    }
-    return *status_;
-  }
-  pid_t pid() const { return pid_; }
-  const std::string& out() const { return out_; }
-  const std::string& err() const { return err_; }
-
- private:
-  bool pump(Clock::time_point deadline) {
-    std::vector<pollfd> fds;
-    for (int fd : fds_)
-      if (fd >= 0) fds.push_back(pollfd{fd, POLLIN, 0});
-    if (!status_) fds.push_back(pollfd{pidfd_, POLLIN, 0});
-    if (fds.empty()) return false;
-    const int ms = static_cast<int>(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
-    if (::poll(fds.data(), fds.size(), ms) <= 0) return false;
-    for (const auto& p : fds) {
-      if (p.revents == 0) continue;
-      if (p.fd == pidfd_) {
-        int wstatus = 0;
-        if (::waitpid(pid_, &wstatus, WNOHANG) == pid_) {
-          status_ = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
-        }
-        continue;
-      }
-      const int which = p.fd == fds_[0] ? 0 : 1;
-      char buf[4096];
-      const ssize_t n = ::read(p.fd, buf, sizeof(buf));
-      if (n > 0) {
-        (which == 0 ? out_ : err_).append(buf, static_cast<size_t>(n));
-      } else {
-        ::close(fds_[which]);
-        fds_[which] = -1;
-      }
-    }
-    return true;
-  }
-
-  pid_t pid_ = -1;
-  int pidfd_ = -1;
-  int fds_[2] = {-1, -1};
-  std::string out_, err_;
-  std::optional<int> status_;
-};
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    out.push_back(line);
-  return out;
-}
-
-size_t count(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1))
-    ++n;
-  return n;
-}
+using namespace gradwire::testing::launcher;
 
 TEST(Launcher, EachWorkerGetsTheRendezvousEnvironment) {
-  Launch run({"--nproc-per-node", "3", "sh", "-c",
-              "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
-              "$MASTER_PORT $RESTART_COUNT"});
+  Launch run(
+      {"--nproc-per-node", "3", "--rdzv-id", "envjob", "--max-restarts", "2", "sh", "-c",
+       "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
+       "$MASTER_PORT $RESTART_COUNT $GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $ROLE_NAME "
+       "$TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS $TORCHELASTIC_RUN_ID"},
+      {{"RANK", "77"}, {"TORCHELASTIC_RUN_ID", "stale"}});
   ASSERT_EQ(run.wait(), 0) << run.err();
   std::set<std::string> seen;
   std::string port;
   for (const std::string& line : lines(run.out())) {
     std::istringstream in(line);
-    std::string prefix, rank, local, world, local_world, group, addr, p, restart;
-    in >> prefix >> rank >> local >> world >> local_world >> group >> addr >> p >> restart;
+    std::string prefix, rank, local, world, local_world, group, addr, p, restart, group_world,
+        role_rank, role_world, role, te_restart, te_max, te_id;
+    in >> prefix >> rank >> local >> world >> local_world >> group >> addr >> p >> restart >>
+        group_world >> role_rank >> role_world >> role >> te_restart >> te_max >> te_id;
     EXPECT_EQ(prefix, "[rank" + rank + "]:") << line;
     EXPECT_EQ(local, rank);
     EXPECT_EQ(world, "3");
@@ -150,6 +44,13 @@ TEST(Launcher, EachWorkerGetsTheRendezvousEnvironment) {
     EXPECT_EQ(group, "0");
     EXPECT_EQ(addr, "127.0.0.1");
     EXPECT_EQ(restart, "0");
+    EXPECT_EQ(group_world, "1");
+    EXPECT_EQ(role_rank, rank);
+    EXPECT_EQ(role_world, "3");
+    EXPECT_EQ(role, "default");
+    EXPECT_EQ(te_restart, "0");
+    EXPECT_EQ(te_max, "2");
+    EXPECT_EQ(te_id, "envjob");
     EXPECT_GT(std::stoi(p), 0);
     if (port.empty()) port = p;
     EXPECT_EQ(p, port) << "every worker meets on one port";
@@ -158,14 +59,81 @@ TEST(Launcher, EachWorkerGetsTheRendezvousEnvironment) {
   EXPECT_EQ(seen, (std::set<std::string>{"0", "1", "2"}));
 }
 
-TEST(Launcher, ASecondNodeNumbersItsRanksAfterTheFirst) {
-  Launch run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
-              "127.0.0.1", "--master-port", "29999", "--no-prefix", "sh", "-c",
-              "echo $RANK/$WORLD_SIZE/$GROUP_RANK/$MASTER_PORT"});
+TEST(Launcher, OneNodeWithAMasterPortGivesItToTheWorkers) {
+  const std::string port = std::to_string(free_port());
+  Launch run({"--master-addr", "127.0.0.1", "--master-port", port, "--no-prefix", "sh", "-c",
+              "echo $MASTER_ADDR:$MASTER_PORT"});
   ASSERT_EQ(run.wait(), 0) << run.err();
-  EXPECT_EQ(count(run.out(), "2/4/1/29999"), 1u) << run.out();
-  EXPECT_EQ(count(run.out(), "3/4/1/29999"), 1u) << run.out();
-  EXPECT_EQ(count(run.out(), "[rank"), 0u);
+  EXPECT_EQ(run.out(), "127.0.0.1:" + port + "\n");
+}
+
+TEST(Launcher, StandaloneRunsOneNodeOnItsOwnStore) {
+  Launch run({"--standalone", "--nproc-per-node", "2", "--no-prefix", "sh", "-c",
+              "echo $RANK/$WORLD_SIZE/$GROUP_WORLD_SIZE"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  EXPECT_EQ(count(run.out(), "0/2/1"), 1u) << run.out();
+  EXPECT_EQ(count(run.out(), "1/2/1"), 1u) << run.out();
+}
+
+TEST(Launcher, NprocPerNodeAutoCountsVisibleGpusElseCpus) {
+  Launch gpus({"--nproc-per-node", "auto", "--no-prefix", "sh", "-c", "echo $LOCAL_WORLD_SIZE"},
+              {{"CUDA_VISIBLE_DEVICES", "0,1,2"}});
+  ASSERT_EQ(gpus.wait(), 0) << gpus.err();
+  EXPECT_EQ(count(gpus.out(), "3\n"), 3u) << gpus.out();
+
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cpus = CPU_COUNT(&set);
+  // An empty CUDA_VISIBLE_DEVICES hides every GPU.
+  Launch cpu({"--nproc-per-node", "auto", "--no-prefix", "sh", "-c", "echo $LOCAL_WORLD_SIZE"},
+             {{"CUDA_VISIBLE_DEVICES", ""}});
+  ASSERT_EQ(cpu.wait(), 0) << cpu.err();
+  EXPECT_EQ(count(cpu.out(), std::to_string(cpus) + "\n"), static_cast<size_t>(cpus)) << cpu.out();
+}
+
+TEST(Launcher, OmpNumThreadsIsOneUnlessSet) {
+  Launch unset({"--nproc-per-node", "2", "--no-prefix", "sh", "-c", "echo omp=$OMP_NUM_THREADS"},
+               {{"OMP_NUM_THREADS", std::nullopt}});
+  ASSERT_EQ(unset.wait(), 0) << unset.err();
+  EXPECT_EQ(count(unset.out(), "omp=1\n"), 2u) << unset.out();
+  EXPECT_EQ(count(unset.err(), "setting OMP_NUM_THREADS=1"), 1u) << unset.err();
+
+  Launch set({"--nproc-per-node", "2", "--no-prefix", "sh", "-c", "echo omp=$OMP_NUM_THREADS"},
+             {{"OMP_NUM_THREADS", "4"}});
+  ASSERT_EQ(set.wait(), 0) << set.err();
+  EXPECT_EQ(count(set.out(), "omp=4\n"), 2u) << set.out();
+  EXPECT_FALSE(has(set.err(), "OMP_NUM_THREADS")) << set.err();
+}
+
+TEST(Launcher, LogDirKeepsEachWorkersStreamsAndTeeShowsSome) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("gradwire-launcher-logs-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  // --tee 2: stderr also goes to the console, stdout only to the files.
+  Launch run({"--nproc-per-node", "2", "--log-dir", dir.string(), "--rdzv-id", "logjob", "--tee",
+              "2", "sh", "-c", "echo out $RANK; echo err $RANK >&2"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const char* rank : {"0", "1"}) {
+    const auto at = dir / "logjob" / "attempt_0" / rank;
+    EXPECT_EQ(read(at / "stdout.log"), std::string("out ") + rank + "\n");
+    EXPECT_EQ(read(at / "stderr.log"), std::string("err ") + rank + "\n");
+    EXPECT_TRUE(has(run.err(), std::string("[rank") + rank + "]: err " + rank)) << run.err();
+  }
+  EXPECT_EQ(run.out(), "") << "stdout is not teed";
+  std::filesystem::remove_all(dir);
+
+  // Without --tee nothing of the workers reaches the console.
+  Launch quiet({"--log-dir", dir.string(), "sh", "-c", "echo out; echo err >&2"});
+  ASSERT_EQ(quiet.wait(), 0) << quiet.err();
+  EXPECT_EQ(quiet.out(), "");
+  EXPECT_FALSE(has(quiet.err(), "[rank0]")) << quiet.err();
+  EXPECT_EQ(read(dir / "default" / "attempt_0" / "0" / "stdout.log"), "out\n");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Launcher, TheFirstFailureStopsTheOthersAndIsTheExitStatus) {
@@ -187,7 +155,7 @@ TEST(Launcher, RestartsTheGroupWithARestartCount) {
        {"[rank0]: attempt 0", "[rank0]: attempt 1", "[rank0]: attempt 2", "[rank1]: attempt 2"}) {
     EXPECT_EQ(count(run.out(), line), 1u) << line << " in\n" << run.out();
   }
-  EXPECT_EQ(count(run.err(), "restarting the local group"), 2u) << run.err();
+  EXPECT_EQ(count(run.err(), "restarting every node's workers"), 2u) << run.err();
   Launch out_of_restarts({"--nproc-per-node", "1", "--max-restarts", "1", "sh", "-c", "exit 4"});
   EXPECT_EQ(out_of_restarts.wait(), 4);
 }
@@ -199,15 +167,16 @@ TEST(Launcher, RestartsAFailedWorkerAloneAndTellsItToRejoin) {
   // is certainly never restarted or stopped meanwhile.
   const std::string marker = "/tmp/gradwire-launcher-rejoin-" + std::to_string(::getpid());
   Launch run({"--nproc-per-node", "2", "--restart-workers", "2", "sh", "-c",
-              "echo life $RESTART_COUNT rejoin=${GRADWIRE_RPC_REJOIN:-0}; "
+              "echo life $RESTART_COUNT rejoin=${GRADWIRE_RPC_REJOIN:-0}"
+              "${GRADWIRE_RESTARTED_ALONE:-0}; "
               "if [ $RANK = 1 ]; then [ $RESTART_COUNT = 2 ] && touch " +
                   marker +
                   " && exit 0; exit 5; fi; "
                   "while [ ! -e " +
                   marker + " ]; do sleep 0.02; done; rm -f " + marker});
   EXPECT_EQ(run.wait(), 0) << run.err();
-  for (const char* line : {"[rank0]: life 0 rejoin=0", "[rank1]: life 0 rejoin=0",
-                           "[rank1]: life 1 rejoin=1", "[rank1]: life 2 rejoin=1"}) {
+  for (const char* line : {"[rank0]: life 0 rejoin=00", "[rank1]: life 0 rejoin=00",
+                           "[rank1]: life 1 rejoin=11", "[rank1]: life 2 rejoin=11"}) {
     EXPECT_EQ(count(run.out(), line), 1u) << line << " in\n" << run.out();
   }
   EXPECT_EQ(count(run.out(), "[rank0]: life"), 1u) << run.out();
@@ -222,14 +191,23 @@ TEST(Launcher, RestartsAFailedWorkerAloneAndTellsItToRejoin) {
       << spent.err();
 }
 
-TEST(Launcher, SignalsReachEveryWorker) {
+// Signals go to each worker's process group, so what a worker started itself stops too.
+TEST(Launcher, SignalsReachEveryWorkersProcessGroup) {
   Launch run({"--nproc-per-node", "2", "sh", "-c",
-              "trap 'echo got TERM; exit 0' TERM; echo ready; while :; do sleep 0.05; done"});
-  ASSERT_TRUE(run.read_until([](const std::string& out) { return count(out, "ready") == 2; }, 10s))
+              "sleep 60 & echo child $!; trap 'echo got TERM; exit 0' TERM; echo ready; "
+              "while :; do sleep 0.05; done"});
+  ASSERT_TRUE(run.read_until(
+      [](const std::string& out, const std::string&) { return count(out, "ready") == 2; }, 10s))
       << run.out();
+  std::vector<pid_t> children;
+  for (const std::string& line : lines(run.out()))
+    if (has(line, "child ")) children.push_back(std::stoi(value_after(line, "child")));
+  ASSERT_EQ(children.size(), 2u) << run.out();
   ::kill(run.pid(), SIGTERM);
   EXPECT_EQ(run.wait(), 128 + SIGTERM);
   EXPECT_EQ(count(run.out(), "got TERM"), 2u) << run.out();
+  for (pid_t child : children)
+    EXPECT_TRUE(ends_within(child, 10s)) << "the worker's own child " << child << " lives on";
 }
 
 TEST(Launcher, BadCommandLinesAreRefusedWithTheReason) {
@@ -244,17 +222,49 @@ TEST(Launcher, BadCommandLinesAreRefusedWithTheReason) {
       {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
       {{"no-such-program-here"}, "program 'no-such-program-here' was not found on PATH"},
       {{"./no/such/file"}, "does not exist or is not executable"},
-      {{"--nnodes", "2", "true"}, "needs --master-port"},
+      {{"--nnodes", "2", "true"}, "needs --rdzv-endpoint HOST:PORT"},
       {{"--nnodes", "2", "--node-rank", "2", "--master-port", "1", "true"},
        "is not below --nnodes"},
       {{}, "no program to run"},
       {{"--restart-workers", "-1", "true"}, "--restart-workers takes an integer in [0, 1000]"},
+      {{"--nnodes", "3:2", "--rdzv-endpoint", "127.0.0.1:1", "true"},
+       "--nnodes 3:2: MIN 3 is above MAX 2"},
+      {{"--nnodes", "x:2", "true"}, "--nnodes MIN takes an integer"},
+      {{"--nnodes", "2", "--rdzv-endpoint", "127.0.0.1", "true"},
+       "--rdzv-endpoint '127.0.0.1' has no port"},
+      {{"--rdzv-endpoint", "127.0.0.1:70000", "true"}, "--rdzv-endpoint port takes an integer"},
+      {{"--rdzv-endpoint", ":29400", "true"}, "has no host"},
+      {{"--standalone", "--nnodes", "2", "true"}, "--standalone runs one node"},
+      {{"--standalone", "--rdzv-endpoint", "127.0.0.1:1", "true"}, "exclude each other"},
+      {{"--nnodes", "1:2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:1", "true"},
+       "--node-rank needs a fixed --nnodes N"},
+      {{"--rdzv-endpoint", "127.0.0.1:1", "--master-port", "2", "true"},
+       "--master-port is for the static setup"},
+      {{"--tee", "4", "true"}, "--tee takes an integer in [0, 3]"},
+      {{"--rdzv-id", "a/b", "true"}, "--rdzv-id 'a/b' must be"},
+      {{"--rdzv-last-call", "soon", "true"}, "--rdzv-last-call"},
+      {{"--rdzv-heartbeat-timeout", "5ms", "true"}, "at least 100ms"},
+      {{"--rdzv-backend", "etcd", "true"}, "--rdzv-backend 'etcd' is not supported"},
   };
   for (const Case& c : cases) {
     Launch run(c.args);
     EXPECT_EQ(run.wait(), 2) << c.says;
-    EXPECT_NE(run.err().find(c.says), std::string::npos) << run.err();
+    EXPECT_NE(run.err().find(c.says), std::string::npos) << c.says << " in\n" << run.err();
   }
+}
+
+// A worker restarted alone cannot enter a process group: creating one fails at once and
+// says what to use instead.
+TEST(Launcher, AProcessGroupRefusesAWorkerRestartedAlone) {
+  ASSERT_EQ(::setenv("GRADWIRE_RESTARTED_ALONE", "1", 1), 0);
+  try {
+    gradwire::c10d::make_process_group("gloo", std::make_shared<gradwire::c10d::HashStore>(), 0, 1);
+    ADD_FAILURE() << "a process group was created in a worker restarted alone";
+  } catch (const gradwire::InvalidArgument& e) {
+    EXPECT_TRUE(has(e.what(), "restarted alone")) << e.what();
+    EXPECT_TRUE(has(e.what(), "use --max-restarts")) << e.what();
+  }
+  ::unsetenv("GRADWIRE_RESTARTED_ALONE");
 }
 
 }  // namespace
