@@ -284,7 +284,9 @@ case $cmd in
 up)
   [[ $# -eq 3 ]] || usage "up takes NAME N"
   valid_name "$2"
-  [[ $3 =~ ^[0-9]+$ ]] && (($3 >= 1 && $3 <= 16)) || usage "N='$3' must be a number in [1, 16]"
+  if ! [[ $3 =~ ^[0-9]+$ ]] || (($3 < 1 || $3 > 16)); then
+    usage "N='$3' must be a number in [1, 16]"
+  fi
   preflight
   cmd_up "$2" "$3"
   ;;
