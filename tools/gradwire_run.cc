@@ -57,6 +57,9 @@ std::string why_of(const std::string& stop) {
 
 int run(const Options& o) {
   Rendezvous rdzv(o);
+  // Until here a signal ends the launcher at once (no worker runs yet); from now on it
+  // reaches the workers, or ends a rendezvous wait.
+  install_signal_handlers();
   if (!o.standalone()) {
     std::fprintf(stderr, "gradwire-run: rendezvous '%s' on the store at %s%s\n", o.run_id.c_str(),
                  rdzv.endpoint().c_str(), rdzv.hosts_store() ? " (hosted by this launcher)" : "");
@@ -156,8 +159,11 @@ int main(int argc, char** argv) {
                  o.nproc_per_node);
   }
   try {
-    install_signal_handlers();
     return run(o);
+  } catch (const Interrupted& e) {
+    std::fprintf(stderr, "gradwire-run: interrupted by signal %d during the rendezvous\n",
+                 e.signal);
+    return 128 + e.signal;
   } catch (const gradwire::InvalidArgument& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

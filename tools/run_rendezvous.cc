@@ -173,6 +173,7 @@ std::optional<GroupPlan> Rendezvous::join() {
         check_deadline(std::to_string(joined) + " of at least " + std::to_string(o.min_nodes) +
                        " nodes joined generation " + std::to_string(gen_));
         beat();
+        throw_if_interrupted();
         try {
           store_->wait({gkey("closed")}, 100ms);
         } catch (const TimeoutError&) {
@@ -245,6 +246,7 @@ std::optional<GroupPlan> Rendezvous::join() {
     for (;;) {
       if (store_->check({key("complete")}) || store_->check({key("abandoned")})) break;
       check_deadline("generation " + std::to_string(gen_) + " never ended to let this node in");
+      throw_if_interrupted();
       try {
         store_->wait({next}, 200ms);
         break;

@@ -91,6 +91,11 @@ int take_signal() {
   return ::read(g_signal_pipe[0], &sig, 1) == 1 ? sig : 0;
 }
 
+void throw_if_interrupted() {
+  if (g_signal_pipe[0] < 0) return;
+  if (const int sig = take_signal(); sig != 0) throw Interrupted{sig};
+}
+
 // Copies one of a worker's streams line by line: to the console (prefixed) when it is
 // shown there, and as written to its log file when there is one.
 struct Stream {

@@ -27,6 +27,14 @@ int signal_fd();
 // Reads a pending signal number from the pipe; 0 when none.
 int take_signal();
 
+// Thrown where the launcher waits outside LocalGroup::run (a rendezvous) and SIGINT or
+// SIGTERM arrives: main exits with 128 + signal.
+struct Interrupted {
+  int signal = 0;
+};
+// Throws Interrupted when a signal is pending.
+void throw_if_interrupted();
+
 // What one generation's workers on this node are told.
 struct GroupPlan {
   int64_t generation = 0;

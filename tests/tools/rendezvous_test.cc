@@ -249,4 +249,16 @@ TEST(Rendezvous, AKilledLaunchersWorkersDieAndTheRestGoOn) {
   EXPECT_TRUE(has(a.err(), "stopped answering (no heartbeat for 1000 ms)")) << a.err();
 }
 
+// A launcher waiting for the other nodes still answers Ctrl-C / SIGTERM at once.
+TEST(Rendezvous, ASignalEndsALauncherWaitingForOtherNodes) {
+  Launch run({"--rdzv-endpoint", endpoint(), "--nnodes", "2", "true"});
+  ASSERT_TRUE(run.read_until(
+      [](const std::string&, const std::string& err) { return has(err, "rendezvous 'default'"); },
+      20s))
+      << run.err();
+  ::kill(run.pid(), SIGTERM);
+  EXPECT_EQ(run.wait(10s), 128 + SIGTERM) << run.err();
+  EXPECT_TRUE(has(run.err(), "interrupted by signal 15 during the rendezvous")) << run.err();
+}
+
 }  // namespace
