@@ -71,7 +71,10 @@ bed_nodes() {
     sed "s/^.*-//" | sort -n
 }
 node_count() {
-  bed_nodes "$1" | wc -l
+  local nodes
+  nodes=$(bed_nodes "$1")
+  grep -c . <<<"$nodes"
+  return 0
 }
 
 node_ns() { echo "$1-$2"; }

@@ -61,8 +61,8 @@ mn_begin() {
       exit 2
     }
   done
-  have=$("$TESTBED" nodes "$BED" 2>/dev/null || echo 0)
-  if ((have < need)); then
+  have=$("$TESTBED" nodes "$BED" 2>/dev/null)
+  if ! [[ $have =~ ^[0-9]+$ ]] || ((have < need)); then
     reason="the test bed '$BED' is not up"
     [[ -s $BED_STATE/skip-reason ]] && reason=$(cat "$BED_STATE/skip-reason")
     echo "[$mn_case] skipped: needs $need network-namespace nodes: $reason"
@@ -77,7 +77,9 @@ mn_begin() {
   "$TESTBED" kill "$BED"
 }
 
-mn_addr() { "$TESTBED" addr "$BED" "$1"; }
+mn_addr() {
+  "$TESTBED" addr "$BED" "$1" || mn_fail "node $1 has no address"
+}
 
 mn_log() { echo "$mn_log_dir/$1.log"; }
 
