@@ -13,6 +13,7 @@ packages=(
   libopenblas-dev libdlpack-dev zlib1g-dev
   libtensorpipe-dev libgloo-dev libuv1-dev libprotobuf-dev protobuf-compiler
   libssl-dev
+  iproute2
 )
 for arg in "$@"; do
   case "$arg" in
