@@ -126,6 +126,31 @@ std::string hostname_address() {
   return "";
 }
 
+// "localhost", a 127.0.0.0/8 address or ::1, as written (no resolving).
+bool literal_loopback(const std::string& host) {
+  if (host == "localhost" || host.rfind("localhost.", 0) == 0) return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
+}
+
+// The IPv4 address of the first interface that is up and not a loopback one; "" if none.
+std::string first_interface_address() {
+  ifaddrs* raw = nullptr;
+  if (::getifaddrs(&raw) != 0) return "";
+  std::unique_ptr<ifaddrs, IfAddrsDeleter> list(raw);
+  for (const ifaddrs* i = list.get(); i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    if (loopback_sockaddr(i->ifa_addr)) continue;
+    std::string text = numeric(i->ifa_addr);
+    if (!text.empty()) return text;
+  }
+  return "";
+}
+
 }  // namespace
 
 bool is_loopback(const std::string& host) {
@@ -234,8 +259,17 @@ std::string advertised_host(const std::string& master_host) {
       GRADWIRE_THROW(InvalidArgument) << "GRADWIRE_SOCKET_IFNAME: " << e.what();
     }
   }
-  if (!master_host.empty()) return address_toward(master_host);
+  if (!master_host.empty()) {
+    std::string address = address_toward(master_host);
+    if (address != "127.0.0.1" || literal_loopback(master_host)) return address;
+    // A name that maps to a loopback address only here (Debian's /etc/hosts maps the host's
+    // own name to 127.0.1.1): this is the master's host, and peers on other hosts reach it
+    // by one of its other addresses.
+  }
   if (std::string address = hostname_address(); !address.empty()) return address;
+  if (!master_host.empty()) {
+    if (std::string address = first_interface_address(); !address.empty()) return address;
+  }
   return "127.0.0.1";
 }
 

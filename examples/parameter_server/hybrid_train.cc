@@ -181,7 +181,7 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
   // The trainers' own group, for DDP.
   auto group = c10d::ProcessGroupGloo::create(
       std::make_shared<c10d::PrefixStore>("hybrid/ddp", store), trainer - 1, trainers,
-      {.timeout = std::chrono::seconds(60), .name = "hybrid-ddp"}, {.host = "127.0.0.1"});
+      {.timeout = std::chrono::seconds(60), .name = "hybrid-ddp"});
   Generator init_gen(static_cast<uint64_t>(20 + trainer));  // different on purpose: DDP
   auto dense = std::make_shared<Dense>(&init_gen);          // broadcasts rank 0's
   ddp::DistributedDataParallel model(dense, group, ddp_options(opt.ddp));

@@ -119,8 +119,8 @@ int train_rank(int rank, const Options& opt, const std::string& store_path) {
   using namespace std::chrono_literals;
   auto store = std::make_shared<c10d::FileStore>(
       c10d::FileStoreOptions{.path = store_path, .num_workers = opt.processes, .timeout = 60s});
-  auto group = c10d::ProcessGroupGloo::create(
-      store, rank, opt.processes, {.timeout = 60s, .name = "train-mlp"}, {.host = "127.0.0.1"});
+  auto group = c10d::ProcessGroupGloo::create(store, rank, opt.processes,
+                                              {.timeout = 60s, .name = "train-mlp"});
   Generator gen(7);
   auto [train_x, train_y] = spiral(300, gen);
   auto [test_x, test_y] = spiral(100, gen);

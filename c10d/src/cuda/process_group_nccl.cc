@@ -13,11 +13,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -923,10 +925,31 @@ std::shared_ptr<ProcessGroupNCCL> ProcessGroupNCCL::create(std::shared_ptr<Store
       std::move(store), rank, size, std::move(options), std::move(nccl_options)));
 }
 
+namespace {
+
+// NCCL picks the interface of its own sockets (bootstrap and, without InfiniBand, data)
+// from NCCL_SOCKET_IFNAME. A job that names its interface once, for every gradwire
+// transport, through GRADWIRE_SOCKET_IFNAME gets the same one for NCCL, unless
+// NCCL_SOCKET_IFNAME says otherwise. Done once, before the first communicator reads it.
+void apply_socket_ifname() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* ours = std::getenv("GRADWIRE_SOCKET_IFNAME");
+    const char* theirs = std::getenv("NCCL_SOCKET_IFNAME");
+    if (ours == nullptr || *ours == '\0' || (theirs != nullptr && *theirs != '\0')) return;
+    ::setenv("NCCL_SOCKET_IFNAME", ours, 1);
+    GRADWIRE_LOG(kInfo) << "ProcessGroupNCCL: NCCL_SOCKET_IFNAME=" << ours
+                        << " (from GRADWIRE_SOCKET_IFNAME)";
+  });
+}
+
+}  // namespace
+
 ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size,
                                    ProcessGroupOptions options, NcclOptions nccl_options)
     : ProcessGroup(std::move(store), rank, size, std::move(options)),
       nccl_options_(std::move(nccl_options)) {
+  apply_socket_ifname();
   if (nccl_options_.watchdog_interval.count() <= 0) {
     throw InvalidArgument("ProcessGroupNCCL (group '" + name() + "', rank " +
                           std::to_string(this->rank()) +

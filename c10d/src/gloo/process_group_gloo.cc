@@ -30,9 +30,11 @@
 #include <utility>
 
 #include "gradwire/c10d/prefix_store.h"
+#include "gradwire/c10d/rendezvous.h"
 #include "gradwire/core/env.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
+#include "gradwire/core/net.h"
 #include "gradwire/core/signals.h"
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/tensor/factory.h"
@@ -88,31 +90,21 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
   milliseconds timeout_;
 };
 
-// Can a listening socket be bound on `host`? Used to pick a default address.
-bool bindable(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* result = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
-  bool ok = false;
-  for (addrinfo* a = result; a != nullptr && !ok; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    ok = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
-    ::close(fd);
-  }
-  ::freeaddrinfo(result);
-  return ok;
-}
-
-std::string default_host() {
+// The address this rank listens on and advertises when GlooOptions::host is empty (the
+// header says the order).
+std::string default_host(const Store* store) {
   if (std::optional<std::string> env = env_raw("GRADWIRE_GLOO_HOST"); env && !env->empty()) {
     return *env;
   }
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) == 0 && name[0] != '\0' && bindable(name)) return name;
-  return "127.0.0.1";
+  if (std::optional<std::string> ifname = env_raw("GLOO_SOCKET_IFNAME");
+      ifname && !ifname->empty()) {
+    try {
+      return net::interface_address(*ifname);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("GLOO_SOCKET_IFNAME: ") + e.what());
+    }
+  }
+  return net::advertised_host(master_host(store));
 }
 
 // Runs each task on a thread of its own, reusing idle threads: point-to-point operations
@@ -256,7 +248,15 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
                           ": GlooOptions::all_reduce_segment_bytes must be at least 4096, got " +
                           std::to_string(gloo_options_.all_reduce_segment_bytes));
   }
-  if (gloo_options_.host.empty()) gloo_options_.host = default_host();
+  if (gloo_options_.host.empty()) {
+    try {
+      gloo_options_.host = default_host(this->store().get());
+    } catch (const NetworkError& e) {
+      throw NetworkError(what + ": cannot choose the address to listen on: " + e.what());
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(what + ": cannot choose the address to listen on: " + e.what());
+    }
+  }
   ignore_sigpipe();
   try {
     ::gloo::transport::tcp::attr attr;

@@ -32,11 +32,13 @@
 
 #include "call_table.h"
 #include "dispatcher.h"
+#include "gradwire/c10d/rendezvous.h"
 #include "gradwire/c10d/store.h"
 #include "gradwire/core/auth.h"
 #include "gradwire/core/env.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/net.h"
 #include "gradwire/core/printable.h"
 #include "gradwire/core/signals.h"
 #include "gradwire/core/thread_annotations.h"
@@ -371,17 +373,20 @@ void TensorPipeAgent::validate_options() const {
 
 std::string TensorPipeAgent::resolve_host() const {
   if (!options_.host.empty()) return options_.host;
-  if (auto env = env_raw("GRADWIRE_RPC_HOST"); env && !env->empty()) return *env;
-  auto [error, address] = tp::transport::uv::lookupAddrForHostname();
-  if (!error && !address.empty()) {
-    // TensorPipe answers "ip:port" or "[ip6]:port"; the host part is wanted.
-    if (address.front() == '[') return address.substr(1, address.find(']') - 1);
-    if (std::count(address.begin(), address.end(), ':') == 1) {
-      return address.substr(0, address.find(':'));
-    }
-    return address;
+  // GRADWIRE_RPC_HOST, GRADWIRE_SOCKET_IFNAME, else the interface that routes to the
+  // rendezvous master (core/net.h).
+  const std::string master = c10d::master_host(store_.get());
+  try {
+    return net::advertised_host(master);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("rpc agent " + self_.describe() +
+                          ": cannot choose the address to listen on: " + e.what());
+  } catch (const NetworkError& e) {
+    throw NetworkError(
+        "rpc agent " + self_.describe() +
+        ": cannot choose the address to listen on (toward the master '" + master +
+        "'; set AgentOptions::host, GRADWIRE_RPC_HOST or GRADWIRE_SOCKET_IFNAME): " + e.what());
   }
-  return "127.0.0.1";
 }
 
 // "host:port", with an IPv6 host in brackets.

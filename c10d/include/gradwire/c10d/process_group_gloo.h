@@ -47,8 +47,14 @@ namespace gradwire::c10d {
 
 struct GlooOptions {
   // The address this rank listens on and advertises to its peers. Empty: the
-  // GRADWIRE_GLOO_HOST variable, else this machine's host name when it resolves to a
-  // local address that can be bound, else 127.0.0.1.
+  // GRADWIRE_GLOO_HOST variable; else the IPv4 address of the interface GLOO_SOCKET_IFNAME
+  // names; else the address the rpc agent would choose (net::advertised_host, core/net.h):
+  // GRADWIRE_RPC_HOST, GRADWIRE_SOCKET_IFNAME's interface, or the local address of the
+  // interface that routes to the store's host (the rendezvous master, seen through
+  // PrefixStores; MASTER_ADDR for a FileStore or HashStore), which is 127.0.0.1 only when
+  // the master is on this host's loopback. So a group spans hosts and containers without
+  // being told an address. An interface that does not exist is an InvalidArgument naming
+  // it; a master that cannot be resolved or routed to, a NetworkError.
   std::string host{};
   // Worker threads that run queued operations (>= 1).
   int threads{2};

@@ -36,6 +36,12 @@
 // before receiving can deadlock once a message exceeds NCCL's buffering).
 // recv_any_source throws InvalidArgument: NCCL cannot receive from any source.
 //
+// Network interface: NCCL chooses the interface of its sockets from NCCL_SOCKET_IFNAME.
+// When that is unset and GRADWIRE_SOCKET_IFNAME is set (the interface every gradwire
+// transport then uses, core/net.h), the first ProcessGroupNCCL created sets
+// NCCL_SOCKET_IFNAME to it, before any communicator exists (setenv: create the first group
+// while no other thread reads the environment).
+//
 // Thread-safety: as ProcessGroup. Operations of one group are issued one at a time (a
 // lock), in call order. Destroying the group waits for the operations in flight to finish
 // or pass their deadlines, then releases the communicator (ncclCommFinalize and

@@ -10,10 +10,14 @@
 //   1. GRADWIRE_RPC_HOST, if set (an address or a name, used as given);
 //   2. the IPv4 address of the interface GRADWIRE_SOCKET_IFNAME names (like Gloo's
 //      GLOO_SOCKET_IFNAME; "eth0", "ib0");
-//   3. the local address of the interface the kernel routes to the master host
-//      (127.0.0.1 when the master is a loopback address, so a job on one host stays on
-//      loopback; never a loopback address when the master is another machine);
-//   4. without a master host: the first non-loopback address the host name resolves to;
+//   3. the local address of the interface the kernel routes to the master host: never a
+//      loopback address when the master is another machine. A master written as a
+//      loopback address ("127.0.0.1", "localhost", "::1") gives 127.0.0.1, so a job on one
+//      host stays on loopback. A master *name* that resolves to a loopback address here
+//      (Debian's /etc/hosts maps the host's own name to 127.0.1.1) means this is the
+//      master's host, whose peers may be elsewhere: step 4 then decides, and failing
+//      that the first non-loopback interface that is up;
+//   4. the first non-loopback address the host name resolves to;
 //   5. 127.0.0.1.
 //
 // host_id() and network_namespace_id() tell two processes whether they share a host and a

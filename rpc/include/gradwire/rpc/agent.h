@@ -121,8 +121,12 @@ struct AgentOptions {
   std::string init_method{"env://"};
   // A store shared by every worker (the rendezvous result); overrides init_method.
   std::shared_ptr<c10d::Store> store;
-  // Address to listen on and announce to peers. Empty: GRADWIRE_RPC_HOST, else the
-  // address of this host's name, else 127.0.0.1.
+  // Address to listen on and announce to peers. Empty: net::advertised_host (core/net.h)
+  // toward the rendezvous master (the host of the store, a TCPStore seen through
+  // PrefixStores, else MASTER_ADDR): GRADWIRE_RPC_HOST if set, else the IPv4 address of
+  // the interface GRADWIRE_SOCKET_IFNAME names, else the local address of the interface
+  // that routes to the master. So workers on other hosts or in other containers reach it
+  // without configuration; a job whose master is 127.0.0.1 stays on loopback.
   std::string host;
   // Transports and channels to register, from {"tcp", "local", "shm", "uv"} and {"xth",
   // "cma", "mpt", "mpt_uv", "basic"}. Per peer, the fastest one that both ends have is used.
