@@ -8,6 +8,9 @@
 #
 # The first generation (WORLD_SIZE 3) is given far more epochs than the test waits for, so it
 # can only end by the membership change; the second (WORLD_SIZE 2) trains 5 epochs.
+# --max-restarts 1: when node 2 held ps0 (node ranks follow arrival), the surviving trainer
+# fails at once, its server gone, and that failure counts as a restart; when node 2 held a
+# trainer, only the membership change ends the generation, which counts as none.
 source "$(dirname "$0")/lib.sh"
 mn_begin elastic 3 75
 endpoint=$(mn_addr 0):29515
