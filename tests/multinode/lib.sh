@@ -4,6 +4,9 @@
 # checks their exit statuses and output. Whatever it started is killed when it exits, pass
 # or fail, and on failure every node's log is printed.
 #
+# Ports: every node must be told the same rendezvous port, so each case names one of its own
+# (29511...). They are bound only inside the bed's namespaces, which nothing else uses.
+#
 # The fixture passes, in the environment:
 #   TESTBED       scripts/netns-testbed.sh
 #   BED           the bed's name (its nodes are the namespaces BED-0, BED-1, ...)
