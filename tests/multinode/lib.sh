@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the multinode test drivers (sourced, not run). Each driver runs one case on the
 # test bed the CTest fixture brought up (scripts/netns-testbed.sh): it starts one
 # gradwire-run per node inside that node's namespace, waits for them with a deadline, and
