@@ -32,11 +32,13 @@ using EnvChanges = std::vector<std::pair<std::string, std::optional<std::string>
 // A launcher run: its pid, and its stdout and stderr read as they come.
 class Launch {
  public:
-  explicit Launch(std::vector<std::string> args, const EnvChanges& env = {}) {
+  // Runs `program` (gradwire-run unless said otherwise) with `args`.
+  explicit Launch(std::vector<std::string> args, const EnvChanges& env = {},
+                  const std::string& program = GRADWIRE_RUN_PATH) {
     int out[2], err[2];
     EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
     EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
-    args.insert(args.begin(), GRADWIRE_RUN_PATH);
+    args.insert(args.begin(), program);
     std::vector<char*> argv;
     for (auto& a : args)
       argv.push_back(a.data());

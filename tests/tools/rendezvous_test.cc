@@ -249,6 +249,36 @@ TEST(Rendezvous, AKilledLaunchersWorkersDieAndTheRestGoOn) {
   EXPECT_TRUE(has(a.err(), "stopped answering (no heartbeat for 1000 ms)")) << a.err();
 }
 
+// With a standalone gradwire-store at the endpoint every launcher is its client, and the
+// store serves one job after another (told apart by --rdzv-id).
+TEST(Rendezvous, LaunchersMeetOnAStandaloneStore) {
+  Launch store({"--host", "127.0.0.1", "--port", "0"}, {}, GRADWIRE_STORE_PATH);
+  ASSERT_TRUE(store.read_until(
+      [](const std::string& out, const std::string&) { return has(out, "listening on port "); },
+      20s))
+      << store.out() << store.err();
+  const std::string ep = "127.0.0.1:" + value_after(store.out(), "listening on port");
+  Launch a(with(ep, "2", {"--rdzv-id", "one", "sh", "-c", kReport}));
+  Launch b(with(ep, "2", {"--rdzv-id", "one", "sh", "-c", kReport}));
+  ASSERT_EQ(a.wait(), 0) << a.err();
+  ASSERT_EQ(b.wait(), 0) << b.err();
+  EXPECT_FALSE(has(a.err() + b.err(), "hosted by this launcher")) << a.err() << b.err();
+  std::set<std::string> ranks;
+  for (const auto* run : {&a, &b})
+    for (const auto& r : records(run->out(), "w"))
+      ranks.insert(r.at("rank"));
+  EXPECT_EQ(ranks, (std::set<std::string>{"0", "1"}));
+
+  Launch next(with(ep, "1", {"--rdzv-id", "two", "sh", "-c", kReport}));
+  ASSERT_EQ(next.wait(), 0) << next.err();
+  EXPECT_TRUE(has(next.out(), "w rank=0 world=1")) << next.out();
+  // An id whose job has completed is not run again.
+  Launch again(with(ep, "2", {"--rdzv-id", "one", "sh", "-c", kReport}));
+  ASSERT_EQ(again.wait(), 0) << again.err();
+  EXPECT_EQ(again.out(), "");
+  EXPECT_TRUE(has(again.err(), "the job completed before this node could join it")) << again.err();
+}
+
 // A launcher waiting for the other nodes still answers Ctrl-C / SIGTERM at once.
 TEST(Rendezvous, ASignalEndsALauncherWaitingForOtherNodes) {
   Launch run({"--rdzv-endpoint", endpoint(), "--nnodes", "2", "true"});
