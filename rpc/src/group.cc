@@ -1,6 +1,7 @@
 #include "group.h"
 
 #include <algorithm>
+#include <cctype>
 #include <sstream>
 
 #include "gradwire/c10d/prefix_store.h"
@@ -23,12 +24,33 @@ struct WorkerRecord {
   std::string boot_id;
   std::optional<LoanTableAddress> loans;
   int incarnation{0};
+  std::string host_id;  // empty: the record does not say (an older worker)
+  uint64_t netns{0};
+  std::vector<std::string> transports;
 };
+
+// A host id as one word of a record (GRADWIRE_HOST_ID is free text).
+std::string record_word(const std::string& text) {
+  std::string out = text;
+  for (char& c : out) {
+    if (std::isspace(static_cast<unsigned char>(c))) c = '_';
+  }
+  return out;
+}
 
 std::string format_record(const WorkerRecord& r) {
   std::string out = "gradwire-rpc 1\nname " + r.name + "\nurl " + r.url + "\ndevices " +
                     std::to_string(r.cuda_devices) + "\n";
   if (r.incarnation > 0) out += "incarnation " + std::to_string(r.incarnation) + "\n";
+  if (!r.host_id.empty()) {
+    out += "host " + record_word(r.host_id) + "\nnetns " + std::to_string(r.netns) + "\n";
+  }
+  if (!r.transports.empty()) {
+    out += "transports";
+    for (const std::string& t : r.transports)
+      out += " " + t;
+    out += "\n";
+  }
   for (const auto& [worker, pairs] : r.device_maps) {
     for (const auto& [from, to] : pairs)
       out += "map " + worker + " " + from.str() + " " + to.str() + "\n";
@@ -67,6 +89,13 @@ WorkerRecord parse_record(const std::string& text, int rank) {
       if (!(fields >> r.incarnation) || r.incarnation < 1 || r.incarnation > kMaxIncarnation) {
         throw bad("incarnation line '" + line + "'");
       }
+    } else if (tag == "host") {
+      if (!(fields >> r.host_id)) throw bad("host line '" + line + "'");
+    } else if (tag == "netns") {
+      if (!(fields >> r.netns)) throw bad("netns line '" + line + "'");
+    } else if (tag == "transports") {
+      for (std::string t; fields >> t;)
+        r.transports.push_back(t);
     } else if (tag == "loans") {
       LoanTableAddress a;
       if (!(fields >> r.boot_id >> a.pid >> a.probe_address >> a.probe_value >> a.table_address >>
@@ -91,6 +120,18 @@ WorkerRecord parse_record(const std::string& text, int rank) {
 }
 
 const std::optional<LoanTableAddress> kNotReadable;
+
+// Whether a record's worker runs on host `host_id` in network namespace `netns`; a record
+// that does not say (an older worker) does not.
+bool shares_namespace(const WorkerRecord& record, const std::string& host_id, uint64_t netns) {
+  return !record.host_id.empty() && !host_id.empty() && record.host_id == host_id &&
+         record.netns != 0 && record.netns == netns;
+}
+
+// The transports a record lists; a record that lists none (an older worker) announced tcp.
+std::vector<std::string> transports_in(const WorkerRecord& record) {
+  return record.transports.empty() ? std::vector<std::string>{"tcp"} : record.transports;
+}
 
 }  // namespace
 
@@ -189,10 +230,10 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
                           "' is already taken by rank " + c10d::to_string(owner));
   }
   // A rejoining worker announces no loan table: it lends nothing (see the file comment).
-  store_->set(
-      key("worker/" + rank_text),
-      format_record(WorkerRecord{self_.name, me.url, me.cuda_devices, me.device_maps, me.boot_id,
-                                 rejoin ? std::nullopt : me.loans, incarnation_}));
+  store_->set(key("worker/" + rank_text),
+              format_record(WorkerRecord{self_.name, me.url, me.cuda_devices, me.device_maps,
+                                         me.boot_id, rejoin ? std::nullopt : me.loans, incarnation_,
+                                         me.host_id, me.netns, me.transports}));
   const std::vector<std::string> values = gather("worker/", "to start");
   std::vector<WorkerRecord> records;
   for (int r = 0; r < world_size_; ++r)
@@ -206,6 +247,16 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
       urls_.push_back(rec.url);
       incarnations_.push_back(rec.incarnation);
       ids_by_name_[rec.name] = r;
+    }
+  }
+  host_id_ = record_word(me.host_id);
+  netns_ = me.netns;
+  {
+    MutexLock lock(mutable_mutex_);
+    for (int r = 0; r < world_size_; ++r) {
+      const WorkerRecord& rec = records[static_cast<size_t>(r)];
+      transports_.push_back(transports_in(rec));
+      same_namespace_.push_back(r == self_.id || shares_namespace(rec, host_id_, netns_));
     }
   }
   cuda_devices_here_ = me.cuda_devices;
@@ -269,6 +320,9 @@ int GroupDirectory::refresh(int id, std::chrono::milliseconds timeout) {
         rec.incarnation >= incarnations_[static_cast<size_t>(id)]) {
       urls_[static_cast<size_t>(id)] = rec.url;
       incarnations_[static_cast<size_t>(id)] = rec.incarnation;
+      transports_[static_cast<size_t>(id)] = transports_in(rec);
+      same_namespace_[static_cast<size_t>(id)] =
+          id == self_.id || shares_namespace(rec, host_id_, netns_);
     }
     return incarnations_[static_cast<size_t>(id)];
   } catch (const std::exception& e) {
@@ -414,6 +468,18 @@ const DeviceRoute* GroupDirectory::route_to(int id) const {
 const DeviceRoute* GroupDirectory::route_back(int id) const {
   if (id < 0 || static_cast<size_t>(id) >= routes_back_.size()) return nullptr;
   return &routes_back_[static_cast<size_t>(id)];
+}
+
+bool GroupDirectory::same_namespace(int id) const {
+  MutexLock lock(mutable_mutex_);
+  return id >= 0 && static_cast<size_t>(id) < same_namespace_.size() &&
+         same_namespace_[static_cast<size_t>(id)];
+}
+
+std::vector<std::string> GroupDirectory::transports_of(int id) const {
+  MutexLock lock(mutable_mutex_);
+  if (id < 0 || static_cast<size_t>(id) >= transports_.size()) return {"tcp"};
+  return transports_[static_cast<size_t>(id)];
 }
 
 const std::optional<LoanTableAddress>& GroupDirectory::readable(int id) const {

@@ -2,11 +2,12 @@
 // through a c10d::Store; and DeviceRoute, where the CUDA tensors sent to one worker land.
 //
 // Each worker publishes a record (name, address, CUDA device count, device maps, where its
-// loan table is) under "rpc/<n>/" in the store, n being how many groups this rank has
-// started on that store: the n-th start of every rank forms the n-th group, so a later group
-// never reads an earlier one's records or barriers. Names are claimed first-come; then
-// every worker reads every record, and the workers that lend tensors to each other agree on
-// who can read whose memory. The same store carries the graceful-shutdown barriers.
+// loan table is, its host id and network namespace, its transports) under "rpc/<n>/" in the store,
+// n being how many groups this rank has started on that store: the n-th start of every rank forms
+// the n-th group, so a later group never reads an earlier one's records or barriers. Names are
+// claimed first-come; then every worker reads every record, and the workers that lend tensors to
+// each other agree on who can read whose memory. The same store carries the graceful-shutdown
+// barriers.
 //
 // Rejoining: a worker that was lost can be replaced by a new process under the same name and
 // rank (join with `rejoin`). It joins the running generation instead of starting a new one,
@@ -19,6 +20,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -81,6 +83,11 @@ class GroupDirectory {
     // of its host (processes of one boot can read each other's memory).
     std::optional<LoanTableAddress> loans;
     std::string boot_id;
+    // Where it runs (net::host_id, net::network_namespace_id; 0: unknown) and the
+    // transports it registered, so that each pair knows which transports can reach.
+    std::string host_id;
+    uint64_t netns{0};
+    std::vector<std::string> transports;
   };
 
   // `join_timeout` bounds every wait for the other workers (join_timeout of AgentOptions).
@@ -140,6 +147,13 @@ class GroupDirectory {
   const DeviceRoute* route_to(int id) const;
   const DeviceRoute* route_back(int id) const;
   bool maps_devices() const { return cuda_devices_here_ > 0; }
+  // Whether worker `id` runs on this worker's host (equal host ids) and in its network
+  // namespace (equal, known namespace inodes): only then can transports that exist per
+  // namespace (abstract Unix sockets: local, unix, shm) reach it. False for a record that
+  // does not say (an older worker) and for an id outside the group; true for this worker.
+  bool same_namespace(int id) const;
+  // The transports worker `id` registered; {"tcp"} for a record that does not say.
+  std::vector<std::string> transports_of(int id) const;
   // Direct copies: the loan table of a peer whose memory this worker can read, and whether
   // peer `id` can read this worker's (so it may be lent to).
   const std::optional<LoanTableAddress>& readable(int id) const;
@@ -170,6 +184,12 @@ class GroupDirectory {
   std::vector<std::string> urls_ GRADWIRE_GUARDED_BY(mutable_mutex_);
   std::vector<int> incarnations_ GRADWIRE_GUARDED_BY(mutable_mutex_);
   std::vector<int> cuda_devices_;  // per worker id
+  // Per worker id, from its record (a rejoined worker's is re-read by refresh): the
+  // transports it registered, and whether it shares this worker's host and namespace.
+  std::vector<std::vector<std::string>> transports_ GRADWIRE_GUARDED_BY(mutable_mutex_);
+  std::vector<bool> same_namespace_ GRADWIRE_GUARDED_BY(mutable_mutex_);
+  std::string host_id_;  // this worker's, as its record says it
+  uint64_t netns_{0};
   int cuda_devices_here_{0};
   std::map<std::string, DeviceMap> device_maps_;  // this worker's own
   std::vector<DeviceRoute> routes_to_;            // per worker id; empty without CUDA here

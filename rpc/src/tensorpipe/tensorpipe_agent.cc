@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <map>
 #include <optional>
@@ -122,6 +123,7 @@ class TensorPipeAgent final : public RpcAgent,
 
   const WorkerInfo& worker_info() const override { return self_; }
   WorkerInfo get_worker_info(const Destination& worker) const override;
+  std::string transport_to(const Destination& worker) const override;
   std::vector<WorkerInfo> get_worker_infos() const override {
     if (!joined_.load(std::memory_order_acquire)) return {};
     return group_.workers();
@@ -180,6 +182,9 @@ class TensorPipeAgent final : public RpcAgent,
 
   void validate_options() const;
   std::string resolve_host() const;
+  // `inner` registered so that it is only used toward workers of this host and namespace.
+  std::shared_ptr<tp::transport::Context> namespace_bound(
+      std::shared_ptr<tp::transport::Context> inner) const;
   transport::StreamOptions stream_options(transport::StreamOptions::Family family) const;
   // Registers them in context_; returns the URLs to listen on (tcp's first).
   std::vector<std::string> register_transports_and_channels(const std::string& host);
@@ -268,10 +273,21 @@ class TensorPipeAgent final : public RpcAgent,
   std::shared_ptr<transport::StreamContext> unix_;
   const std::shared_ptr<transport::TransportStats> transport_stats_ =
       std::make_shared<transport::TransportStats>();
+  // What the transports that exist per network namespace (local, unix) count, apart.
+  const std::shared_ptr<transport::TransportStats> local_stats_ =
+      std::make_shared<transport::TransportStats>();
+  // Where this worker runs, read when the agent is made (GRADWIRE_HOST_ID may change later).
+  const std::string host_id_ = net::host_id();
+  const uint64_t netns_ = net::network_namespace_id();
+  // The transports registered by start(), in the order of preference.
+  std::vector<std::string> transports_;
   std::string secret_;  // resolved at start; empty: connections are not authenticated
   // Direct copies: this worker's loan table (null when they are off).
   std::unique_ptr<detail::LoanTable> loans_;
   std::atomic<bool> joined_{false};  // group_ is joined
+  // A graceful shutdown has reached its last barrier: every worker has agreed to leave, so
+  // a peer's connection that closes from now on is a departure, not a loss.
+  std::atomic<bool> departing_{false};
   // state_ == kRunning, readable without mutex_ (a send checks it without locking).
   std::atomic<bool> running_{false};
   std::atomic<uint64_t> tensors_lent_{0};
@@ -404,7 +420,7 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   o.spin = options_.transport_spin;
   // TensorPipe's control frames carry a message's payload plus its tensors' descriptions.
   o.max_frame_bytes = options_.limits.max_payload_bytes + (size_t{16} << 20);
-  o.stats = transport_stats_;
+  o.stats = family == transport::StreamOptions::Family::kTcp ? transport_stats_ : local_stats_;
   o.name = self_.name;
   // Each connection claims this worker in its handshake, and incoming ones are admitted
   // only as the worker they claim (group.h, PeerAdmission).
@@ -427,6 +443,67 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   return o;
 }
 
+namespace {
+
+// A transport whose connections exist only within one network namespace of one host
+// (abstract Unix sockets, and what is passed over them), registered with a domain
+// descriptor that adds this worker's host id and namespace inode to its own. TensorPipe
+// offers a transport to a pair of workers only when their descriptors are equal, so such
+// a transport is used between two workers exactly when they share host and namespace (what
+// GroupDirectory::same_namespace says from the store), whatever its priority, and tcp
+// otherwise: two containers of one host never try each other's abstract sockets.
+class NamespaceBound final : public tp::transport::Context {
+ public:
+  NamespaceBound(std::shared_ptr<tp::transport::Context> inner, const std::string& host_id,
+                 uint64_t netns)
+      : inner_(std::move(inner)),
+        domain_(inner_->domainDescriptor() + "|host=" + host_id +
+                "|netns=" + std::to_string(netns)) {}
+
+  std::shared_ptr<tp::transport::Connection> connect(std::string addr) override {
+    return inner_->connect(std::move(addr));
+  }
+  std::shared_ptr<tp::transport::Listener> listen(std::string addr) override {
+    return inner_->listen(std::move(addr));
+  }
+  bool isViable() const override { return inner_->isViable(); }
+  const std::string& domainDescriptor() const override { return domain_; }
+  bool canCommunicateWithRemote(const std::string& remote) const override {
+    return remote == domain_;
+  }
+  void setId(std::string id) override { inner_->setId(std::move(id)); }
+  void close() override { inner_->close(); }
+  void join() override { inner_->join(); }
+
+ private:
+  const std::shared_ptr<tp::transport::Context> inner_;
+  const std::string domain_;
+};
+
+}  // namespace
+
+std::shared_ptr<tp::transport::Context> TensorPipeAgent::namespace_bound(
+    std::shared_ptr<tp::transport::Context> inner) const {
+  std::string host = host_id_;
+  for (char& c : host) {
+    if (std::isspace(static_cast<unsigned char>(c))) c = '_';
+  }
+  return std::make_shared<NamespaceBound>(std::move(inner), host, netns_);
+}
+
+std::string TensorPipeAgent::transport_to(const Destination& worker) const {
+  const WorkerInfo peer = get_worker_info(worker);
+  const bool same = group_.same_namespace(peer.id);
+  const std::vector<std::string> theirs = group_.transports_of(peer.id);
+  for (const std::string& t : transports_) {
+    const bool per_namespace = t == "local" || t == "unix" || t == "shm";
+    if (per_namespace && !same) continue;
+    if (std::find(theirs.begin(), theirs.end(), t) != theirs.end()) return t;
+  }
+  // Unreachable in a group that started: every worker registers tcp or uv.
+  return "none";
+}
+
 std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
     const std::string& host) {
   auto wants = [](const std::vector<std::string>& list, const char* name) {
@@ -444,7 +521,7 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
     local_ =
         transport::create_stream_context(stream_options(transport::StreamOptions::Family::kLocal));
     if (local_->isViable()) {
-      context_->registerTransport(kLocalPriority, "local", local_);
+      context_->registerTransport(kLocalPriority, "local", namespace_bound(local_));
       urls.push_back("local://" + transport::unique_local_name());
     } else {
       GRADWIRE_LOG(kWarning) << "rpc agent " << self_.describe()
@@ -456,20 +533,28 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
   if (wants(options_.transports, "unix")) {
     unix_ =
         transport::create_stream_context(stream_options(transport::StreamOptions::Family::kUnix));
-    context_->registerTransport(kUnixPriority, "unix", unix_);
+    context_->registerTransport(kUnixPriority, "unix", namespace_bound(unix_));
     urls.push_back("unix://" + transport::unique_local_name());
   }
   if (wants(options_.transports, "uv")) {
     context_->registerTransport(kUvPriority, "uv", tp::transport::uv::create());
     urls.push_back("uv://" + host_port(host, 0));
   }
+  bool shm_registered = false;
   if (wants(options_.transports, "shm")) {
     auto shm = tp::transport::shm::create();
     if (shm->isViable()) {
-      context_->registerTransport(kShmPriority, "shm", shm);
+      context_->registerTransport(kShmPriority, "shm", namespace_bound(shm));
+      shm_registered = true;
       urls.push_back("shm://" + unique_shm_name());
     }
   }
+  // In TensorPipe's order of preference (the priorities above).
+  if (local_ != nullptr) transports_.push_back("local");
+  if (unix_ != nullptr) transports_.push_back("unix");
+  if (shm_registered) transports_.push_back("shm");
+  if (tcp_ != nullptr) transports_.push_back("tcp");
+  if (wants(options_.transports, "uv")) transports_.push_back("uv");
   if (wants(options_.channels, "basic")) {
     context_->registerChannel(kBasicPriority, "basic", tp::channel::basic::create());
   }
@@ -562,8 +647,9 @@ void TensorPipeAgent::start_serving() {
   }
   const std::string my_url = listener_->url(tcp_ != nullptr ? "tcp" : "uv");
   calls_.start();
-  detail::GroupDirectory::Announcement me{my_url, cuda_device_count(), options_.device_maps,
-                                          std::nullopt, std::string()};
+  detail::GroupDirectory::Announcement me{my_url,       cuda_device_count(), options_.device_maps,
+                                          std::nullopt, std::string(),       host_id_,
+                                          netns_,       transports_};
   if (loans_) me.boot_id = detail::boot_id();
   if (loans_ && !me.boot_id.empty()) me.loans = loans_->address();
   group_.join(me, /*direct_copies=*/loans_ != nullptr, options_.rejoin);
@@ -1170,9 +1256,13 @@ AgentMetrics TensorPipeAgent::metrics() const {
   m.bytes_lent = bytes_lent_.load(std::memory_order_relaxed);
   m.tensors_copied_in = tensors_copied_in_.load(std::memory_order_relaxed);
   m.bytes_copied_in = bytes_copied_in_.load(std::memory_order_relaxed);
-  m.connections_accepted = transport_stats_->accepted.load(std::memory_order_relaxed);
-  m.connections_refused = transport_stats_->refused.load(std::memory_order_relaxed);
-  m.frames_refused = transport_stats_->bad_frames.load(std::memory_order_relaxed);
+  m.local_connections_accepted = local_stats_->accepted.load(std::memory_order_relaxed);
+  m.connections_accepted =
+      transport_stats_->accepted.load(std::memory_order_relaxed) + m.local_connections_accepted;
+  m.connections_refused = transport_stats_->refused.load(std::memory_order_relaxed) +
+                          local_stats_->refused.load(std::memory_order_relaxed);
+  m.frames_refused = transport_stats_->bad_frames.load(std::memory_order_relaxed) +
+                     local_stats_->bad_frames.load(std::memory_order_relaxed);
   m.requests_refused_busy = busy_refusals_.load(std::memory_order_relaxed);
   return m;
 }
@@ -1256,6 +1346,8 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
       servers_.erase(conn->serial);
     }
   }
+  // In a graceful shutdown's last phase, peers close their connections as they leave.
+  closing = closing || departing_.load(std::memory_order_acquire);
   std::vector<PendingCall> lost;
   if (conn->outgoing) lost = calls_.take_connection(conn->serial);
   if (!closing && conn->outgoing) {
@@ -1432,6 +1524,10 @@ void TensorPipeAgent::shutdown(bool graceful) {
       wait_until_idle(deadline);
       group_.barrier("1", deadline);
       wait_until_idle(deadline);
+      // Every worker is past the first barrier: none sends anything new, and a peer closes
+      // its connections only once it is past the second, which this worker enters now (a
+      // peer that dies instead is named by that barrier's timeout).
+      departing_.store(true, std::memory_order_release);
       group_.barrier("2", deadline);
       group_.depart(deadline);
     } catch (...) {

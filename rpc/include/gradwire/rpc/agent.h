@@ -129,7 +129,10 @@ struct AgentOptions {
   // without configuration; a job whose master is 127.0.0.1 stays on loopback.
   std::string host;
   // Transports and channels to register, from {"tcp", "local", "shm", "uv"} and {"xth",
-  // "cma", "mpt", "mpt_uv", "basic"}. Per peer, the fastest one that both ends have is used.
+  // "cma", "mpt", "mpt_uv", "basic"}. Per peer, the fastest one that both ends have and that
+  // can reach across the pair is used: local, unix and shm listen on abstract Unix sockets,
+  // which exist per network namespace, so they serve only peers that published the same
+  // host id and network namespace (RpcAgent::transport_to; containers on one host use tcp).
   // "tcp" and "local" are gradwire's own (docs/rpc.md, Transports): TCP for every peer, and
   // Unix sockets between processes of one host; both authenticate (see `secret`), bound what
   // they read, and sleep when idle. The first connection to a peer goes over "tcp" (or,
@@ -359,9 +362,12 @@ struct AgentMetrics {
   uint64_t tensors_copied_in{0};  // lent tensors received by copying them from a peer, ever
   uint64_t bytes_copied_in{0};
   uint64_t connections_accepted{0};  // incoming connections that passed the handshake, ever
-  uint64_t connections_refused{0};   // incoming connections refused before reaching the RPC
-                                     // layer (bad handshake, wrong secret, garbage), ever
-  uint64_t frames_refused{0};        // connections closed for a frame over the limits, ever
+  // Of those, the ones over a transport that exists per host and network namespace
+  // ("local", "unix"): peers that share this worker's host and namespace.
+  uint64_t local_connections_accepted{0};
+  uint64_t connections_refused{0};  // incoming connections refused before reaching the RPC
+                                    // layer (bad handshake, wrong secret, garbage), ever
+  uint64_t frames_refused{0};       // connections closed for a frame over the limits, ever
   // The in-flight budget now (AgentOptions::max_inflight_bytes, max_queued_requests): bytes
   // of received messages not yet done with, and requests received and not yet answered.
   uint64_t inflight_bytes{0};
@@ -388,6 +394,17 @@ class RpcAgent {
   virtual const WorkerInfo& worker_info() const = 0;
   // InvalidArgument naming the known workers when there is no such worker.
   virtual WorkerInfo get_worker_info(const Destination& worker) const = 0;
+  // The transport that messages between this worker and `worker` travel over ("local",
+  // "unix", "shm", "tcp" or "uv"): the most preferred one both registered that can reach
+  // across the pair. Transports that exist per network namespace (local, unix, shm) are
+  // used only when both workers published the same host id and network namespace in the
+  // store (net::host_id, net::network_namespace_id); every other pair uses tcp, whatever
+  // AgentOptions::transports prefers. After start(); InvalidArgument for an unknown worker
+  // (as get_worker_info). An agent that does not choose per pair returns "".
+  virtual std::string transport_to(const Destination& worker) const {
+    get_worker_info(worker);
+    return "";
+  }
   virtual std::vector<WorkerInfo> get_worker_infos() const = 0;
   virtual const AgentOptions& options() const = 0;
   // The pool that runs handlers and the continuations of calls.
