@@ -16,7 +16,8 @@ namespace {
 
 using namespace gradwire::testing::launcher;
 
-// Short windows so that each case takes a few seconds.
+// Short windows so that each case takes a few seconds (the heartbeat timeout long enough
+// that a loaded machine does not make a live launcher look gone).
 std::vector<std::string> with(const std::string& endpoint, const std::string& nnodes,
                               std::vector<std::string> rest) {
   std::vector<std::string> args = {"--rdzv-endpoint",
@@ -26,7 +27,7 @@ std::vector<std::string> with(const std::string& endpoint, const std::string& nn
                                    "--rdzv-last-call",
                                    "200ms",
                                    "--rdzv-heartbeat-timeout",
-                                   "1s",
+                                   "3s",
                                    "--rdzv-timeout",
                                    "20s",
                                    "--grace-ms",
@@ -142,15 +143,18 @@ TEST(Rendezvous, ANodeRankHeldTwiceIsRefused) {
   Launch second(args);
   const int s1 = first.wait();
   const int s2 = second.wait();
-  // Whichever claimed node rank 0 first waits for a node 1 that never comes (and times
-  // out); the other is refused at once.
-  const Launch& refused = s1 == 2 ? first : second;
+  // Whichever claimed node rank 0 first waits for a node 1 that never comes, and fails
+  // (its rendezvous times out, or its store goes away with the other launcher if that one
+  // hosted it); the other is refused at once.
   EXPECT_TRUE((s1 == 2) != (s2 == 2)) << s1 << " " << s2 << "\n" << first.err() << second.err();
+  const Launch& refused = s1 == 2 ? first : second;
   EXPECT_TRUE(has(refused.err(), "--node-rank 0 is already held by another launcher"))
       << refused.err();
   const Launch& waited = s1 == 2 ? second : first;
-  EXPECT_EQ(s1 == 2 ? s2 : s1, 1);
-  EXPECT_TRUE(has(waited.err(), "no generation formed within --rdzv-timeout")) << waited.err();
+  EXPECT_EQ(s1 == 2 ? s2 : s1, 1) << waited.err();
+  EXPECT_TRUE(has(waited.err(), "no generation formed within --rdzv-timeout") ||
+              has(waited.err(), "lost"))
+      << waited.err();
 }
 
 // A worker failing on one node restarts every node's workers, with the restart counted.
@@ -246,7 +250,7 @@ TEST(Rendezvous, AKilledLaunchersWorkersDieAndTheRestGoOn) {
   ASSERT_GE(ra.size(), 2u) << a.out();
   EXPECT_EQ(ra.back().at("world"), "1");
   EXPECT_EQ(ra.back().at("restart"), "0") << "a node leaving is not a restart";
-  EXPECT_TRUE(has(a.err(), "stopped answering (no heartbeat for 1000 ms)")) << a.err();
+  EXPECT_TRUE(has(a.err(), "stopped answering (no heartbeat for 3000 ms)")) << a.err();
 }
 
 // With a standalone gradwire-store at the endpoint every launcher is its client, and the
