@@ -7,7 +7,8 @@
 //   Dataset m = examples::load_mnist("/data/mnist", true); // train-images-idx3-ubyte, ...
 //
 // CSV: comma-separated numbers, one sample per line, the label last: an integer in
-// [0, kMaxClasses). A first line that is not all numbers is taken as a header. Blank lines
+// [0, kMaxClasses). A first line (blank lines aside) that is not all numbers is taken as a
+// header, even when some of its fields are numbers (",0,1,label"). Blank lines
 // are skipped. A ragged row, a field that is not a number, a file with no sample, or a label
 // that is not such an integer is refused.
 // MNIST: the IDX files as distributed (big-endian headers, magic 2051 for images and 2049
@@ -88,18 +89,21 @@ inline Dataset load_csv(const std::string& path) {
   std::vector<int64_t> ys;
   size_t columns = 0;
   int64_t classes = 0;
+  bool seen_first_line = false;  // the first line that is not blank
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (detail::trim(line).empty()) continue;
     const std::vector<std::string> fields = detail::split_fields(line);
     std::vector<double> values(fields.size());
-    bool all_numbers = true, none = true;
-    for (size_t c = 0; c < fields.size(); ++c) {
-      const bool ok = detail::parse_number(fields[c], values[c]);
-      all_numbers = all_numbers && ok;
-      none = none && !ok;
+    bool all_numbers = true;
+    for (size_t c = 0; c < fields.size(); ++c)
+      all_numbers = detail::parse_number(fields[c], values[c]) && all_numbers;
+    // The first line is a header unless every field is a number: a pandas export's header
+    // names its columns by index (",0,1,label" or "id,0,1,label").
+    if (!seen_first_line) {
+      seen_first_line = true;
+      if (!all_numbers) continue;
     }
-    if (ys.empty() && columns == 0 && none) continue;  // a header
     const std::string where = path + ":" + std::to_string(number);
     if (fields.size() < 2) {
       throw InvalidArgument(where + ": a sample needs at least one feature and a label, got " +

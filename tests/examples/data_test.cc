@@ -52,6 +52,29 @@ TEST_F(DataFiles, CsvWithAHeaderBlankLinesAndLabels) {
   EXPECT_EQ(test.size(), 1);
 }
 
+TEST_F(DataFiles, AHeaderWithSomeNumericFieldsIsAHeader) {
+  // pandas writes its index column unnamed and names columns by number.
+  for (const char* header : {",0,1,label", "id,0,1,label", "0,1,2,y"}) {
+    const std::string path = write("pandas.csv", std::string(header) + "\n0,1.5,-2,0\n1,3,4,1\n");
+    Dataset d = load_csv(path);
+    ASSERT_EQ(d.size(), 2) << header;
+    EXPECT_EQ(d.features(), 3) << header;
+    EXPECT_FLOAT_EQ(d.x.data<float>()[1], 1.5f) << header;
+    EXPECT_EQ(d.y.data<int64_t>()[1], 1) << header;
+  }
+  // Blank lines before the header do not make it data.
+  Dataset d = load_csv(write("blank.csv", "\n\nx,1,label\n2,3,0\n"));
+  EXPECT_EQ(d.size(), 1);
+  // An all-numeric first line is a sample, and a later line that is not numeric is an error,
+  // not a second header.
+  const std::string late = write("late.csv", "1,2,0\na,b,label\n");
+  EXPECT_NE(error_of([&] { load_csv(late); }).find("late.csv:2: column 1: 'a' is not a number"),
+            std::string::npos);
+  const std::string two_headers = write("two.csv", "x,y,label\n,0,label\n1,2,0\n");
+  EXPECT_NE(error_of([&] { load_csv(two_headers); }).find("two.csv:2: column 1"),
+            std::string::npos);
+}
+
 TEST_F(DataFiles, BadCsvFilesNameTheFileAndLine) {
   const std::string ragged = write("ragged.csv", "1,2,0\n3,1\n");
   EXPECT_NE(error_of([&] { load_csv(ragged); }).find("ragged.csv:2: expected 3 columns, got 2"),
