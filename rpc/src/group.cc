@@ -234,7 +234,17 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
               format_record(WorkerRecord{self_.name, me.url, me.cuda_devices, me.device_maps,
                                          me.boot_id, rejoin ? std::nullopt : me.loans, incarnation_,
                                          me.host_id, me.netns, me.transports}));
-  const std::vector<std::string> values = gather("worker/", "to start");
+  std::vector<std::string> values;
+  try {
+    values = gather("worker/", "to start");
+  } catch (const TimeoutError& e) {
+    if (!rejoin) {
+      if (std::string other = earlier_claim(); !other.empty()) {
+        throw TimeoutError(std::string(e.what()) + ". " + other);
+      }
+    }
+    throw;
+  }
   std::vector<WorkerRecord> records;
   for (int r = 0; r < world_size_; ++r)
     records.push_back(parse_record(values[static_cast<size_t>(r)], r));
@@ -307,6 +317,32 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
     for (int id = 0; in >> id;) {
       if (id == self_.id) lend_to_[static_cast<size_t>(r)] = true;
     }
+  }
+}
+
+std::string GroupDirectory::earlier_claim() const {
+  // This rank's n-th start formed group n; a worker of the same rank whose group n-1 is
+  // still running (it has not left it) means two processes were given this rank.
+  const std::string rank_text = std::to_string(self_.id);
+  const size_t slash = prefix_.find('/', 4);
+  const int64_t generation = std::stoll(prefix_.substr(4, slash - 4));
+  if (generation < 2) return "";
+  const std::string earlier = "rpc/" + std::to_string(generation - 1) + "/";
+  try {
+    if (!store_->check({earlier + "worker/" + rank_text}) ||
+        store_->check({earlier + "shutdown/left/" + rank_text})) {
+      return "";
+    }
+    const WorkerRecord rec =
+        parse_record(c10d::to_string(store_->get(earlier + "worker/" + rank_text)), self_.id);
+    return "Rank " + rank_text + " is also held by worker '" + rec.name + "'" +
+           (rec.host_id.empty() ? std::string() : " on host " + rec.host_id) +
+           ", in the group this rank started before, which it has not left: if two processes "
+           "were given rank " +
+           rank_text +
+           ", --nproc-per-node must be equal on every node, or use gradwire-run --rdzv-endpoint";
+  } catch (const std::exception&) {
+    return "";
   }
 }
 

@@ -166,6 +166,10 @@ class GroupDirectory {
   // the workers whose key is missing. `what`: what they did not do.
   void wait_for_all(const std::string& prefix, std::chrono::milliseconds timeout,
                     const std::string& what) const;
+  // When this worker's group is not the first its rank started on the store and the
+  // previous one's worker of this rank has not left: a sentence naming that worker (two
+  // processes given one rank leave the second waiting alone); else "".
+  std::string earlier_claim() const;
   // wait_for_all with join_timeout, then every rank's value, by rank.
   std::vector<std::string> gather(const std::string& prefix, const std::string& step) const;
 
