@@ -136,6 +136,22 @@ TEST(Launcher, LogDirKeepsEachWorkersStreamsAndTeeShowsSome) {
   std::filesystem::remove_all(dir);
 }
 
+// Each generation's logs go to a folder of their own.
+TEST(Launcher, LogDirKeepsEachAttemptApart) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("gradwire-launcher-attempts-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  Launch run({"--log-dir", dir.string(), "--max-restarts", "1", "sh", "-c",
+              "echo attempt $RESTART_COUNT; [ $RESTART_COUNT = 1 ]"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  for (const char* attempt : {"0", "1"}) {
+    std::ifstream in(dir / "default" / (std::string("attempt_") + attempt) / "0" / "stdout.log");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, std::string("attempt ") + attempt + "\n");
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Launcher, TheFirstFailureStopsTheOthersAndIsTheExitStatus) {
   const auto t0 = Clock::now();
   Launch run({"--nproc-per-node", "3", "--grace-ms", "2000", "sh", "-c",
