@@ -340,8 +340,11 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
 int main(int argc, char** argv) {
   try {
     const Options opt = parse_args(argc, argv);
-    const int rank = env_int("RANK");
-    const int world = env_int("WORLD_SIZE");
+    // The launcher's rank and world size as env:// reads them (gradwire-run, torchrun,
+    // srun, mpirun).
+    const c10d::LaunchEnv launch = c10d::launch_env();
+    const int rank = launch.rank >= 0 ? launch.rank : env_int("RANK");
+    const int world = launch.world_size >= 0 ? launch.world_size : env_int("WORLD_SIZE");
     if (world <= opt.servers) {
       throw InvalidArgument("ps_train needs " + std::to_string(opt.servers) +
                             " server(s) and at least one trainer: start it with "
