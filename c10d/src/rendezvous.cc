@@ -211,14 +211,19 @@ constexpr const char* kAdvice =
     "; --nproc-per-node must be equal on every node, or use gradwire-run --rdzv-endpoint";
 
 // The claims of one launch: a restart (RESTART_COUNT) or a new launcher generation
-// (GRADWIRE_RUN_GENERATION) may meet on the same store with new processes.
+// (GRADWIRE_RUN_GENERATION) may meet on the same store with new processes. gradwire-run
+// starts a new generation for every restart of the whole group, and gives a worker it
+// restarts alone (to rejoin the running group) its own RESTART_COUNT: under the launcher
+// the generation alone names the launch.
 std::string claim_prefix() {
   auto part = [](const char* name) {
     std::optional<std::string> v = env_value(name);
     return v ? *v : std::string("0");
   };
-  return "__gradwire/rendezvous/" + part("GRADWIRE_RUN_GENERATION") + "." + part("RESTART_COUNT") +
-         "/";
+  if (env_value("GRADWIRE_RUN_GENERATION")) {
+    return "__gradwire/rendezvous/" + part("GRADWIRE_RUN_GENERATION") + "/";
+  }
+  return "__gradwire/rendezvous/0." + part("RESTART_COUNT") + "/";
 }
 
 // Tells a worker that hosts the store and found a conflict that this one has read it, so
