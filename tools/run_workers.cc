@@ -123,6 +123,23 @@ struct Stream {
     }
     std::fflush(console);
   }
+  // Appends to the log file; a log that cannot be written (a full disk) is reported once
+  // and then left: the worker goes on, and so does what --tee shows of it.
+  void write_log(const char* data, size_t size) {
+    while (size > 0) {
+      const ssize_t n = ::write(log, data, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        std::fprintf(stderr, "gradwire-run: cannot write a worker's log file: %s\n",
+                     std::strerror(errno));
+        ::close(log);
+        log = -1;
+        return;
+      }
+      data += n;
+      size -= static_cast<size_t>(n);
+    }
+  }
   void close_all() {
     if (fd >= 0) ::close(fd);
     if (log >= 0) ::close(log);
@@ -388,8 +405,7 @@ GroupResult LocalGroup::run(int tick_ms, const std::function<std::optional<std::
       char buf[4096];
       const ssize_t got = ::read(s.fd, buf, sizeof(buf));
       if (got > 0) {
-        if (s.log >= 0) [[maybe_unused]]
-          ssize_t written = ::write(s.log, buf, static_cast<size_t>(got));
+        if (s.log >= 0) s.write_log(buf, static_cast<size_t>(got));
         s.pending.append(buf, static_cast<size_t>(got));
         s.emit(prefix, false);
       } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
