@@ -38,6 +38,8 @@ std::shared_ptr<RpcAgent> init_rpc(std::string name, int rank, int world_size,
       const char sep = url.find('?') == std::string::npos ? '?' : '&';
       url += std::string(1, sep) + "rank=" + std::to_string(rank) +
              "&world_size=" + std::to_string(world_size);
+      // A replacement takes its rank over in the rendezvous's claims too.
+      if (options.rejoin && url.find("rejoin=") == std::string::npos) url += "&rejoin=1";
     }
     store = c10d::rendezvous(url, options.join_timeout).store;
     options.store = store;
