@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gradwire/core/logging.h"
+#include "gradwire/core/printable.h"
 #include "gradwire/rpc/value_walk.h"
 #include "proto/rref.pb.h"
 
@@ -400,14 +401,24 @@ void RRefContext::add_child(const std::shared_ptr<UserRRef>& parent, uint64_t fo
   {
     MutexLock lock(mutex_);
     if (closed_) throw Error("rref: the agent of worker " + self_.describe() + " has shut down");
+    // Minted under the same lock as the check: a loss applied after it finds this fork.
+    if (lost_.count({parent->owner().id, parent->owner_incarnation()}) == 0) {
+      ForkTable::Dropped none;  // a mint drops nothing
+      forks_.apply(fork,
+                   ForkEvent{.kind = ForkEventKind::kMint,
+                             .peer = ctx.caller().id,
+                             .rref_id = parent->rref_id(),
+                             .side = ForkSide::kUser,
+                             .owner = parent->owner().id,
+                             .keeps = parent,
+                             .request = ctx.request_id()},
+                   none);
+      cv_.notify_all();
+      return;
+    }
   }
-  apply(fork, ForkEvent{.kind = ForkEventKind::kMint,
-                        .peer = ctx.caller().id,
-                        .rref_id = parent->rref_id(),
-                        .side = ForkSide::kUser,
-                        .owner = parent->owner().id,
-                        .keeps = parent,
-                        .request = ctx.request_id()});
+  // A reference to a lost incarnation is not sent on: nobody could count the fork.
+  std::rethrow_exception(lost_error(parent->owner().id, parent->owner_incarnation()));
 }
 
 void RRefContext::release_user(const WorkerInfo& owner, int incarnation, uint64_t rref_id,
@@ -422,29 +433,122 @@ void RRefContext::release_user(const WorkerInfo& owner, int incarnation, uint64_
   wire::RRefMessage message;
   message.mutable_delete_fork()->set_rref_id(rref_id);
   message.mutable_delete_fork()->set_fork_id(fork);
-  try {
-    send(owner, message.SerializeAsString(),
-         "delete of fork " + id_text(fork) + " of RRef " + id_text(rref_id));
-  } catch (const std::exception& e) {
-    GRADWIRE_LOG(kDebug) << "rref worker " << self_.describe() << ": the delete of fork "
-                         << id_text(fork) << " was not sent: " << e.what();
+  send_settlement(owner, message.SerializeAsString(),
+                  "delete of fork " + id_text(fork) + " of RRef " + id_text(rref_id));
+}
+
+void RRefContext::send_settlement(const WorkerInfo& to, const std::string& payload,
+                                  std::string what, bool through_losses) {
+  {
+    MutexLock lock(mutex_);
+    ++in_flight_;  // across every attempt: wait_idle and a graceful shutdown wait for the last
   }
+  settlement_attempt(to, payload, what, 1, through_losses);
+}
+
+void RRefContext::settlement_attempt(const WorkerInfo& to, const std::string& payload,
+                                     const std::string& what, int attempt, bool through_losses) {
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  auto end = [weak] {
+    if (auto self = weak.lock()) {
+      MutexLock lock(self->mutex_);
+      --self->in_flight_;
+      self->cv_.notify_all();
+    }
+  };
+  Future<Value> reply;
+  std::shared_ptr<rpc::RpcAgent> agent;
+  try {
+    agent = this->agent();
+    reply = send(to, payload, what);
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kDebug) << "rref worker " << self_.describe() << ": the " << what
+                         << " was not sent to " << to.describe() << ": " << e.what();
+    end();
+    return;
+  }
+  reply.add_callback(agent->executor(), [weak, to, payload, what, attempt, through_losses,
+                                         end](const Future<Value>& done) {
+    if (done.has_error()) {
+      bool timed_out = false;
+      try {
+        std::rethrow_exception(done.error());
+      } catch (const TimeoutError&) {
+        timed_out = true;
+      } catch (const NetworkError&) {
+        timed_out = through_losses;
+      } catch (...) {
+        // Refused (nothing left to settle there) or the peer is gone: not sent again.
+      }
+      std::shared_ptr<RRefContext> self = weak.lock();
+      bool again = timed_out && self != nullptr && attempt < kSettleAttempts;
+      if (again) {
+        MutexLock lock(self->mutex_);
+        again = !self->closed_;
+      }
+      if (again) {
+        // Lost on the way or its answer was: the receiver takes a second copy as a no-op.
+        self->settlement_attempt(to, payload, what, attempt + 1, through_losses);
+        return;
+      }
+      if (self != nullptr) {
+        try {
+          std::rethrow_exception(done.error());
+        } catch (const std::exception& e) {
+          GRADWIRE_LOG(kDebug) << "rref worker " << self->self_.describe() << ": the " << what
+                               << " to " << to.describe() << " failed after " << attempt
+                               << " attempt(s): " << e.what();
+        }
+      }
+    }
+    end();
+  });
+}
+
+void RRefContext::settle_refused(const RRefDescriptor& d) {
+  const int minter = minter_of(d.fork_id);
+  if (minter == self_.id) return;
+  wire::RRefMessage message;
+  std::string what;
+  if (minter == d.owner) {
+    message.mutable_delete_fork()->set_rref_id(d.rref_id);
+    message.mutable_delete_fork()->set_fork_id(d.fork_id);
+    what = "delete of refused fork ";
+  } else {
+    message.mutable_child_accepted()->add_fork_ids(d.fork_id);
+    what = "settlement of refused fork ";
+  }
+  std::shared_ptr<rpc::RpcAgent> agent = agent_or_null();
+  if (agent == nullptr) return;
+  WorkerInfo to;
+  try {
+    to = agent->get_worker_info(minter);
+  } catch (const std::exception&) {
+    return;  // validate() checked the id; a group that changed size has nothing to settle
+  }
+  send_settlement(to, message.SerializeAsString(),
+                  what + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
 }
 
 void RRefContext::owner_destroyed(uint64_t rref_id, bool placeholder) {
   MutexLock lock(mutex_);
   if (placeholder) {
     --placeholders_;
-  } else if (minter_of(rref_id) != self_.id && freed_.insert(rref_id).second) {
-    freed_order_.push_back(rref_id);
-    if (freed_order_.size() > kRememberedFrees) {
-      freed_.erase(freed_order_.front());
-      freed_order_.pop_front();
-    }
+  } else {
+    remember_freed_locked(rref_id);
   }
   auto it = owners_.find(rref_id);
   if (it != owners_.end() && it->second.expired()) owners_.erase(it);
   cv_.notify_all();
+}
+
+void RRefContext::remember_freed_locked(uint64_t rref_id) {
+  if (minter_of(rref_id) == self_.id || !freed_.insert(rref_id).second) return;
+  freed_order_.push_back(rref_id);
+  if (freed_order_.size() > kRememberedFrees) {
+    freed_.erase(freed_order_.front());
+    freed_order_.pop_front();
+  }
 }
 
 std::shared_ptr<OwnerRRef> RRefContext::find_owner(uint64_t rref_id) const {
@@ -461,6 +565,35 @@ bool RRefContext::holds_locked(uint64_t rref_id) const {
 bool RRefContext::freed_locked(uint64_t rref_id) const {
   if (minter_of(rref_id) == self_.id) return true;
   return freed_.count(rref_id) != 0;
+}
+
+bool RRefContext::lost_locked(int worker) const {
+  auto it = incarnations_.find(worker);
+  return lost_.count({worker, it == incarnations_.end() ? 0 : it->second}) != 0;
+}
+
+void RRefContext::abandon_placeholders(int creator, uint64_t rref_id,
+                                       const std::exception_ptr& error) {
+  std::vector<std::shared_ptr<OwnerRRef>> found;  // let go after the lock
+  {
+    MutexLock lock(mutex_);
+    for (auto& [id, weak] : owners_) {
+      if ((rref_id != 0 && id != rref_id) || minter_of(id) != creator) continue;
+      if (auto owner = weak.lock()) found.push_back(std::move(owner));
+    }
+  }
+  std::vector<std::shared_ptr<OwnerRRef>> awaited;
+  for (const std::shared_ptr<OwnerRRef>& owner : found) {
+    // False once its creation began: a created value is released by its forks.
+    if (!owner->abandon(error)) continue;
+    MutexLock lock(mutex_);
+    --placeholders_;  // it is one no more; its destruction frees it
+    if (auto it = awaited_.find(owner->rref_id()); it != awaited_.end()) {
+      awaited.push_back(std::move(it->second));
+      awaited_.erase(it);
+    }
+    cv_.notify_all();
+  }
 }
 
 bool RRefContext::take_given_up(uint64_t fork, int holder) {
@@ -508,6 +641,14 @@ std::shared_ptr<OwnerRRef> RRefContext::owned_or_awaited(uint64_t rref_id,
       type_name.size() > kMaxTypeNameBytes) {
     throw CallRejected("rref: worker " + self_.describe() + " owns no RRef " + id_text(rref_id));
   }
+  {
+    MutexLock lock(mutex_);
+    if (lost_locked(caller.id)) {
+      // Its loss abandoned what it was creating here; nothing it sends now creates anything.
+      throw CallRejected("rref: worker " + self_.describe() + " lost the connection to " +
+                         caller.describe() + " and owns no RRef " + id_text(rref_id));
+    }
+  }
   std::shared_ptr<OwnerRRef> owner = placeholder(rref_id, type_name);
   MutexLock lock(mutex_);
   // Held only while its creation has not begun: handle_create lets it go after beginning,
@@ -522,6 +663,12 @@ std::shared_ptr<OwnerRRef> RRefContext::owner_with_fork(uint64_t rref_id,
   std::shared_ptr<OwnerRRef> made;  // let go after the lock when unused
   MutexLock lock(mutex_);
   if (closed_) throw Error("rref: worker " + self_.describe() + " has shut down");
+  if (fork != 0 && holder != self_.id && lost_locked(holder)) {
+    // Its loss released what it held here, once: a fork counted now would never be.
+    throw CallRejected("rref: worker " + self_.describe() + " lost the connection to worker " +
+                       std::to_string(holder) + " and released what it held; refusing fork " +
+                       id_text(fork) + " of RRef " + id_text(rref_id));
+  }
   std::shared_ptr<OwnerRRef> owner;
   auto it = owners_.find(rref_id);
   if (it != owners_.end()) owner = it->second.lock();
@@ -607,9 +754,8 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
       // Another user's fork arrived at the owner: that user may let go of its reference.
       wire::RRefMessage message;
       message.mutable_child_accepted()->add_fork_ids(d.fork_id);
-      const std::string payload = message.SerializeAsString();
-      send(agent()->get_worker_info(minter), payload,
-           "accept of fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
+      send_settlement(agent()->get_worker_info(minter), message.SerializeAsString(),
+                      "accept of fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
     }
     return owner;
   }
@@ -633,6 +779,10 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
   if (std::exception_ptr lost = lost_error(owner.id, incarnation)) {
     user->apply(UserRRef::Event::kNotCounted);
     confirmed.try_set_error(lost);
+    // Refused here for good: its sender must still learn it, or the owner keeps the fork it
+    // counted when it sent it (the connection that failed here may have failed alone, the
+    // owner living on), or a user keeps the parent it forked it from.
+    settle_refused(d);
     return user;
   }
   if (minter == d.owner) {
@@ -646,10 +796,32 @@ std::shared_ptr<detail::RRefCore> RRefContext::accept(const RRefDescriptor& d,
   add->set_rref_id(d.rref_id);
   add->set_fork_id(d.fork_id);
   add->set_type_name(d.type_name);
-  Future<Value> reply = send(owner, message.SerializeAsString(),
-                             "fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
-  gradwire::detail::on_complete_inline(
-      reply, [user](const Future<Value>& done) { user->owner_answered(done, /*creation=*/false); });
+  Future<Value> reply;
+  try {
+    reply = send(owner, message.SerializeAsString(),
+                 "fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id));
+  } catch (const std::exception& e) {
+    // Never sent: the owner never counts it (the reference fails its calls with why).
+    reply = make_failed_future<Value>(std::make_exception_ptr(
+        NetworkError("rref: the fork " + id_text(d.fork_id) + " of RRef " + id_text(d.rref_id) +
+                     " was not sent to its owner " + owner.describe() + ": " + e.what())));
+  }
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  gradwire::detail::on_complete_inline(reply, [user, d, weak](const Future<Value>& done) {
+    user->owner_answered(done, /*creation=*/false);
+    if (!done.has_error()) return;
+    try {
+      std::rethrow_exception(done.error());
+    } catch (const NetworkError&) {
+      // The connection to the owner failed with the AddFork on it: the owner never counted
+      // the fork, or released it with this worker's loss, and will not settle it with the
+      // user that sent it, which learns it from here.
+      if (auto self = weak.lock()) self->settle_refused(d);
+    } catch (...) {
+      // Refused by the owner (it settled the sender itself) or timed out (this worker's
+      // Delete settles it when the reference goes).
+    }
+  });
   return user;
 }
 
@@ -659,12 +831,21 @@ void RRefContext::accept_all(const Value& value, const WorkerInfo& from,
 }
 
 void RRefContext::bind_all(const Value& value, int to, std::vector<uint64_t>& bound) {
+  std::vector<uint64_t> uncounted;  // owner forks for a worker lost here
   for_each_descriptor(value, [&](const RRefDescriptor& d) {
     if (minter_of(d.fork_id) != self_.id) return;
-    if (apply(d.fork_id, ForkEvent{.kind = ForkEventKind::kBind, .peer = to}) ==
+    if (apply(d.fork_id, ForkEvent{.kind = ForkEventKind::kBind, .peer = to}) !=
         ForkVerdict::kApplied)
-      bound.push_back(d.fork_id);
+      return;
+    bound.push_back(d.fork_id);
+    if (d.owner == self_.id && to != self_.id) {
+      MutexLock lock(mutex_);
+      if (lost_locked(to)) uncounted.push_back(d.fork_id);
+    }
   });
+  // A fork counted for a lost worker would never be released (its loss was applied once,
+  // and its Deletes are ignored): the message goes, but the fork does not count.
+  unbind(uncounted, to);
 }
 
 void RRefContext::unbind(const std::vector<uint64_t>& forks, int to) {
@@ -786,6 +967,10 @@ void RRefContext::on_outgoing_response(const WorkerInfo& to, const rpc::Request&
 // ---- listener
 
 void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& why) {
+  lose(worker, why, /*tell=*/true);
+}
+
+void RRefContext::lose(const WorkerInfo& worker, const std::string& why, bool tell) {
   std::vector<std::shared_ptr<detail::RRefCore>> dropped;
   std::vector<std::shared_ptr<UserRRef>> orphans;
   int incarnation = 0;
@@ -809,9 +994,22 @@ void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& wh
   });
   for (auto& user : orphans)
     user->apply(UserRRef::Event::kNotCounted);
+  // Values it was creating here whose Create has not come: it never will.
+  abandon_placeholders(
+      worker.id, 0,
+      std::make_exception_ptr(
+          NetworkError("rref: the creator of the reference, " + worker.describe() + ", was lost (" +
+                       why + ") before its creation arrived on " + self_.describe())));
   GRADWIRE_LOG(kInfo) << "rref worker " << self_.describe() << ": released what "
                       << worker.describe() << " held; " << orphans.size()
                       << " references to its values are now dead";
+  if (!tell) return;
+  // The connection may have failed on this side alone (the peer lives on and did not see
+  // it): the peer releases the same, or it would keep this worker's forks for good.
+  wire::RRefMessage message;
+  message.mutable_lost()->set_incarnation(incarnation);
+  message.mutable_lost()->set_why(why);
+  send_settlement(worker, message.SerializeAsString(), "loss notice", /*through_losses=*/true);
 }
 
 void RRefContext::on_worker_rejoined(const WorkerInfo& worker, int incarnation) {
@@ -981,8 +1179,9 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
       auto settle = [&] {
         wire::RRefMessage accepted;
         accepted.mutable_child_accepted()->add_fork_ids(add.fork_id());
-        send(agent->get_worker_info(parent), accepted.SerializeAsString(),
-             "accept of fork " + id_text(add.fork_id()) + " of RRef " + id_text(add.rref_id()));
+        send_settlement(
+            agent->get_worker_info(parent), accepted.SerializeAsString(),
+            "accept of fork " + id_text(add.fork_id()) + " of RRef " + id_text(add.rref_id()));
       };
       if (take_given_up(add.fork_id(), caller.id)) {
         settle();
@@ -1004,6 +1203,16 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
       settle();
       return make_ready_future(Value());
     }
+    case wire::RRefMessage::kLost: {
+      // Only for the incarnation running here: a notice meant for a predecessor is stale.
+      if (message.lost().incarnation() == agent->incarnation()) {
+        lose(caller,
+             "it lost its connection to " + self_.describe() + ": " +
+                 printable(message.lost().why(), 200),
+             /*tell=*/false);
+      }
+      return make_ready_future(Value());
+    }
     case wire::RRefMessage::kChildAccepted: {
       std::vector<uint64_t> forks(message.child_accepted().fork_ids().begin(),
                                   message.child_accepted().fork_ids().end());
@@ -1015,6 +1224,8 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
       const uint64_t fork = del.fork_id();
       ForkTable::Dropped dropped;  // let go after the lock
       MutexLock lock(mutex_);
+      // Its loss released every fork it held here, and none was counted for it since.
+      if (lost_locked(caller.id)) return make_ready_future(Value());
       // A fork the owner did not make may be given up before the Create or AddFork that
       // counts it arrives (its Create still queued for a pool thread, its AddFork delayed):
       // it is remembered, and that message then counts nothing. Of a value already freed,
@@ -1040,8 +1251,25 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
           if (parent != caller.id) {
             wire::RRefMessage settled;
             settled.mutable_child_accepted()->add_fork_ids(fork);
-            send(agent->get_worker_info(parent), settled.SerializeAsString(),
-                 "accept of fork " + id_text(fork) + " of RRef " + id_text(del.rref_id()));
+            send_settlement(
+                agent->get_worker_info(parent), settled.SerializeAsString(),
+                "accept of fork " + id_text(fork) + " of RRef " + id_text(del.rref_id()));
+          } else if (minter_of(del.rref_id()) == caller.id) {
+            // The creator gave its own reference up before its Create arrived (the Create
+            // timed out, or was lost on the way): its remote() failed, nothing will create
+            // the value now, and calls waiting for it (the creator's own, or other
+            // workers' through forks) end with why.
+            {
+              // Not held here yet (its Create and its calls still on their way): whatever
+              // of it arrives now is refused instead of awaited.
+              MutexLock relock(mutex_);
+              if (!holds_locked(del.rref_id())) remember_freed_locked(del.rref_id());
+            }
+            abandon_placeholders(
+                caller.id, del.rref_id(),
+                std::make_exception_ptr(CallRejected(
+                    "rref: RRef " + id_text(del.rref_id()) + " was given up by its creator, " +
+                    caller.describe() + ", before its creation arrived on " + self_.describe())));
           }
           return make_ready_future(Value());
         }

@@ -118,6 +118,20 @@ class RRefContext : public rpc::Interceptor,
       uint32_t handler = kRRefControlHandler,
       std::shared_ptr<std::vector<std::shared_ptr<detail::RRefCore>>> keep = nullptr);
 
+  // Sends a fork-protocol message that settles a fork (a Delete, or a ChildAccepted) to
+  // `to`, again if it times out (up to kSettleAttempts in all): a settlement lost on the way
+  // would leave a value or a parent reference pinned for good. Receivers treat a second copy
+  // as a no-op. Never throws: a send that fails for another reason (the peer lost, the
+  // agent closing) is logged, since whatever it settled is released by that loss.
+  // `through_losses`: also sent again after a lost connection (the loss notice itself).
+  void send_settlement(const rpc::WorkerInfo& to, const std::string& payload, std::string what,
+                       bool through_losses = false);
+  // The settlement of `fork` of `rref_id`, which this worker received and will not hold:
+  // a Delete to `owner` when the owner minted it (it counted the fork when it sent it), else
+  // a ChildAccepted to the user that minted it (its pending child keeps the parent alive).
+  void settle_refused(const rpc::RRefDescriptor& d);
+  static constexpr int kSettleAttempts = 5;
+
   // ---- received references
   std::shared_ptr<detail::RRefCore> find_received(const rpc::RRefDescriptor& d) const;
 
@@ -172,6 +186,9 @@ class RRefContext : public rpc::Interceptor,
   // Whether value `rref_id`, not held now, was held here and freed (ids this worker minted
   // are never awaited).
   bool freed_locked(uint64_t rref_id) const GRADWIRE_REQUIRES(mutex_);
+  // Remembers that value `rref_id` (minted by another worker) was freed here, or will never
+  // be made: a later fork, creation or call naming it is refused (the last kRememberedFrees).
+  void remember_freed_locked(uint64_t rref_id) GRADWIRE_REQUIRES(mutex_);
   // Whether `holder` gave up `fork` before the message counting it arrived (forgotten now).
   bool take_given_up(uint64_t fork, int holder);
   // The owned reference a Fetch or CallMethod names; one its caller created and whose
@@ -184,6 +201,19 @@ class RRefContext : public rpc::Interceptor,
   // its creation; counts `fork` (0: none) held by `holder`. CallRejected for a freed value.
   std::shared_ptr<OwnerRRef> owner_with_fork(uint64_t rref_id, const std::string& type_name,
                                              uint64_t fork, int holder);
+  // One attempt of send_settlement; the in-flight count it took carries over to the next.
+  void settlement_attempt(const rpc::WorkerInfo& to, const std::string& payload,
+                          const std::string& what, int attempt, bool through_losses);
+  // The loss of `worker` (its current incarnation): its forks and the references to its
+  // values are released, placeholders it was creating abandoned. `tell`: the loss was seen
+  // here, and `worker` is told (a Lost message), so that it releases the same of this one.
+  void lose(const rpc::WorkerInfo& worker, const std::string& why, bool tell);
+  // Placeholders whose creation will never come (their creator, `creator`, was lost, or gave
+  // its reference up before the Create arrived): failed with `error`, so calls waiting on
+  // them end, and no longer awaited. `rref_id` 0: every placeholder `creator` minted.
+  void abandon_placeholders(int creator, uint64_t rref_id, const std::exception_ptr& error);
+  // Whether `worker`'s current incarnation is lost (under the lock).
+  bool lost_locked(int worker) const GRADWIRE_REQUIRES(mutex_);
   // `holder` gives up `fork` (kDelete).
   void remove_fork(uint64_t rref_id, uint64_t fork, int holder);
   void accept_children(const std::vector<uint64_t>& forks);
@@ -252,6 +282,9 @@ class OwnerRRef : public detail::RRefCore, public std::enable_shared_from_this<O
   // Whether a creating call has started (false: a placeholder made by an early fork).
   bool begin_creation(const std::string& type_name);
   bool creation_started() const;
+  // A placeholder whose creation will never come: marked as begun and failed with `error`
+  // (calls waiting on it end with it). False when its creation had begun already.
+  bool abandon(std::exception_ptr error);
   // Runs the registered constructor or function `name` and keeps its result.
   void create(const rpc::CallContext& ctx, const std::string& name,
               const std::vector<rpc::Value>& args);
@@ -355,7 +388,9 @@ class UserRRef : public detail::RRefCore, public std::enable_shared_from_this<Us
  private:
   // Sends what `send` sends once the owner has confirmed this reference; the reference
   // stays alive until the reply.
-  Future<rpc::Value> after_confirmed(std::function<Future<rpc::Value>()> send);
+  // `options`: the call's; its deadline runs from now, the wait for confirmation included.
+  Future<rpc::Value> after_confirmed(std::function<Future<rpc::Value>()> send,
+                                     const rpc::CallOptions& options);
 
   const std::shared_ptr<RRefContext> context_;
   const rpc::WorkerInfo owner_;

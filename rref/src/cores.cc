@@ -66,6 +66,10 @@ OwnerRRef::~OwnerRRef() {
     MutexLock lock(mutex_);
     placeholder = !creating_;
   }
+  // Calls that wait for a creation that never came (a placeholder let go when the last fork
+  // that kept it went) end now instead of waiting on a value that no longer exists.
+  ready_.try_set_error(std::make_exception_ptr(
+      CallRejected("rref: " + describe() + " was released before its creation arrived")));
   context_->owner_destroyed(id_, placeholder);
 }
 
@@ -90,6 +94,16 @@ bool OwnerRRef::begin_creation(const std::string& type_name) {
                        type_name);
   }
   creating_ = true;
+  return true;
+}
+
+bool OwnerRRef::abandon(std::exception_ptr error) {
+  {
+    MutexLock lock(mutex_);
+    if (creating_) return false;
+    creating_ = true;
+  }
+  fail(std::move(error));
   return true;
 }
 
@@ -423,10 +437,15 @@ std::string UserRRef::describe() const {
   return "RRef " + id_text(id_) + " (" + type_name_ + ") owned by " + owner_.describe();
 }
 
-Future<Value> UserRRef::after_confirmed(std::function<Future<Value>()> send) {
+Future<Value> UserRRef::after_confirmed(std::function<Future<Value>()> send,
+                                        const rpc::CallOptions& options) {
   if (std::exception_ptr lost = context_->lost_error(owner_.id, incarnation_))
     return make_failed_future<Value>(lost);
   Future<Value> result;
+  // The call's deadline counts from now, the wait for the owner's confirmation included.
+  const std::chrono::milliseconds timeout = agent().effective_timeout(options);
+  const auto deadline = deadline_after(timeout);
+  result.set_default_timeout(rpc::RpcAgent::wait_bound(timeout));
   std::shared_ptr<UserRRef> self = shared_from_this();
   // The reference stays alive until the reply: its delete never overtakes the call.
   auto run = [self, send = std::move(send), result]() mutable {
@@ -458,9 +477,15 @@ Future<Value> UserRRef::after_confirmed(std::function<Future<Value>()> send) {
   // modules above keep thread state, e.g. the current dist-autograd context).
   rpc::CapturedState state = agent().capture_thread_state();
   gradwire::detail::on_complete_inline(
-      confirmed_, [run = std::move(run), result, state](const Future<void>& done) mutable {
+      confirmed_, [run = std::move(run), result, state, deadline, timeout,
+                   what = describe()](const Future<void>& done) mutable {
         if (done.has_error()) {
           result.try_set_error(done.error());
+        } else if (std::chrono::steady_clock::now() >= deadline) {
+          // Its caller stopped waiting: the call is not sent late.
+          result.try_set_error(std::make_exception_ptr(TimeoutError(
+              "rref: a call on " + what + " timed out after " + std::to_string(timeout.count()) +
+              " ms waiting for its owner to confirm the reference")));
         } else {
           state.run(run);
         }
@@ -477,10 +502,11 @@ detail::Reply UserRRef::fetch(rpc::CallOptions options) {
   // The references in the value are held until the caller has converted it.
   auto keep = std::make_shared<std::vector<std::shared_ptr<detail::RRefCore>>>();
   return detail::Reply{
-      after_confirmed([context, owner = owner_, payload = message.SerializeAsString(),
-                       what = "to_here of " + describe(), options, keep] {
-        return context->send(owner, payload, what, {}, options, kRRefHandler, keep);
-      }),
+      after_confirmed(
+          [context, owner = owner_, payload = message.SerializeAsString(),
+           what = "to_here of " + describe(), options,
+           keep] { return context->send(owner, payload, what, {}, options, kRRefHandler, keep); },
+          options),
       keep};
 }
 
@@ -499,7 +525,8 @@ detail::Reply UserRRef::call(std::string method, std::vector<Value> args,
       [context, owner = owner_, payload = message.SerializeAsString(),
        what = type_name_ + "." + method + " on " + describe(), shared_args, options, keep] {
         return context->send(owner, payload, what, *shared_args, options, kRRefHandler, keep);
-      });
+      },
+      options);
   // References among the arguments that never left are given back.
   gradwire::detail::on_complete_inline(result, [context, shared_args](const Future<Value>& done) {
     if (done.has_error()) context->discard(*shared_args);
@@ -529,15 +556,16 @@ std::shared_ptr<detail::RRefCore> UserRRef::remote(std::string method, std::stri
   std::shared_ptr<RRefContext> context = context_;
   auto shared_args = std::make_shared<std::vector<Value>>(std::move(args));
   auto sent = std::make_shared<std::atomic<bool>>(false);
-  Future<Value> reply =
-      after_confirmed([context, owner = owner_, payload = message.SerializeAsString(),
-                       what = "remote " + type_name_ + "." + method + " on " + describe() +
-                              " -> RRef " + id_text(rref_id),
-                       shared_args, options, sent] {
+  Future<Value> reply = after_confirmed(
+      [context, owner = owner_, payload = message.SerializeAsString(),
+       what = "remote " + type_name_ + "." + method + " on " + describe() + " -> RRef " +
+              id_text(rref_id),
+       shared_args, options, sent] {
         Future<Value> f = context->send(owner, payload, what, *shared_args, options, kRRefHandler);
         sent->store(true);
         return f;
-      });
+      },
+      options);
   gradwire::detail::on_complete_inline(
       reply, [made, confirmed, context, shared_args, sent](const Future<Value>& done) mutable {
         if (done.has_error() && !sent->load()) {

@@ -14,8 +14,10 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -98,6 +100,8 @@ class ForkTable {
 
   int64_t owner_forks() const { return owner_forks_; }  // kMinted and kHeld
   int64_t shared_values() const { return static_cast<int64_t>(per_value_.size()); }
+  // Whether a live fork (minted or held) counts value `rref_id`.
+  bool counts_value(uint64_t rref_id) const { return per_value_.count(rref_id) != 0; }
   int64_t pending_children() const { return user_forks_; }
   size_t given_up_count() const { return given_up_; }
 
@@ -119,6 +123,12 @@ class ForkTable {
   std::map<uint64_t, int64_t> per_value_;  // owner: rref id -> its live forks
   // (peer, request) -> forks minted for the reply to it.
   std::map<std::pair<int, uint64_t>, std::vector<uint64_t>> for_reply_;
+  // Owner: forks whose holder's Delete was applied (the last kMaxGivenUp). A Delete sent
+  // again (its first reply was lost, and the holder retried) finds its fork here and is
+  // ignored instead of being remembered as a give-up that no Create or AddFork will claim.
+  std::set<uint64_t> deleted_;
+  std::deque<uint64_t> deleted_order_;
+  void remember_deleted(uint64_t fork);
   int64_t owner_forks_{0};
   int64_t user_forks_{0};
   size_t given_up_{0};

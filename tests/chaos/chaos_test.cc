@@ -20,8 +20,7 @@
 //
 // CI runs the seeds of kCiSeeds, one test each. Long runs: scripts/chaos.sh runs this binary
 // with GRADWIRE_CHAOS_SEED=<seed> on ChaosRandom.* for random seeds and prints the failing
-// ones, which then join kCiSeeds (or kKnownFailures, with a diagnosis, when the bug is
-// someone else's to fix).
+// ones, which join kCiSeeds once the bug each found is fixed.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -567,63 +566,107 @@ void run_schedule(uint64_t seed) {
 
 // ---- the seeds
 
-// CI's schedules: the seeds of 1-79 that pass, under load too. A failing seed found by
-// scripts/chaos.sh joins this list once the bug it found is fixed.
+// CI's schedules: every seed of 1-79, and the regression seeds long runs found, after them.
+// A failing seed found by scripts/chaos.sh joins this list once the bug it found is fixed.
 //
-// Known failures (kept out of the list until rref/ and dist_autograd/, which are being
-// reworked, fix them):
-// - rref: a cut makes a worker treat the other end's values as lost for good ("its
-//   references stay dead"); a fork then passed to that worker is refused there but never
-//   released, so the sender keeps it as a pending child and the owner keeps the value and
-//   its fork (wait_idle and graceful shutdown wait out their deadlines): seeds 1, 14, 15,
-//   24, 38, 40, 54.
-// - rref: a proxy call whose creation or confirmation message was dropped or cut keeps a
-//   handler running on the owner long past the call's deadline (the owner waits for a
-//   creation that never comes), with the value it was made for: seeds 2, 25, 31, 48, 66.
-// - rref: a dropped fork-protocol message (handler 4: an accept or a delete) is never sent
-//   again, and the owner keeps the value and its fork for good: seeds 59, 62, 67.
-// - rref: after w1 is killed, w2 keeps a value it owns (an input forked to w1) and a
-//   running handler past 10 s: seed 5. After w1 is killed, w0 keeps a fork it sent whose
-//   owner died as a pending child that is never settled: seed 2646191281925694804 (long
-//   run).
-// - rref, the same classes met only under load: seeds 10, 13, 22, 39, 73 and 76 pass on an
-//   idle machine but, with another process taking a core, leave a value and its fork on
-//   the owner (a dropped accept or delete, or a handler outliving its call; 13 leaves two
-//   running handlers on w1), 1 run in 2-5. They stay out of CI, which must not depend on
-//   the machine's load, until those classes are fixed.
-// Regression seeds found by long runs, fixed since (after 1-79 in the list): dist_autograd's
-// dropped Release (13, 17, 1561503560630265507), a failed pass waiting for its aborts past
-// its deadline (3), a lost connection failing a pass with an untyped Error (29).
+// Regression seeds (the bug each found, fixed since):
+// - a cut made one worker treat the other's values as lost for good while the other, which
+//   never saw the connection fail, kept its forks; and a fork refused because its owner was
+//   lost was never settled with its sender (1, 14, 15, 24, 38, 40, 54, 22, 39). The loss is
+//   now agreed (a Lost notice), and a refused fork is settled with whoever minted it.
+// - a proxy call waited on the owner for a Create that was dropped or cut, past its
+//   deadline, holding the placeholder (2, 25, 31, 48, 66; 24 under load): a creator that
+//   gives its reference up, or is lost, abandons what it was creating, and a Fetch that
+//   arrives after that is refused instead of awaited.
+// - a dropped Delete or ChildAccepted was never sent again (59, 62, 67; 10, 13, 73, 76 under
+//   load): settlements are sent again on timeout, and a second copy is a no-op.
+// - after a SIGKILL, a value forked to the killed worker and a handler outlived the run (5),
+//   and a fork sent of a value whose owner died stayed pending (2646191281925694804).
+// - dist_autograd: a dropped Release (13, 17, 1561503560630265507), a failed pass waiting for
+//   its aborts past its deadline (3), a lost connection failing a pass with an untyped
+//   Error (29).
 constexpr uint64_t kCiSeeds[] = {
-    4,  6,
-    7,  8,
-    9,  11,
-    12, 16,
-    18, 19,
-    20, 21,
-    23, 26,
-    27, 28,
-    30, 32,
-    33, 34,
-    35, 36,
-    37, 41,
-    42, 43,
-    44, 45,
-    46, 47,
-    49, 50,
-    51, 52,
-    53, 55,
-    56, 57,
-    58, 60,
-    61, 63,
-    64, 65,
-    68, 69,
-    70, 71,
-    72, 74,
-    75, 77,
-    78, 79,
-    3,  17,
-    29, 1561503560630265507,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+    20,
+    21,
+    22,
+    23,
+    24,
+    25,
+    26,
+    27,
+    28,
+    29,
+    30,
+    31,
+    32,
+    33,
+    34,
+    35,
+    36,
+    37,
+    38,
+    39,
+    40,
+    41,
+    42,
+    43,
+    44,
+    45,
+    46,
+    47,
+    48,
+    49,
+    50,
+    51,
+    52,
+    53,
+    54,
+    55,
+    56,
+    57,
+    58,
+    59,
+    60,
+    61,
+    62,
+    63,
+    64,
+    65,
+    66,
+    67,
+    68,
+    69,
+    70,
+    71,
+    72,
+    73,
+    74,
+    75,
+    76,
+    77,
+    78,
+    79,
+    1561503560630265507,
+    2646191281925694804,
 };
 
 class Chaos : public ::testing::TestWithParam<uint64_t> {};
