@@ -307,6 +307,8 @@ RendezvousResult tcp_rendezvous(const std::string& host, uint16_t port, int rank
   // Every worker counts itself in once its claims hold; the last one marks the job
   // complete; each waits for that mark, or for a conflict another worker found (so that
   // every worker of a misconfigured job reports it, not only the one that found it).
+  // A replacement joins a job that has long met: nobody else counts in now.
+  if (rejoin) return {store, rank, world_size};
   const std::string prefix = claim_prefix();
   if (store->add(prefix + "joined", 1) == world_size) store->set(prefix + "ready", "1");
   for (;;) {

@@ -337,6 +337,9 @@ TEST(RankClaims, ARejoiningWorkerTakesItsRankOver) {
           // The replacement of child 1: it waits until child 1 holds rank 1, then rejoins.
           TCPStore watcher(TCPStoreOptions{.host = "127.0.0.1", .port = port, .timeout = 20s});
           watcher.wait({"claimed"}, 20s);
+          // Restarted alone, it may count its own restarts: it still joins the running job
+          // rather than waiting for a launch of its own.
+          ScopedEnv restarted({{"RESTART_COUNT", "1"}});
           RendezvousResult r = rendezvous(base + "?rank=1&world_size=2&rejoin=1", 20s);
           record(dir.path(), child, "ok");
           r.store->set("done", std::string_view("1"));

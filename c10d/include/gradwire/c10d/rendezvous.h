@@ -27,12 +27,13 @@
 // destroyed theirs.
 //
 // Ranks never collide silently: each worker claims its rank and the job's world size in the
-// store (under "__gradwire/rendezvous/", per launcher generation and restart), and a rank
+// store (under "__gradwire/rendezvous/", per launch: GRADWIRE_RUN_GENERATION under
+// gradwire-run, else RESTART_COUNT), and a rank
 // already claimed by another process, or a world size other than the one already claimed,
 // fails that worker with InvalidArgument naming both claims (rank 0, waiting for the
 // others, fails with the same message). A worker restarted alone to replace a lost one
 // (query parameter rejoin=1, or GRADWIRE_RPC_REJOIN=1 as gradwire-run --restart-workers
-// sets) takes its rank over instead.
+// sets) takes its rank over instead, and returns without waiting for the others.
 //
 // Thread-safety: safe to call concurrently (it reads the environment, see env.h).
 // Errors: InvalidArgument naming the variable or parameter that is missing or malformed
