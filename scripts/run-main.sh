@@ -10,7 +10,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${GRADWIRE_BUILD_DIR:-$root/build}
-"$root/scripts/build.sh"
+# Only what the main job runs: the launcher and the examples (scripts/test.sh builds the
+# tests and benchmarks).
+GRADWIRE_BUILD_TARGETS="gradwire-run gradwire-ps-train gradwire-hybrid-train gradwire-train-mlp" \
+  "$root/scripts/build.sh"
 # Parameter-server training: one server, two trainers, started by the launcher.
 "$build/tools/gradwire-run" --nproc-per-node 3 "$build/examples/parameter_server/gradwire-ps-train"
 # The hybrid: an embedding on the server, dense layers under DDP on the two trainers.
