@@ -123,9 +123,13 @@ class Container : public rpc::Interceptor,
   std::shared_ptr<ContextState> get(uint64_t id) const;
   // The context a request from a participant names, made on its first request here; a
   // context released here is never made again (a late request in it is refused).
-  std::shared_ptr<ContextState> get_or_make(uint64_t id);
+  std::shared_ptr<ContextState> get_or_make(uint64_t id, int from);
   // Remembers that `id` was released, for a context that never reached this worker.
   void remember_released_unseen(uint64_t id);
+  // Remembers that worker `by` (not its creator) released `id` before it reached this
+  // worker: a request in it from `by` still on its way (it timed out there) is refused.
+  // Only `by`'s own requests: a worker speaks for itself alone.
+  void remember_released_by(uint64_t id, int by);
   // Remembers that `id` was released here (the newest kReleasedMemory ids).
   void remember_released(uint64_t id) GRADWIRE_REQUIRES(mutex_);
   size_t size() const;
@@ -253,6 +257,10 @@ class Container : public rpc::Interceptor,
   static constexpr size_t kReleasedMemory = 1u << 16;
   std::unordered_set<uint64_t> released_ GRADWIRE_GUARDED_BY(mutex_);
   std::deque<uint64_t> released_order_ GRADWIRE_GUARDED_BY(mutex_);
+  // (context, worker): released by that worker before reaching here (the newest
+  // kReleasedMemory).
+  std::set<std::pair<uint64_t, int>> released_by_ GRADWIRE_GUARDED_BY(mutex_);
+  std::deque<std::pair<uint64_t, int>> released_by_order_ GRADWIRE_GUARDED_BY(mutex_);
   // Contexts whose release here still waits for the workers it told: completes with it.
   std::map<uint64_t, Future<void>> releasing_ GRADWIRE_GUARDED_BY(mutex_);
 

@@ -63,11 +63,11 @@ std::shared_ptr<ContextState> Container::get(uint64_t id) const {
   return c;
 }
 
-std::shared_ptr<ContextState> Container::get_or_make(uint64_t id) {
+std::shared_ptr<ContextState> Container::get_or_make(uint64_t id, int from) {
   MutexLock lock(mutex_);
   auto it = contexts_.find(id);
   if (it != contexts_.end()) return it->second;
-  if (released_.count(id) != 0) {
+  if (released_.count(id) != 0 || released_by_.count({id, from}) != 0) {
     throw CallRejected("dist_autograd: worker " + self_.describe() + " already released context " +
                        ctx_text(id));
   }
@@ -79,6 +79,16 @@ std::shared_ptr<ContextState> Container::get_or_make(uint64_t id) {
 void Container::remember_released_unseen(uint64_t id) {
   MutexLock lock(mutex_);
   if (contexts_.count(id) == 0) remember_released(id);
+}
+
+void Container::remember_released_by(uint64_t id, int by) {
+  MutexLock lock(mutex_);
+  if (contexts_.count(id) != 0 || !released_by_.insert({id, by}).second) return;
+  released_by_order_.push_back({id, by});
+  if (released_by_order_.size() > kReleasedMemory) {
+    released_by_.erase(released_by_order_.front());
+    released_by_order_.pop_front();
+  }
 }
 
 void Container::remember_released(uint64_t id) {

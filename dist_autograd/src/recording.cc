@@ -47,7 +47,7 @@ std::shared_ptr<rpc::ServeScope> Container::on_incoming_request(const WorkerInfo
   const uint64_t ctx = request.autograd_context_id;
   if (ctx == 0 || request.handler == kDistAutogradHandler) return nullptr;
   if (from.id < 0) throw CallRejected("dist_autograd: a context from outside the group");
-  std::shared_ptr<ContextState> state = get_or_make(ctx);
+  std::shared_ptr<ContextState> state = get_or_make(ctx, from.id);
   {
     MutexLock lock(state->mutex);
     state->touched.insert(from.id);

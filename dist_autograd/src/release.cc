@@ -128,7 +128,13 @@ Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Releas
     // Unknown here: never seen, or already released; nothing to do, whoever asks. Its
     // creator's release is remembered, though: a request in it still on its way (one
     // that timed out, say) must not make it here after its end.
-    if (worker_of(id) == caller.id) remember_released_unseen(id);
+    // Released by another participant before it came here: that participant's request in
+    // it (one that timed out on the way) must not make it either.
+    if (worker_of(id) == caller.id) {
+      remember_released_unseen(id);
+    } else {
+      remember_released_by(id, caller.id);
+    }
     return make_ready_future(Value());
   }
   get_for(id, caller, "release");

@@ -216,7 +216,17 @@ void Dispatcher::respond(const std::shared_ptr<Link>& from, const Request& reque
       ++saw;
       interceptor->on_outgoing_response(from->peer, request, response);
     }
-    writer_.write_reply(from, request, response, /*plain=*/false);
+    if (!writer_.write_reply(from, request, response, /*plain=*/false)) {
+      // A fault rule dropped it: never written, as if its write had failed, and no error
+      // reply goes in its place (the caller times out).
+      for (size_t i = 0; i < saw; ++i) {
+        try {
+          interceptors[i]->on_response_not_sent(from->peer, request, response);
+        } catch (...) {
+          // Must not throw (agent.h).
+        }
+      }
+    }
   } catch (...) {
     // They learn that it was not written: an error reply goes instead.
     for (size_t i = 0; i < saw; ++i) {

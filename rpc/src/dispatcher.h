@@ -42,8 +42,8 @@ class ReplyWriter {
   virtual ~ReplyWriter() = default;
   // Encodes `response` to `request` and writes it to the sender over `link`; `plain` (an
   // error reply) maps no device and lends nothing. Throws what encoding throws, having
-  // written nothing.
-  virtual void write_reply(const std::shared_ptr<Link>& link, const Request& request,
+  // written nothing. False when a fault rule dropped it (it is never written).
+  virtual bool write_reply(const std::shared_ptr<Link>& link, const Request& request,
                            const Response& response, bool plain) = 0;
   // The request handed to Dispatcher::serve with `tensor_bytes` is finished with: its reply
   // is written, or it was dropped because the executor is shut down.

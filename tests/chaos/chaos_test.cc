@@ -582,9 +582,12 @@ void run_schedule(uint64_t seed) {
 //   load): settlements are sent again on timeout, and a second copy is a no-op.
 // - after a SIGKILL, a value forked to the killed worker and a handler outlived the run (5),
 //   and a fork sent of a value whose owner died stayed pending (2646191281925694804).
+// - a reply carrying an owner's fork that a fault rule dropped kept the fork counted for a
+//   caller that never got it (5020): a dropped reply now counts as not written.
 // - dist_autograd: a dropped Release (13, 17, 1561503560630265507), a failed pass waiting for
 //   its aborts past its deadline (3), a lost connection failing a pass with an untyped
-//   Error (29).
+//   Error (29), a nested call that timed out and reached its callee after the Release from
+//   its caller, making a context nobody would release (5109).
 constexpr uint64_t kCiSeeds[] = {
     1,
     2,

@@ -157,7 +157,7 @@ class TensorPipeAgent final : public RpcAgent,
   void close();
 
   // ReplyWriter: how the dispatcher's replies travel.
-  void write_reply(const std::shared_ptr<detail::Link>& link, const Request& request,
+  bool write_reply(const std::shared_ptr<detail::Link>& link, const Request& request,
                    const Response& response, bool plain) override;
   void request_done(const detail::Link& link, size_t tensor_bytes) override;
 
@@ -1371,14 +1371,15 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
 
 // ---- serving
 
-void TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, const Request& request,
+bool TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, const Request& request,
                                   const Response& response, bool plain) {
   std::shared_ptr<Connection> conn = std::static_pointer_cast<Connection>(link);
   const FaultDecision fault =
       decide_fault(conn->peer, /*is_reply=*/true, request.handler, request.function);
+  const bool written = fault.verdict != FaultDecision::Verdict::kDrop;
   if (plain) {
     apply_fault(fault, conn, encode(Envelope{response}), nullptr);
-    return;
+    return written;
   }
   // A caller outside the group gets no route; with CUDA devices here it still needs one,
   // to be told that its tensors have nowhere to go.
@@ -1404,6 +1405,7 @@ void TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, con
         if (error.empty() || taken.empty()) return;
         if (auto self = weak.lock()) self->return_loans(taken, serial);
       });
+  return written;
 }
 
 void TensorPipeAgent::request_done(const detail::Link& link, size_t held_bytes) {

@@ -269,8 +269,9 @@ class ServeScope {
 //   table keeps the interceptors' state of a timed-out call for this, at most 65,536 calls,
 //   until its connection goes), after on_call_finished was told kTimedOut;
 // - on_response_not_sent: a reply that on_outgoing_response saw but that was not written
-//   (encoding it failed; the caller gets an error reply instead). A reply lost with its
-//   connection is not told here: the agent's listeners learn that the peer was lost.
+//   (encoding it failed, and the caller gets an error reply instead; or a fault rule dropped
+//   it, and the caller times out). A reply lost with its connection is not told here: the
+//   agent's listeners learn that the peer was lost.
 //
 // Interceptors run in the order they were added, on the thread that sends or receives; they
 // must not block. on_call_finished and the three hooks above must not throw (what they
