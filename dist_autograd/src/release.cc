@@ -147,11 +147,24 @@ Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Releas
 
 void Container::on_worker_lost(const WorkerInfo& worker, const std::string& reason) {
   std::vector<uint64_t> theirs;
+  std::vector<std::shared_ptr<ContextState>> others;
   {
     MutexLock lock(mutex_);
     for (const auto& [id, state] : contexts_) {
-      if (worker_of(id) == worker.id) theirs.push_back(id);
+      if (worker_of(id) == worker.id) {
+        theirs.push_back(id);
+      } else if (worker_of(id) != self_.id) {
+        others.push_back(state);
+      }
     }
+  }
+  // Reached here only through the lost worker (a call it nested in its creator's pass):
+  // nobody alive knows that this worker holds it, and only the lost worker's Release would
+  // have come. (This worker's own contexts are released by it, their creator, as usual.)
+  for (const std::shared_ptr<ContextState>& state : others) {
+    MutexLock state_lock(state->mutex);
+    if (state->touched.size() == 1 && state->touched.count(worker.id) != 0)
+      theirs.push_back(state->id);
   }
   const std::string lost = "worker " + self_.describe() + " lost worker " + worker.describe() +
                            (reason.empty() ? std::string() : " (" + reason + ")");
