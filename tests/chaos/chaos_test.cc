@@ -10,9 +10,13 @@
 //     NetworkError, RemoteError, InvalidArgument, BusyError) within its deadline plus
 //     kMargin;
 //   - every pass that succeeded produced exact gradients, on the trainer and on the
-//     server, against closed forms worked out here in float64 (loss = sum((W x - t)^2):
-//     dL/dW = 2 (y - t) x^T, dL/dx = 2 W^T (y - t)), and every forward returned W x for the
-//     W it used; a failed pass leaves the trainer's context without gradients;
+//     server, against closed forms worked out here in float64. Each trainer scales the
+//     server's output by a DDP-wrapped parameter s (a DistributedDataParallel head of one rank
+//     per trainer, so that a pass another trainer never starts cannot hold a collective;
+//     DdpInContext checks the averaging over ranks), with DDP options that vary by seed:
+//     loss = sum((s * W x - t)^2), r = s * y - t: dL/ds = 2 r * y, dL/dW = (2 r * s) x^T,
+//     dL/dx = W^T (2 r * s). Every forward returned W x for the W it used; a failed pass
+//     leaves the trainer's context without gradients, and DDP never writes .grad();
 //   - before shutdown (on_closed would drop everything), once the faults are cleared and the
 //     trainers let go of their references, no surviving worker holds an owned value, a fork,
 //     a user reference, a pending child, a protocol message, a dist_autograd context, a
@@ -41,10 +45,13 @@
 
 #include "chaos/schedule.h"
 #include "gradwire/c10d/hash_store.h"
+#include "gradwire/c10d/process_group_gloo.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/ddp/distributed_data_parallel.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/dist_optim/distributed_optimizer.h"
+#include "gradwire/nn/module.h"
 #include "gradwire/optim/sgd.h"
 #include "gradwire/rpc/fault_injection.h"
 #include "gradwire/rpc/registry.h"
@@ -307,10 +314,61 @@ std::string name_of(int rank) {
   return test::worker_name(rank);
 }
 
+// ---- the trainers' DDP head: z = s * y, s a parameter of DistributedDataParallel
+
+class Head : public nn::Module {
+ public:
+  explicit Head(bool with_unused) : Module("Head") {
+    std::vector<double> init(kOut);
+    for (int64_t o = 0; o < kOut; ++o)
+      init[static_cast<size_t>(o)] = 1.0 + 0.25 * static_cast<double>(o);
+    s = register_parameter("s", tensor(init, Shape{kOut, 1}));
+    if (with_unused) unused = register_parameter("unused", tensor(std::vector<double>{3.0}));
+  }
+  Tensor s, unused;
+};
+
+struct DdpHead {
+  std::shared_ptr<Head> head;
+  std::unique_ptr<ddp::DistributedDataParallel> model;
+};
+
+// The DDP options of seed `seed` (from the seed itself: the schedule's draws stay as they
+// were, so a seed names the same faults as before).
+ddp::DdpOptions ddp_options_of(uint64_t seed, bool& with_unused) {
+  switch (seed % 4) {
+    case 0:
+      with_unused = false;
+      return {};
+    case 1:
+      with_unused = false;
+      return {.gradient_as_bucket_view = true};
+    case 2:
+      with_unused = true;
+      return {.find_unused_parameters = true};
+    default:
+      with_unused = true;
+      return {.static_graph = true};
+  }
+}
+
+DdpHead make_head(const Schedule& s, int me) {
+  bool with_unused = false;
+  const ddp::DdpOptions options = ddp_options_of(s.seed, with_unused);
+  DdpHead h;
+  h.head = std::make_shared<Head>(with_unused);
+  auto store = std::make_shared<c10d::HashStore>(10s);
+  auto group = c10d::ProcessGroupGloo::create(
+      store, 0, 1, {.timeout = 10s, .name = "chaos-head-" + name_of(me)}, {.host = "127.0.0.1"});
+  h.model = std::make_unique<ddp::DistributedDataParallel>(h.head, group, options);
+  return h;
+}
+
 // ---- a trainer
 
 void run_round(const Schedule& s, const Round& r, int me, RpcAgent& agent,
-               const RRef<ParamServer>& ps, dist_optim::DistributedOptimizer* opt, Ledger& ledger) {
+               const RRef<ParamServer>& ps, dist_optim::DistributedOptimizer* opt, DdpHead& head,
+               Ledger& ledger) {
   const CallOptions call{r.call_timeout};
   const int64_t half = std::max<int64_t>(1, r.call_timeout.count() / 2);
   const std::vector<double> x_values = input_of(r.key);
@@ -358,18 +416,24 @@ void run_round(const Schedule& s, const Round& r, int me, RpcAgent& agent,
     const std::vector<double> w = values_of(out[1]);
     ASSERT_EQ(y.size(), static_cast<size_t>(kOut));
     ASSERT_EQ(w.size(), static_cast<size_t>(kOut * kIn));
-    std::vector<double> wx(kOut, 0.0), residual(kOut), grad_w(kOut * kIn), grad_x(kIn, 0.0);
+    const std::vector<double> scale = values_of(head.head->s);
+    std::vector<double> wx(kOut, 0.0), grad_y(kOut), grad_s(kOut), grad_w(kOut * kIn),
+        grad_x(kIn, 0.0);
     for (int64_t o = 0; o < kOut; ++o) {
       for (int64_t i = 0; i < kIn; ++i)
         wx[o] += w[o * kIn + i] * x_values[i];
-      residual[o] = y[o] - t_values[o];
+      const double residual = scale[o] * y[o] - t_values[o];
+      grad_s[o] = 2.0 * residual * y[o];
+      grad_y[o] = 2.0 * residual * scale[o];
       for (int64_t i = 0; i < kIn; ++i) {
-        grad_w[o * kIn + i] = 2.0 * residual[o] * x_values[i];
-        grad_x[i] += 2.0 * w[o * kIn + i] * residual[o];
+        grad_w[o * kIn + i] = grad_y[o] * x_values[i];
+        grad_x[i] += w[o * kIn + i] * grad_y[o];
       }
     }
     expect_close(y, wx, "y = W x");
-    const Tensor diff = sub(out[0], column(t_values));
+    std::vector<Tensor> z = head.model->forward_with(
+        [&](nn::Module&) { return std::vector<Tensor>{mul(head.head->s, out[0])}; });
+    const Tensor diff = sub(z[0], column(t_values));
     const Tensor loss = sum(mul(diff, diff));
     const bool passed = ledger.attempt("backward", r.pass_timeout, [&] {
       da::backward(agent, id, {loss}, da::BackwardOptions{.timeout = r.pass_timeout});
@@ -379,13 +443,35 @@ void run_round(const Schedule& s, const Round& r, int me, RpcAgent& agent,
       const da::Gradients grads = da::get_gradients(agent, id);
       ASSERT_TRUE(grads.contains(x)) << "the trainer's leaf after a successful pass";
       expect_close(values_of(grads.at(x)), grad_x, "dL/dx on w" + std::to_string(me));
+      ASSERT_TRUE(grads.contains(head.head->s)) << "the DDP parameter after a successful pass";
+      expect_close(values_of(grads.at(head.head->s)), grad_s,
+                   "dL/ds (DDP) on w" + std::to_string(me));
+      if (head.head->unused.defined()) {
+        EXPECT_FALSE(grads.contains(head.head->unused)) << "a DDP parameter no pass used";
+      }
+      EXPECT_FALSE(head.head->s.grad().defined()) << "DDP wrote .grad() under a context";
       std::pair<std::string, std::vector<double>> on_server;
       if (ledger.attempt("check_grad", s.rpc_timeout, [&] {
             on_server = agent.rpc_sync<std::pair<std::string, std::vector<double>>>(
                 "w1", "check_grad", CallOptions{s.rpc_timeout}, int64_t{me},
                 static_cast<int64_t>(id));
           })) {
-        EXPECT_EQ(on_server.first, "") << "the server after a successful pass";
+        bool server_lost = false;
+        if (on_server.first == "no server") {
+          // The server goes with its trainer's reference when the connection between them
+          // failed (both ends then release what the other held): its reference is dead.
+          try {
+            ps.rpc_sync<RRef<Tensor>>("weight_rref", CallOptions{s.rpc_timeout});
+          } catch (const NetworkError&) {
+            server_lost = true;
+            ledger.count("server lost");
+          } catch (const std::exception&) {
+            // Not a loss: the expectation below reports it.
+          }
+        }
+        if (!server_lost) {
+          EXPECT_EQ(on_server.first, "") << "the server after a successful pass";
+        }
         if (on_server.first.empty()) {
           expect_close(on_server.second, grad_w, "dL/dW on w1");
           ledger.count("server gradient checked");
@@ -430,8 +516,9 @@ void train(const Schedule& s, size_t index, RpcAgent& agent, Ledger& ledger) {
                     std::vector<RRef<Tensor>>{std::move(weight)});
       });
     }
+    DdpHead head = make_head(s, me);
     for (const Round& r : s.rounds[index])
-      run_round(s, r, me, agent, ps, opt ? &*opt : nullptr, ledger);
+      run_round(s, r, me, agent, ps, opt ? &*opt : nullptr, head, ledger);
   }
 }
 
