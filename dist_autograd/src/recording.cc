@@ -2,6 +2,8 @@
 // context go and come, and the thread-local current context.
 #include "container.h"
 
+#include "gradwire/core/printable.h"
+
 #include "gradwire/rpc/value_walk.h"
 
 namespace gradwire::dist_autograd::internal {
@@ -71,7 +73,14 @@ void Container::on_outgoing_response(const WorkerInfo& to, const rpc::Request& r
   std::vector<Tensor> sent = grad_tensors({value});
   if (sent.empty()) return;
   std::shared_ptr<ContextState> state = find(ctx);
-  if (state == nullptr) return;
+  if (state == nullptr) {
+    // Released while the call ran (its creator was lost, say): sent as it is, the result
+    // would reach the caller cut off from the pass, whose backward would then succeed
+    // without the gradients that should have flowed back through this call.
+    throw Error("dist_autograd: context " + ctx_text(ctx) + " was released on worker " +
+                self_.describe() + " while " + printable(request.function, 200) +
+                " ran; its result cannot join the backward pass");
+  }
   const uint64_t message_id = mint();
   MutexLock lock(state->mutex);
   state->sends[message_id] = std::make_shared<SendBackward>(sent, to.id);

@@ -838,13 +838,14 @@ void RRefContext::bind_all(const Value& value, int to, std::vector<uint64_t>& bo
         ForkVerdict::kApplied)
       return;
     bound.push_back(d.fork_id);
-    if (d.owner == self_.id && to != self_.id) {
+    if (to != self_.id) {
       MutexLock lock(mutex_);
       if (lost_locked(to)) uncounted.push_back(d.fork_id);
     }
   });
-  // A fork counted for a lost worker would never be released (its loss was applied once,
-  // and its Deletes are ignored): the message goes, but the fork does not count.
+  // A fork kept for a lost worker would never be released (its loss was applied once, its
+  // Deletes are ignored, and its death later would not be told again): the message goes,
+  // but the owner does not count the fork, and a user does not keep it pending.
   unbind(uncounted, to);
 }
 

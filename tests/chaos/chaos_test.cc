@@ -674,7 +674,11 @@ void run_schedule(uint64_t seed) {
 // - dist_autograd: a dropped Release (13, 17, 1561503560630265507), a failed pass waiting for
 //   its aborts past its deadline (3), a lost connection failing a pass with an untyped
 //   Error (29), a nested call that timed out and reached its callee after the Release from
-//   its caller, making a context nobody would release (5109).
+//   its caller, making a context nobody would release (5109); a reply built after its
+//   context was released here went out cut off from the pass, whose backward then succeeded
+//   without the gradients that should have come back through it (4039521280250924948).
+// - rref: a fork sent to a worker already lost here was kept pending for good: its death
+//   later was not told again (1314088954710638701).
 constexpr uint64_t kCiSeeds[] = {
     1,
     2,
