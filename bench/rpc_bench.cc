@@ -12,6 +12,10 @@
 //                          memcpy of the same size between warm buffers
 //                          (params.memcpy_gbps), and PyTorch's rpc_sync(torch.sum)
 //   rpc.async_calls_per_s  rpc_async "add" with 64 calls in flight (a sliding window)
+//   rpc.latency_traced_us  p50 of rpc_sync "add" as rpc.latency_us, with gradwire::trace
+//                          recording on both workers; baseline: the p50 with tracing off,
+//                          measured in blocks that alternate with the traced ones in the
+//                          same processes (params.untraced_us), and their ratio
 // Rounds alternate with PyTorch's and each side keeps its best round, so that drift on a
 // shared machine favours neither.
 
@@ -27,6 +31,7 @@
 #include "bench.h"
 #include "gradwire/c10d/store.h"
 #include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
@@ -44,6 +49,7 @@ constexpr int kBandwidthCalls = 5;
 constexpr int kAsyncCalls = 10000;
 constexpr int kWindow = 64;
 constexpr int kRounds = 2;
+constexpr int kTraceBlocks = 4;  // alternating blocks of untraced and traced calls
 const std::vector<int64_t> kBandwidthBytes = {1 << 20, 16 << 20, 64 << 20};
 
 // Rank 0's figures, in the order of PyTorch's peer: p50, p99, bandwidth seconds per
@@ -55,6 +61,16 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
       "add_inline", [](const Tensor& a, const Tensor& b) { return add(a, b); },
       rpc::Execution::kInline);
   reg.def("sum", [](const Tensor& t) { return sum(t).item<double>(); });
+  // rpc.latency_traced_us: the caller turns the callee's tracing on and off.
+  reg.def("trace", [](int64_t on) {
+    if (on != 0) {
+      trace::start();
+    } else {
+      trace::stop();
+      trace::clear();
+    }
+    return on;
+  });
   // The raw ping-pong first, between the same two processes.
   std::thread echo;
   if (rank == 1) {
@@ -98,6 +114,25 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
         time_calls(200, kLatencyCalls, [&] { agent->rpc_sync<Tensor>("w1", "add_inline", a, b); });
     out.push_back(median(inline_times));
     out.push_back(percentile(inline_times, 0.99));
+    // Tracing off and on, in alternating blocks of the same call.
+    std::vector<double> untraced;
+    std::vector<double> traced;
+    const int per_block = kLatencyCalls / kTraceBlocks;
+    for (int block = 0; block < kTraceBlocks; ++block) {
+      for (const double t :
+           time_calls(20, per_block, [&] { agent->rpc_sync<Tensor>("w1", "add", a, b); }))
+        untraced.push_back(t);
+      agent->rpc_sync<int64_t>("w1", "trace", int64_t{1});
+      trace::start();
+      for (const double t :
+           time_calls(20, per_block, [&] { agent->rpc_sync<Tensor>("w1", "add", a, b); }))
+        traced.push_back(t);
+      trace::stop();
+      trace::clear();
+      agent->rpc_sync<int64_t>("w1", "trace", int64_t{0});
+    }
+    out.push_back(median(untraced));
+    out.push_back(median(traced));
   }
   agent->shutdown();
   if (rank == 1) echo.join();
@@ -120,13 +155,16 @@ double memcpy_seconds(int64_t bytes) {
 }
 
 const Register rpc_bench(
-    {"rpc.latency_us", "rpc.latency_inline_us", "rpc.bandwidth_gbps", "rpc.async_calls_per_s"},
+    {"rpc.latency_us", "rpc.latency_inline_us", "rpc.bandwidth_gbps", "rpc.async_calls_per_s",
+     "rpc.latency_traced_us"},
     [](const auto& emit) {
       c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
       const size_t n = 2 + kBandwidthBytes.size() + 1;
       const double inf = std::numeric_limits<double>::infinity();
       const double nan = std::numeric_limits<double>::quiet_NaN();
-      std::vector<double> ours(n + 3, inf);
+      // ours: the figures of PyTorch's order, the ping-pong, the inline p50 and p99, then the
+      // untraced and traced p50.
+      std::vector<double> ours(n + 5, inf);
       std::vector<double> theirs(n, inf);
       std::vector<double> memcpy_s(kBandwidthBytes.size(), inf);
       std::string why;
@@ -224,6 +262,21 @@ const Register rpc_bench(
       f.params.push_back({"ratio", have_theirs ? theirs[a] / ours[a] : nan});
       f.params.push_back({"target_ratio_min", 5.0});
       emit(f);
+      const double untraced_us = ours[n + 3] * 1e6;
+      const double traced_us = ours[n + 4] * 1e6;
+      emit(Figure{
+          "rpc.latency_traced_us",
+          traced_us,
+          "us",
+          {{"statistic", "p50 of " + std::to_string(kLatencyCalls) +
+                             " rpc_sync calls with tracing on, in " + std::to_string(kTraceBlocks) +
+                             " blocks alternating with as many untraced ones"},
+           {"call", "add(Tensor float32[2], Tensor float32[2]) -> Tensor"},
+           {"tracing", "gradwire::trace on both workers (rpc.call, rpc.queue, rpc.serve)"},
+           {"workers", "2 processes on 127.0.0.1"},
+           {"untraced_us", untraced_us},
+           {"ratio_traced_over_untraced", traced_us / untraced_us},
+           {"target_ratio_max", 1.05}}});
     });
 
 }  // namespace

@@ -46,6 +46,12 @@ find_package(Protobuf REQUIRED)
 find_package(Gloo REQUIRED)
 # OpenSSL's libcrypto: HMAC-SHA256 and random nonces for the authenticated handshakes.
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# nlohmann-json (header only): core's trace files (core/src/trace.cc), linked PRIVATE.
+find_package(nlohmann_json 3 QUIET)
+if(NOT nlohmann_json_FOUND)
+  message(FATAL_ERROR "gradwire needs nlohmann-json 3 (trace files): "
+                      "apt-get install nlohmann-json3-dev, or run scripts/install-deps.sh")
+endif()
 
 # ---- CUDA and NCCL: AUTO turns them on when the toolkit is found, ON insists, OFF skips.
 set(GRADWIRE_HAS_CUDA OFF)

@@ -12,7 +12,7 @@ packages=(
   libgtest-dev libgmock-dev
   libopenblas-dev libdlpack-dev zlib1g-dev
   libtensorpipe-dev libgloo-dev libuv1-dev libprotobuf-dev protobuf-compiler
-  libssl-dev
+  libssl-dev nlohmann-json3-dev
   iproute2
 )
 for arg in "$@"; do

@@ -1,6 +1,7 @@
 #include "call_table.h"
 
 #include "gradwire/core/logging.h"
+#include "gradwire/core/trace.h"
 #include "text.h"
 
 namespace gradwire::rpc::detail {
@@ -103,6 +104,22 @@ void CallTable::fail(uint64_t id, std::exception_ptr error, CallOutcome outcome,
 
 void CallTable::finish(PendingCall& call, Value value, std::exception_ptr error,
                        CallOutcome outcome) const {
+  if (call.stats != nullptr || trace::enabled()) {
+    const int64_t end_ns = trace::now_ns();
+    const bool failed = error != nullptr || outcome != CallOutcome::kReplied;
+    if (call.stats != nullptr) {
+      call.stats->record(end_ns - call.started_ns, failed, call.bytes_out, call.bytes_in);
+    }
+    if (trace::enabled() && call.started_ns != 0) {
+      const trace::Text function{"function", call.function};
+      trace::complete(
+          "rpc.call", "rpc", call.started_ns, end_ns,
+          {trace::Arg("peer", call.to.id), trace::Arg("request_id", call.id),
+           trace::Arg("bytes_out", call.bytes_out), trace::Arg("bytes_in", call.bytes_in),
+           trace::Arg("outcome", call_outcome_name(outcome))},
+          &function);
+    }
+  }
   if (call.interceptors != nullptr) {
     const FinishedCall finished{call.to, call.id, call.handler, call.function, outcome, error};
     for (size_t i = 0; i < call.states.size() && i < call.interceptors->size(); ++i) {

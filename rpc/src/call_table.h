@@ -29,6 +29,7 @@
 #include "gradwire/core/mutex.h"
 #include "gradwire/core/thread_annotations.h"
 #include "gradwire/rpc/agent.h"
+#include "stats_table.h"
 
 namespace gradwire::rpc::detail {
 
@@ -44,6 +45,13 @@ struct PendingCall {
   std::shared_ptr<const std::vector<std::shared_ptr<Interceptor>>> interceptors;
   std::vector<std::shared_ptr<void>> states;
   uint64_t id{0};
+  // Statistics and tracing (rpc/stats.h, core/trace.h): the entry of a registered
+  // function's calls to `to` (null for other handlers), when the call began (trace::now_ns)
+  // and the bytes of the request and of the reply on the wire.
+  StatsTable::Entry* stats{nullptr};
+  int64_t started_ns{0};
+  uint64_t bytes_out{0};
+  uint64_t bytes_in{0};
 
   // "call 'add'" or "request to handler 3"; built only for messages.
   std::string what() const;
@@ -58,6 +66,11 @@ struct LateCall {
   std::vector<std::shared_ptr<void>> states;
 };
 
+// finish() also records the call in its statistics entry and, while tracing is on, as an
+// "rpc.call" span (category "rpc") from its start to its end, with the function name
+// (truncated to trace::kTextBytes - 1), the peer's id, the request id, the bytes each way
+// and the outcome.
+//
 // Thread-safety: every method may be called from any thread. Callbacks and interceptors
 // run on the thread that finishes a call, never with the table's mutex held.
 class CallTable {

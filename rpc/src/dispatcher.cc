@@ -2,6 +2,7 @@
 
 #include "gradwire/core/error.h"
 #include "gradwire/core/printable.h"
+#include "gradwire/core/trace.h"
 #include "text.h"
 
 namespace gradwire::rpc::detail {
@@ -118,19 +119,23 @@ void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> fr
   // A call is looked up once: the entry says where it runs and is what runs.
   std::shared_ptr<const RegisteredFunction> function;
   if (request.handler == kCallHandler) function = agent->registry().find(request.function);
+  Timing timing;
+  if (function != nullptr)
+    timing.stats = &served_stats_.entry(request.function, from->peer.id, from->peer.name);
+  if (timing.stats != nullptr || trace::enabled()) timing.arrived_ns = trace::now_ns();
   const bool runs_inline = function != nullptr
                                ? function->execution() == Execution::kInline
                                : entry != nullptr && entry->execution == Execution::kInline;
   // Functions and handlers that asked for it run right here, on the thread that received
   // the request (an I/O thread, or the executor when tensors had to be copied first).
   if (runs_inline) {
-    run(agent, from, request, handlers, entry, function, tensor_bytes);
+    run(agent, from, request, handlers, entry, function, tensor_bytes, timing);
     return;
   }
   try {
     executor_->execute([this, agent, from, request = std::move(request), handlers, entry, function,
-                        tensor_bytes]() mutable {
-      run(agent, from, request, handlers, entry, function, tensor_bytes);
+                        tensor_bytes, timing]() mutable {
+      run(agent, from, request, handlers, entry, function, tensor_bytes, timing);
     });
   } catch (const Error&) {
     writer_.request_done(*from, tensor_bytes);
@@ -140,9 +145,10 @@ void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> fr
 void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_ptr<Link>& from,
                      Request& request, const std::shared_ptr<const Handlers>& handlers,
                      const HandlerEntry* entry,
-                     const std::shared_ptr<const RegisteredFunction>& function,
-                     size_t tensor_bytes) {
+                     const std::shared_ptr<const RegisteredFunction>& function, size_t tensor_bytes,
+                     Timing timing) {
   ServingMark serving(this);
+  if (timing.arrived_ns != 0) timing.started_ns = trace::now_ns();
   std::shared_ptr<const Interceptors> interceptors = this->interceptors();
   ServeScopes scopes;
   Future<Value> result;
@@ -183,7 +189,7 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
       }
     }
     if (result.completed()) {
-      respond(from, request, result, tensor_bytes, *interceptors);
+      respond(from, request, result, tensor_bytes, *interceptors, timing);
       return;
     }
   }
@@ -191,16 +197,16 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
   // scopes.
   result.add_callback(executor_, [this, agent, from, tensor_bytes, scopes = std::move(scopes),
                                   interceptors = std::move(interceptors),
-                                  request = std::move(request)](Future<Value> done) {
+                                  request = std::move(request), timing](Future<Value> done) {
     ServingMark serving(this);
     ScopesEntered entered(scopes);
-    respond(from, request, done, tensor_bytes, *interceptors);
+    respond(from, request, done, tensor_bytes, *interceptors, timing);
   });
 }
 
 void Dispatcher::respond(const std::shared_ptr<Link>& from, const Request& request,
                          const Future<Value>& result, size_t tensor_bytes,
-                         const Interceptors& interceptors) {
+                         const Interceptors& interceptors, const Timing& timing) {
   Response response;
   response.id = request.id;
   response.autograd_context_id = request.autograd_context_id;
@@ -211,12 +217,19 @@ void Dispatcher::respond(const std::shared_ptr<Link>& from, const Request& reque
     response.result = result.value();
   }
   size_t saw = 0;  // the interceptors that saw the reply
+  size_t bytes_out = 0;
+  int64_t end_ns = 0;
   try {
     for (const auto& interceptor : interceptors) {
       ++saw;
       interceptor->on_outgoing_response(from->peer, request, response);
     }
-    if (!writer_.write_reply(from, request, response, /*plain=*/false)) {
+    // Serving ends as the reply is handed over, before it can reach the caller.
+    end_ns = timing.arrived_ns != 0 ? trace::now_ns() : 0;
+    const bool written = writer_.write_reply(from, request, response, /*plain=*/false, &bytes_out);
+    if (end_ns != 0)
+      served(from, request, tensor_bytes, bytes_out, result.has_error(), timing, end_ns);
+    if (!written) {
       // A fault rule dropped it: never written, as if its write had failed, and no error
       // reply goes in its place (the caller times out).
       for (size_t i = 0; i < saw; ++i) {
@@ -240,9 +253,33 @@ void Dispatcher::respond(const std::shared_ptr<Link>& from, const Request& reque
     reply.message = "the reply to " + describe_call(request.handler, request.function) +
                     " could not be sent: " + reply.message;
     response.result = std::move(reply);
-    writer_.write_reply(from, request, response, /*plain=*/true);
+    bytes_out = 0;
+    if (timing.arrived_ns != 0) end_ns = trace::now_ns();
+    writer_.write_reply(from, request, response, /*plain=*/true, &bytes_out);
+    if (timing.arrived_ns != 0)
+      served(from, request, tensor_bytes, bytes_out, true, timing, end_ns);
   }
   writer_.request_done(*from, tensor_bytes);
+}
+
+void Dispatcher::served(const std::shared_ptr<Link>& from, const Request& request, size_t bytes_in,
+                        size_t bytes_out, bool error, const Timing& timing, int64_t end_ns) {
+  if (trace::enabled()) {
+    const trace::Text function{"function", request.function};
+    trace::complete("rpc.queue", "rpc", timing.arrived_ns, timing.started_ns,
+                    {trace::Arg("peer", from->peer.id), trace::Arg("request_id", request.id)},
+                    &function);
+    trace::complete("rpc.serve", "rpc", timing.started_ns, end_ns,
+                    {trace::Arg("peer", from->peer.id), trace::Arg("request_id", request.id),
+                     trace::Arg("bytes_in", static_cast<uint64_t>(bytes_in)),
+                     trace::Arg("bytes_out", static_cast<uint64_t>(bytes_out)),
+                     trace::Arg("error", error ? 1 : 0)},
+                    &function);
+  }
+  // Counted last: whoever sees the count sees the spans too.
+  if (timing.stats != nullptr) {
+    timing.stats->record(end_ns - timing.started_ns, error, bytes_out, bytes_in);
+  }
 }
 
 ErrorReply Dispatcher::error_reply(std::exception_ptr error) const {

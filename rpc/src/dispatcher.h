@@ -26,6 +26,7 @@
 #include "gradwire/core/executor.h"
 #include "gradwire/core/mutex.h"
 #include "gradwire/rpc/agent.h"
+#include "stats_table.h"
 
 namespace gradwire::rpc::detail {
 
@@ -42,9 +43,10 @@ class ReplyWriter {
   virtual ~ReplyWriter() = default;
   // Encodes `response` to `request` and writes it to the sender over `link`; `plain` (an
   // error reply) maps no device and lends nothing. Throws what encoding throws, having
-  // written nothing. False when a fault rule dropped it (it is never written).
+  // written nothing. False when a fault rule dropped it (it is never written). `bytes`, when
+  // not null, is set to what the encoded reply takes on the wire.
   virtual bool write_reply(const std::shared_ptr<Link>& link, const Request& request,
-                           const Response& response, bool plain) = 0;
+                           const Response& response, bool plain, size_t* bytes) = 0;
   // The request handed to Dispatcher::serve with `tensor_bytes` is finished with: its reply
   // is written, or it was dropped because the executor is shut down.
   virtual void request_done(const Link& link, size_t tensor_bytes) = 0;
@@ -76,12 +78,17 @@ class Dispatcher {
 
   // Serves `request`, received from `from`, for `agent` (held until the reply is written;
   // its registry holds the functions). `tensor_bytes` goes back to
-  // ReplyWriter::request_done.
+  // ReplyWriter::request_done. A call of a registered function is counted in
+  // served_stats() (tensor_bytes as its bytes in) and, while tracing is on, recorded as an
+  // "rpc.queue" span (arrival to start) and an "rpc.serve" span (start to the reply handed
+  // to the transport), both with the request id, the caller's id and the function.
   void serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> from, Request request,
              size_t tensor_bytes);
   // Whether this thread is running a request this dispatcher serves (a graceful shutdown
   // from there would wait for itself).
   bool serving_on_this_thread() const;
+  // The calls of registered functions served, per (function, caller).
+  const StatsTable& served_stats() const { return served_stats_; }
 
   // The ErrorReply for an error raised while serving: rejected for a CallRejected, and
   // keeping the origin of a RemoteError raised further down a chain of calls.
@@ -100,16 +107,29 @@ class Dispatcher {
   using Handlers = std::map<uint32_t, HandlerEntry>;
   using ServeScopes = std::vector<std::shared_ptr<ServeScope>>;
 
+  // When a request arrived and began to run (trace::now_ns), and its statistics entry
+  // (null: not a registered function).
+  struct Timing {
+    int64_t arrived_ns{0};
+    int64_t started_ns{0};
+    StatsTable::Entry* stats{nullptr};
+  };
+
   void run(const std::shared_ptr<RpcAgent>& agent, const std::shared_ptr<Link>& from,
            Request& request, const std::shared_ptr<const Handlers>& handlers,
            const HandlerEntry* entry, const std::shared_ptr<const RegisteredFunction>& function,
-           size_t tensor_bytes);
+           size_t tensor_bytes, Timing timing);
   void respond(const std::shared_ptr<Link>& from, const Request& request,
-               const Future<Value>& result, size_t tensor_bytes, const Interceptors& interceptors);
+               const Future<Value>& result, size_t tensor_bytes, const Interceptors& interceptors,
+               const Timing& timing);
+  // Counts and traces one served request, whose reply was handed over at end_ns.
+  void served(const std::shared_ptr<Link>& from, const Request& request, size_t bytes_in,
+              size_t bytes_out, bool error, const Timing& timing, int64_t end_ns);
 
   const WorkerInfo self_;
   ReplyWriter& writer_;
   std::shared_ptr<Executor> executor_;  // set by start(), then constant
+  StatsTable served_stats_;
 
   // Writers take changes_mutex_ and publish a new table; readers only load.
   Mutex changes_mutex_;

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cctype>
 #include <condition_variable>
+#include <iostream>
 #include <map>
 #include <optional>
 
@@ -44,7 +45,9 @@
 #include "gradwire/core/signals.h"
 #include "gradwire/core/thread_annotations.h"
 #include "gradwire/core/thread_pool.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/rpc/fault_injection.h"
+#include "gradwire/rpc/stats.h"
 #include "gradwire/tensor/factory.h"
 #include "group.h"
 #include "tensorpipe/loans.h"
@@ -61,6 +64,15 @@ using detail::describe_call;
 using detail::LateCall;
 using detail::ms_text;
 using detail::PendingCall;
+
+// What a message takes on the wire: its payload and the tensors that travel beside it
+// (lent tensors, copied by the receiver, are not counted).
+size_t wire_bytes(const EncodedMessage& message) {
+  size_t n = message.payload.size();
+  for (const Tensor& t : message.tensors)
+    n += t.nbytes();
+  return n;
+}
 
 // Transports: TensorPipe picks, per peer, the highest-priority one both ends can use.
 constexpr int64_t kUvPriority = 0;
@@ -151,6 +163,9 @@ class TensorPipeAgent final : public RpcAgent,
   void shutdown(bool graceful) override;
   bool is_shut_down() const override { return !running_.load(std::memory_order_acquire); }
   AgentMetrics metrics() const override;
+  RpcStats stats() const override {
+    return RpcStats{call_stats_.snapshot(), dispatcher_.served_stats().snapshot()};
+  }
   int incarnation() const override { return group_.incarnation(); }
 
   // Forced close: fails what is pending, closes TensorPipe, stops the threads. Idempotent.
@@ -158,7 +173,7 @@ class TensorPipeAgent final : public RpcAgent,
 
   // ReplyWriter: how the dispatcher's replies travel.
   bool write_reply(const std::shared_ptr<detail::Link>& link, const Request& request,
-                   const Response& response, bool plain) override;
+                   const Response& response, bool plain, size_t* bytes) override;
   void request_done(const detail::Link& link, size_t tensor_bytes) override;
 
  private:
@@ -247,7 +262,8 @@ class TensorPipeAgent final : public RpcAgent,
   void apply_fault(const FaultDecision& decision, const std::shared_ptr<Connection>& conn,
                    EncodedMessage message, std::function<void(const std::string&)> on_done);
 
-  void complete_call(const std::shared_ptr<Connection>& conn, Response response);
+  // `bytes`: what the reply took on the wire (its in-flight cost).
+  void complete_call(const std::shared_ptr<Connection>& conn, Response response, size_t bytes);
   // A peer whose connection was lost may have been replaced (AgentOptions::rejoin): re-reads
   // its record, and tells the listeners when a new incarnation has taken over.
   void check_rejoined(int id);
@@ -262,6 +278,8 @@ class TensorPipeAgent final : public RpcAgent,
   mutable detail::PeerAdmission admission_{group_, std::chrono::milliseconds(5'000)};
   detail::CallTable calls_;
   detail::Dispatcher dispatcher_;
+  // The calls this worker makes, per (function, callee) (RpcAgent::stats).
+  detail::StatsTable call_stats_;
 
   // Set by start(), then constant.
   std::shared_ptr<ThreadPool> pool_;
@@ -279,6 +297,8 @@ class TensorPipeAgent final : public RpcAgent,
   // Where this worker runs, read when the agent is made (GRADWIRE_HOST_ID may change later).
   const std::string host_id_ = net::host_id();
   const uint64_t netns_ = net::network_namespace_id();
+  // GRADWIRE_RPC_STATS=1: print stats() to stderr when the agent closes.
+  const bool print_stats_ = env_bool("GRADWIRE_RPC_STATS", false);
   // The transports registered by start(), in the order of preference.
   std::vector<std::string> transports_;
   std::string secret_;  // resolved at start; empty: connections are not authenticated
@@ -606,6 +626,8 @@ void TensorPipeAgent::start() {
       throw InvalidArgument("rpc agent " + self_.describe() + ": start() was already called");
     }
   }
+  // Trace files of this process are named after its worker (the last agent started).
+  trace::set_process_name(self_.name);
   try {
     start_serving();
   } catch (...) {
@@ -785,6 +807,9 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
                    request.function, timeout, conn->serial,
                    interceptors,     {},      id};
   call.states.reserve(interceptors->size());
+  call.started_ns = trace::now_ns();
+  if (request.handler == kCallHandler)
+    call.stats = &call_stats_.entry(request.function, target.id, target.name);
   // Loans are tied to the connection they travel on: losing it ends them.
   Lending lending{target.id, conn->serial, {}};
   EncodedMessage message;
@@ -797,6 +822,7 @@ void TensorPipeAgent::send_request(const Destination& to, Request request, CallO
     message =
         encode(Envelope{std::move(request)}, detail::device_mapper(group_.route_to(target.id)),
                kDefaultInlineTensorBytes, lender_for(lending));
+    call.bytes_out = wire_bytes(message);
   } catch (...) {
     return_loans(lending.taken, conn->serial);
     // The interceptors that saw the request learn that it never left; the caller gets the
@@ -1175,7 +1201,7 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
     }
     self->release_inflight(*conn, held);
     if (Response* response = std::get_if<Response>(&envelope.body)) {
-      self->complete_call(conn, std::move(*response));
+      self->complete_call(conn, std::move(*response), held.bytes);
     } else {
       self->on_release(conn, std::get<Release>(envelope.body));
     }
@@ -1372,13 +1398,15 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
 // ---- serving
 
 bool TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, const Request& request,
-                                  const Response& response, bool plain) {
+                                  const Response& response, bool plain, size_t* bytes) {
   std::shared_ptr<Connection> conn = std::static_pointer_cast<Connection>(link);
   const FaultDecision fault =
       decide_fault(conn->peer, /*is_reply=*/true, request.handler, request.function);
   const bool written = fault.verdict != FaultDecision::Verdict::kDrop;
   if (plain) {
-    apply_fault(fault, conn, encode(Envelope{response}), nullptr);
+    EncodedMessage message = encode(Envelope{response});
+    if (bytes != nullptr) *bytes = wire_bytes(message);
+    apply_fault(fault, conn, std::move(message), nullptr);
     return written;
   }
   // A caller outside the group gets no route; with CUDA devices here it still needs one,
@@ -1393,6 +1421,7 @@ bool TensorPipeAgent::write_reply(const std::shared_ptr<detail::Link>& link, con
   try {
     message = encode(Envelope{response}, detail::device_mapper(route), kDefaultInlineTensorBytes,
                      lender_for(lending));
+    if (bytes != nullptr) *bytes = wire_bytes(message);
   } catch (...) {
     return_loans(lending.taken, conn->serial);
     throw;
@@ -1419,7 +1448,8 @@ void TensorPipeAgent::request_done(const detail::Link& link, size_t held_bytes) 
 
 // ---- completing calls
 
-void TensorPipeAgent::complete_call(const std::shared_ptr<Connection>& conn, Response response) {
+void TensorPipeAgent::complete_call(const std::shared_ptr<Connection>& conn, Response response,
+                                    size_t bytes) {
   std::optional<PendingCall> call = calls_.take(response.id, conn->serial);
   if (!call) {
     // A call that timed out: what the reply carries is still shown to the interceptors
@@ -1439,6 +1469,7 @@ void TensorPipeAgent::complete_call(const std::shared_ptr<Connection>& conn, Res
                          << " (its call timed out or was never made)";
     return;
   }
+  call->bytes_in = bytes;
   try {
     for (size_t i = 0; i < call->states.size(); ++i)
       (*call->interceptors)[i]->on_incoming_response(call->to, response, call->states[i]);
@@ -1552,6 +1583,10 @@ void TensorPipeAgent::close() {
     state_ = State::kClosing;
     running_.store(false, std::memory_order_release);
     idle_cv_.notify_all();
+  }
+  if (print_stats_) {
+    std::cerr << "rpc worker " << self_.describe() << " statistics:\n" + stats().table()
+              << std::flush;
   }
   // Fails what is pending and stops the timer.
   calls_.close([this](const PendingCall& call) {

@@ -83,6 +83,7 @@
 #include "gradwire/rpc/call_context.h"
 #include "gradwire/rpc/envelope.h"
 #include "gradwire/rpc/registry.h"
+#include "gradwire/rpc/stats.h"
 #include "gradwire/rpc/value.h"
 #include "gradwire/rpc/value_convert.h"
 #include "gradwire/rpc/worker_info.h"
@@ -480,6 +481,10 @@ class RpcAgent {
   virtual bool is_shut_down() const = 0;
 
   virtual AgentMetrics metrics() const = 0;
+  // Per-function statistics: calls made and served, per registered function and peer, with
+  // errors, bytes and p50/p99 latency (stats.h, docs/observability.md). An agent that keeps
+  // none returns empty tables.
+  virtual RpcStats stats() const { return {}; }
 
   // How many workers had this one's name and rank before it in the running group: 0 for a
   // worker that started with the group, k for the k-th that took over a lost one
