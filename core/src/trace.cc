@@ -347,6 +347,10 @@ std::string flush() {
     throw InvalidArgument(
         "trace::flush: no trace directory (set GRADWIRE_TRACE=DIR or call trace::start(DIR))");
   }
+  // GRADWIRE_TRACE may name a directory that does not exist yet; if it cannot be made,
+  // write() says so.
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
   const std::string path = (std::filesystem::path(dir) / (process_name() + ".trace.json")).string();
   write(path);
   return path;

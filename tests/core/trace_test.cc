@@ -1,7 +1,10 @@
 #include "gradwire/core/trace.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <atomic>
 #include <chrono>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "gradwire/core/error.h"
+#include "support/scoped_env.h"
 
 namespace gradwire {
 namespace {
@@ -232,6 +236,52 @@ TEST_F(TraceTest, BadPathsAreRefusedWithTheirName) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos) << e.what();
   }
+}
+
+// Run only as the child of the next test, with GRADWIRE_TRACE set: records one event and
+// returns, so the process exits and writes its file.
+TEST(TraceChild, DISABLED_RecordsAndExits) {
+  ASSERT_TRUE(trace::enabled());
+  trace::set_process_name("traced-child");
+  trace::instant("test.child", "test", {trace::Arg("answer", 42)});
+}
+
+TEST_F(TraceTest, GradwireTraceMakesAProcessWriteItsFileAtExit) {
+  const std::string self = fs::canonical("/proc/self/exe").string();
+  // The child reads it as it loads; this process read it long ago.
+  const test::ScopedEnv env({{"GRADWIRE_TRACE", dir_.c_str()}});
+  std::vector<std::string> args = {self, "--gtest_filter=TraceChild.DISABLED_RecordsAndExits",
+                                   "--gtest_also_run_disabled_tests"};
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(self.c_str(), argv.data());
+    ::_exit(127);
+  }
+  // Waits at most 30 s for the child.
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling the child's exit
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "the traced child did not exit within 30 s";
+  }
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  const nlohmann::json file = read_json((dir_ / "traced-child.trace.json").string());
+  const auto events = named(file, "test.child");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].at("args").at("answer"), 42);
+  EXPECT_EQ(file.at("otherData").at("process_name"), "traced-child");
+  EXPECT_NE(file.at("otherData").at("pid"), ::getpid());
 }
 
 }  // namespace

@@ -219,8 +219,8 @@ void set_directory(const std::string& dir);
 
 // Writes everything recorded so far to `path` (replacing it).
 void write(const std::string& path);
-// Writes DIR/<process name>.trace.json and returns its path. InvalidArgument without a
-// directory.
+// Writes DIR/<process name>.trace.json (making DIR if missing) and returns its path.
+// InvalidArgument without a directory.
 std::string flush();
 
 // Events each thread's ring holds: GRADWIRE_TRACE_EVENTS when set (>= 16), else 16384.
