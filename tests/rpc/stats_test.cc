@@ -1,10 +1,13 @@
 // RpcAgent::stats() (per-function statistics) and the rpc spans of gradwire::trace, between
 // two real agents.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -20,6 +23,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/scoped_env.h"
 
 namespace gradwire::rpc {
 namespace {
@@ -202,6 +206,41 @@ TEST_F(RpcStatsTest, TracedCallsAreFollowedFromCallerToCalleeByRequestId) {
     }
   }
   EXPECT_EQ(failed, 1);
+}
+
+TEST(RpcStatsPrint, GradwireRpcStatsPrintsTheTablesAtShutdown) {
+  namespace fs = std::filesystem;
+  Registry reg;
+  reg.def("echo", [](const std::string& s) { return s; });
+  test::Agents agents;
+  {
+    // Read when each agent is made.
+    const test::ScopedEnv env({{"GRADWIRE_RPC_STATS", "1"}});
+    agents = test::start_agents(2, test::agent_options(reg));
+  }
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(agents[0]->rpc_sync<std::string>("w1", "echo", std::string("hi")), "hi");
+  wait_for_served(*agents[1], "echo", 3);
+  // What the agents print on stderr during the shutdown goes to a file.
+  const fs::path out =
+      fs::temp_directory_path() / ("gradwire-rpc-stats-" + std::to_string(::getpid()));
+  const int saved = ::dup(STDERR_FILENO);
+  ASSERT_GE(saved, 0);
+  const int fd = ::open(out.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0);
+  std::cerr.flush();
+  ::dup2(fd, STDERR_FILENO);
+  ::close(fd);
+  test::shutdown_agents(agents);
+  std::cerr.flush();
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::ifstream in(out);
+  const std::string printed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  fs::remove(out);
+  for (const char* word :
+       {"rpc worker 'w0'", "rpc worker 'w1'", "rpc calls made", "rpc calls served", "echo"})
+    EXPECT_NE(printed.find(word), std::string::npos) << word << " not in:\n" << printed;
 }
 
 }  // namespace

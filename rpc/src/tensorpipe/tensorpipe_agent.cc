@@ -1585,8 +1585,10 @@ void TensorPipeAgent::close() {
     idle_cv_.notify_all();
   }
   if (print_stats_) {
-    std::cerr << "rpc worker " << self_.describe() << " statistics:\n" + stats().table()
-              << std::flush;
+    // One write, so the tables of agents closing together do not interleave.
+    const std::string text = "rpc worker " + self_.describe() + " statistics:\n" + stats().table();
+    std::cerr.write(text.data(), static_cast<std::streamsize>(text.size()));
+    std::cerr.flush();
   }
   // Fails what is pending and stops the timer.
   calls_.close([this](const PendingCall& call) {
