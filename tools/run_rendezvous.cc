@@ -9,9 +9,12 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "gradwire/core/error.h"
 #include "gradwire/core/net.h"
+#include "gradwire/core/printable.h"
 
 namespace gradwire::run {
 
@@ -47,15 +50,31 @@ struct NodeInfo {
   std::string host_id;
 };
 
+// What another launcher published is checked like any peer's input: bounded as the command
+// line bounds it, and quoted printably in the error.
 NodeInfo parse_node(const std::string& text) {
   NodeInfo n;
   std::istringstream in(text);
   in >> n.nproc >> n.host;
   std::getline(in >> std::ws, n.host_id);
-  if (n.nproc < 1 || n.host.empty()) {
-    throw StoreError("gradwire-run: a node published a malformed description '" + text + "'");
+  if (n.nproc < 1 || n.nproc > 4096 || n.host.empty()) {
+    throw StoreError("gradwire-run: a node published a malformed description '" +
+                     printable(text, 200) + "' (expected '<nproc in 1..4096> <host> <host id>')");
   }
   return n;
+}
+
+// The generation's membership, "<nodes> <failures>", as the launcher that closed it set it.
+std::pair<int, int64_t> parse_closed(const std::string& text) {
+  std::istringstream in(text);
+  int nodes = 0;
+  int64_t failures = -1;
+  in >> nodes >> failures;
+  if (in.fail() || nodes < 0 || nodes > 65536 || failures < 0) {
+    throw StoreError("gradwire-run: the rendezvous store holds a malformed membership '" +
+                     printable(text, 200) + "' (expected '<nodes> <failures>')");
+  }
+  return {nodes, failures};
 }
 
 }  // namespace
@@ -182,10 +201,7 @@ std::optional<GroupPlan> Rendezvous::join() {
     }
     int nodes = 0;
     int64_t failures = 0;
-    {
-      std::istringstream in(index >= 0 ? store_->get_string(gkey("closed")) : "0 0");
-      in >> nodes >> failures;
-    }
+    if (index >= 0) std::tie(nodes, failures) = parse_closed(store_->get_string(gkey("closed")));
     if (index >= 0 && index < nodes) {
       num_nodes_ = nodes;
       if (index == 0) {
@@ -221,8 +237,16 @@ std::optional<GroupPlan> Rendezvous::join() {
         if (k < index) plan.rank_offset += n.nproc;
         plan.world_size += n.nproc;
       }
-      std::istringstream master(to_string(values.back()));
-      master >> plan.master_addr >> plan.master_port;
+      {
+        const std::string text = to_string(values.back());
+        std::istringstream master(text);
+        master >> plan.master_addr >> plan.master_port;
+        if (master.fail() || plan.master_addr.empty() || plan.master_port < 1 ||
+            plan.master_port > 65535) {
+          throw StoreError("gradwire-run: node 0 published a malformed worker store address '" +
+                           printable(text, 200) + "' (expected '<host> <port>')");
+        }
+      }
       seen_.clear();
       for (int k = 0; k < nodes; ++k)
         if (k != index) seen_[k] = {"", Clock::now()};

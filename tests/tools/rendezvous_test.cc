@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gradwire/c10d/tcp_store.h"
 #include "launch.h"
 
 namespace {
@@ -281,6 +282,30 @@ TEST(Rendezvous, LaunchersMeetOnAStandaloneStore) {
   ASSERT_EQ(again.wait(), 0) << again.err();
   EXPECT_EQ(again.out(), "");
   EXPECT_TRUE(has(again.err(), "the job completed before this node could join it")) << again.err();
+}
+
+// What another launcher publishes in the store is a peer's input: a node description of
+// junk (a confused or hostile second node) ends the launcher with an error quoting it
+// printably, and no worker starts, instead of a job planned over garbage.
+TEST(Rendezvous, AMalformedNodeDescriptionIsRefusedNamingIt) {
+  Launch store({"--host", "127.0.0.1", "--port", "0"}, {}, GRADWIRE_STORE_PATH);
+  ASSERT_TRUE(store.read_until(
+      [](const std::string& out, const std::string&) { return has(out, "listening on port "); },
+      20s))
+      << store.out() << store.err();
+  const int port = std::stoi(value_after(store.out(), "listening on port"));
+  Launch a(
+      with("127.0.0.1:" + std::to_string(port), "2", {"--rdzv-id", "junk", "sh", "-c", kReport}));
+  gradwire::c10d::TCPStore peer(
+      gradwire::c10d::TCPStoreOptions{.host = "127.0.0.1", .port = static_cast<uint16_t>(port)});
+  // The second "node": joins once the launcher has, with a description of junk.
+  peer.wait({"/gradwire-run/junk/g0/node0"}, 20s);
+  peer.set("/gradwire-run/junk/g0/node1", std::string("\x1b[2J 99999999999 h"));
+  peer.add("/gradwire-run/junk/g0/joined", 1);
+  EXPECT_NE(a.wait(), 0) << a.err();
+  EXPECT_EQ(a.out(), "") << "no worker may start";
+  EXPECT_TRUE(has(a.err(), "malformed description")) << a.err();
+  EXPECT_FALSE(has(a.err(), "\x1b[2J")) << "the junk is quoted printably";
 }
 
 // A launcher waiting for the other nodes still answers Ctrl-C / SIGTERM at once.
