@@ -820,6 +820,50 @@ TEST_F(RRefThreads, MalformedProtocolMessagesAreRefusedAndTheWorkerCarriesOn) {
   expect_settled(1);
 }
 
+// A Lost notice (docs/rref.md, "A dead worker") makes its receiver release what the sender
+// held there, and nothing else: a worker speaks only for itself. One naming another
+// incarnation of the receiver is stale and ignored; a reason full of terminal escapes is
+// taken (quoted printably in the log) without harm.
+TEST_F(RRefThreads, ALostNoticeReleasesOnlyWhatItsSenderHeld) {
+  // RRefMessage { Lost lost = 7 { int32 incarnation = 1; bytes why = 2; } }
+  auto lost = [](uint8_t incarnation, const std::string& why) {
+    std::string inner;
+    inner += '\x08';
+    inner += static_cast<char>(incarnation);
+    inner += '\x12';
+    inner += static_cast<char>(why.size());
+    inner += why;
+    std::string out;
+    out += '\x3a';
+    out += static_cast<char>(inner.size());
+    return out + inner;
+  };
+  auto send_raw = [&](int from, const std::string& payload) {
+    rpc::Request request;
+    request.handler = rref::kRRefControlHandler;
+    request.payload.assign(payload.begin(), payload.end());
+    return w(from).send("w1", std::move(request));
+  };
+  RRef<Tensor> mine = rref::remote<Tensor>(w(0), "w1", "make", int64_t{0});
+  RRef<Tensor> theirs = rref::remote<Tensor>(w(2), "w1", "make", int64_t{1});
+  ASSERT_TRUE(mine.creation().wait(10s));
+  ASSERT_TRUE(theirs.creation().wait(10s));
+  EXPECT_EQ(rref::metrics(w(1)).owned_values, 2);
+  // Stale: for an incarnation of w1 that is not running.
+  send_raw(0, lost(5, "an old loss")).get(10s);
+  EXPECT_DOUBLE_EQ(tensor_sum(mine.to_here()), 6);
+  EXPECT_EQ(rref::metrics(w(1)).owned_values, 2);
+  // w2 declares its connection to w1 lost: w1 releases w2's fork, and w0's is untouched.
+  send_raw(2, lost(0, std::string(100, '\x1b') + "[2J")).get(10s);
+  EXPECT_TRUE(rref::wait_owned_values(w(1), 1, 10s))
+      << "w1 owns " << rref::metrics(w(1)).owned_values << " values";
+  EXPECT_DOUBLE_EQ(tensor_sum(mine.to_here()), 6);
+  // w2's own reference is dead on w1 now: its Delete is a no-op there.
+  theirs = {};
+  mine = {};
+  expect_settled(1);
+}
+
 TEST_F(RRefThreads, MakeLocalSharesWhatTheOwnerHolds) {
   Tensor weight = make_tensor(2);
   RRef<Tensor> w_ref = rref::make_local(w(1), weight);
