@@ -54,6 +54,8 @@ enum class Op : uint8_t {
   kAppend = 12,     // key, value                    -> kOk
   kListKeys = 13,   //                               -> kKeys
   kAuth = 14,       // client proof (32 raw bytes)    -> kOk (server proof) | kRefused
+  kTime = 15,       //                               -> kInt (the server's system clock, ns
+                    //                                  since the Unix epoch)
 };
 
 enum class Reply : uint8_t {

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <condition_variable>
@@ -28,11 +29,13 @@
 #include <thread>
 #include <unordered_map>
 
+#include "gradwire/c10d/prefix_store.h"
 #include "gradwire/c10d/tcp_store_server.h"
 #include "gradwire/core/auth.h"
 #include "gradwire/core/check.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/trace.h"
 #include "tcp_protocol.h"
 
 namespace gradwire::c10d {
@@ -91,6 +94,37 @@ std::string limit_message(const std::string& payload) {
   const std::string text(r.bytes(UINT32_MAX, "message"));
   return "refused by the store's limit " + std::string(proto::limit_name(limit)) + " = " +
          std::to_string(value) + ": " + text;
+}
+
+// A c10d.store span around one client request: op, the key (the first of a multi-key
+// request, as Text), and the bytes of the values sent or received. Recorded when it ends,
+// if tracing was on when it began.
+class StoreSpan {
+ public:
+  StoreSpan(const char* op, std::string_view key, uint64_t bytes = 0)
+      : active_(trace::enabled()), op_(op), key_(key), bytes_(bytes) {
+    if (active_) start_ns_ = trace::now_ns();
+  }
+  ~StoreSpan() {
+    if (!active_) return;
+    const trace::Text key{"key", key_};
+    trace::complete("c10d.store", "c10d", start_ns_, trace::now_ns(),
+                    {trace::Arg("op", op_), trace::Arg("bytes", bytes_)}, &key);
+  }
+  StoreSpan(const StoreSpan&) = delete;
+  StoreSpan& operator=(const StoreSpan&) = delete;
+  void add_bytes(uint64_t n) { bytes_ += n; }
+
+ private:
+  bool active_;
+  const char* op_;
+  std::string_view key_;
+  uint64_t bytes_;
+  int64_t start_ns_{0};
+};
+
+std::string_view first_key(const std::vector<std::string>& keys) {
+  return keys.empty() ? std::string_view() : std::string_view(keys.front());
 }
 
 }  // namespace
@@ -806,6 +840,7 @@ TCPStore::~TCPStore() {
 }
 
 void TCPStore::do_set(const std::string& key, const Bytes& value) {
+  StoreSpan span("set", key, value.size());
   client_->check_key(key);
   client_->check_value(key, value.size());
   client_->call(
@@ -818,6 +853,7 @@ void TCPStore::do_set(const std::string& key, const Bytes& value) {
 }
 
 Bytes TCPStore::do_get(const std::string& key, std::chrono::milliseconds timeout) {
+  StoreSpan span("get", key);
   client_->check_key(key);
   Response r = client_->call(
       Op::kGet,
@@ -830,10 +866,12 @@ Bytes TCPStore::do_get(const std::string& key, std::chrono::milliseconds timeout
   FrameReader reader = reader_of(r);
   const std::string_view v = reader.bytes(UINT32_MAX, "value");
   if (!reader.done()) GRADWIRE_THROW(StoreError) << "TCPStore get: malformed reply";
+  span.add_bytes(v.size());
   return Bytes(v.begin(), v.end());
 }
 
 int64_t TCPStore::do_add(const std::string& key, int64_t delta) {
+  StoreSpan span("add", key);
   client_->check_key(key);
   Response r = client_->call(
       Op::kAdd,
@@ -851,6 +889,7 @@ int64_t TCPStore::do_add(const std::string& key, int64_t delta) {
 
 Bytes TCPStore::do_compare_set(const std::string& key, const Bytes& expected,
                                const Bytes& desired) {
+  StoreSpan span("compare_set", key, expected.size() + desired.size());
   client_->check_key(key);
   client_->check_value(key, expected.size());
   client_->check_value(key, desired.size());
@@ -870,6 +909,7 @@ Bytes TCPStore::do_compare_set(const std::string& key, const Bytes& expected,
 }
 
 void TCPStore::do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  StoreSpan span("wait", first_key(keys));
   client_->check_keys(keys);
   Response r = client_->call(
       Op::kWait,
@@ -884,6 +924,7 @@ void TCPStore::do_wait(const std::vector<std::string>& keys, std::chrono::millis
 }
 
 bool TCPStore::do_check(const std::vector<std::string>& keys) {
+  StoreSpan span("check", first_key(keys));
   client_->check_keys(keys);
   Response r = client_->call(
       Op::kCheck,
@@ -901,6 +942,7 @@ bool TCPStore::do_check(const std::vector<std::string>& keys) {
 }
 
 bool TCPStore::do_delete_key(const std::string& key) {
+  StoreSpan span("delete_key", key);
   client_->check_key(key);
   Response r = client_->call(
       Op::kDelete, [&](FrameWriter& w) { w.str(key); }, true, deadline_after(timeout()),
@@ -913,6 +955,7 @@ bool TCPStore::do_delete_key(const std::string& key) {
 }
 
 int64_t TCPStore::do_num_keys() {
+  StoreSpan span("num_keys", {});
   Response r = client_->call(
       Op::kNumKeys, [](FrameWriter&) {}, true, deadline_after(timeout()), "num_keys");
   expect_kind(r, Reply::kInt, "num_keys", timeout());
@@ -924,6 +967,7 @@ int64_t TCPStore::do_num_keys() {
 
 std::vector<Bytes> TCPStore::do_multi_get(const std::vector<std::string>& keys,
                                           std::chrono::milliseconds timeout) {
+  StoreSpan span("multi_get", first_key(keys));
   client_->check_keys(keys);
   Response r = client_->call(
       Op::kMultiGet,
@@ -940,6 +984,10 @@ std::vector<Bytes> TCPStore::do_multi_get(const std::vector<std::string>& keys,
 
 void TCPStore::do_multi_set(const std::vector<std::string>& keys,
                             const std::vector<Bytes>& values) {
+  uint64_t value_bytes = 0;
+  for (const Bytes& v : values)
+    value_bytes += v.size();
+  StoreSpan span("multi_set", first_key(keys), value_bytes);
   client_->check_keys(keys);
   for (size_t i = 0; i < keys.size(); ++i)
     client_->check_value(keys[i], values[i].size());
@@ -956,6 +1004,7 @@ void TCPStore::do_multi_set(const std::vector<std::string>& keys,
 }
 
 void TCPStore::do_append(const std::string& key, const Bytes& value) {
+  StoreSpan span("append", key, value.size());
   client_->check_key(key);
   client_->check_value(key, value.size());
   Response r = client_->call(
@@ -969,10 +1018,69 @@ void TCPStore::do_append(const std::string& key, const Bytes& value) {
 }
 
 std::vector<std::string> TCPStore::do_list_keys() {
+  StoreSpan span("list_keys", {});
   Response r = client_->call(
       Op::kListKeys, [](FrameWriter&) {}, true, deadline_after(timeout()), "list_keys");
   expect_kind(r, Reply::kKeys, "list_keys", timeout());
   return read_keys(r, "list_keys");
+}
+
+int64_t TCPStore::server_time_ns() {
+  StoreSpan span("time", {});
+  Response r = client_->call(
+      Op::kTime, [](FrameWriter&) {}, true, deadline_after(timeout()), "server_time");
+  expect_kind(r, Reply::kInt, "server_time", timeout());
+  FrameReader reader = reader_of(r);
+  const int64_t ns = reader.i64();
+  if (!reader.done()) GRADWIRE_THROW(StoreError) << "TCPStore server_time: malformed reply";
+  return ns;
+}
+
+ClockProbe TCPStore::probe_clock(int samples) {
+  GRADWIRE_CHECK_ARG(samples >= 1 && samples <= 1000)
+      << "TCPStore::probe_clock: samples = " << samples << " is invalid: expected 1 .. 1000";
+  ClockProbe best;
+  best.address = client_->address();
+  best.rtt_ns = INT64_MAX;
+  for (int i = 0; i < samples; ++i) {
+    const int64_t sent = trace::now_ns();
+    const int64_t server = server_time_ns();
+    const int64_t received = trace::now_ns();
+    const int64_t rtt = received - sent;
+    if (rtt < best.rtt_ns) {
+      best.rtt_ns = rtt;
+      best.offset_ns = server - (sent + rtt / 2);
+    }
+  }
+  best.samples = samples;
+  return best;
+}
+
+bool record_trace_clock_offset(const std::shared_ptr<Store>& store, int samples) {
+  if (!trace::enabled()) return false;
+  Store* s = store.get();
+  while (auto* prefix = dynamic_cast<PrefixStore*>(s))
+    s = prefix->underlying_store().get();
+  auto* tcp = dynamic_cast<TCPStore*>(s);
+  if (tcp == nullptr) return false;
+  try {
+    const ClockProbe p = tcp->probe_clock(samples);
+    std::string address;
+    for (char ch : p.address) {
+      // host:port of a store: letters, digits and . : [ ] - only; anything else is dropped.
+      if (std::isalnum(static_cast<unsigned char>(ch)) || std::strchr(".:[]-_", ch) != nullptr)
+        address.push_back(ch);
+    }
+    trace::set_metadata("clock_offset", "{\"offset_ns\":" + std::to_string(p.offset_ns) +
+                                            ",\"rtt_ns\":" + std::to_string(p.rtt_ns) +
+                                            ",\"samples\":" + std::to_string(p.samples) +
+                                            ",\"store\":\"" + address + "\"}");
+    return true;
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kWarning) << "trace: could not measure the clock offset to the store: "
+                           << e.what();
+    return false;
+  }
 }
 
 }  // namespace gradwire::c10d

@@ -918,6 +918,17 @@ bool TCPStoreServer::Impl::handle_request(Connection* c, uint8_t op, uint32_t id
       end_reply(c, w);
       return true;
     }
+    case Op::kTime: {
+      // No payload, a fixed-size answer: the clock read as the request is handled, for
+      // clients measuring their offset to it (TCPStore::probe_clock).
+      if (!r.done()) return bad("time");
+      FrameWriter w = reply(c, Reply::kInt, id);
+      w.i64(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::system_clock::now().time_since_epoch())
+                .count());
+      end_reply(c, w);
+      return true;
+    }
     case Op::kHello:
       disconnect(c, "second handshake on one connection");
       return false;

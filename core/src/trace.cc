@@ -56,6 +56,8 @@ struct State {
   std::vector<std::shared_ptr<Ring>> rings;
   std::string process_name;
   std::string directory;
+  // set_metadata's values, already parsed.
+  std::vector<std::pair<std::string, nlohmann::json>> metadata;
   bool exit_write_registered{false};
 };
 
@@ -236,6 +238,47 @@ std::string directory() {
   return s.directory;
 }
 
+namespace {
+bool reserved_key(const std::string& key) {
+  for (const char* k : {"format", "process_name", "pid", "clock_sync", "ts_clock",
+                        "overwritten_events", "dropped_events", "ring_capacity"}) {
+    if (key == k) return true;
+  }
+  return false;
+}
+}  // namespace
+
+void set_metadata(const std::string& key, const std::string& json) {
+  if (key.empty()) throw InvalidArgument("trace::set_metadata: the key is empty");
+  if (reserved_key(key)) {
+    throw InvalidArgument("trace::set_metadata: '" + key +
+                          "' is written by the trace file itself and cannot be set");
+  }
+  nlohmann::json value = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) {
+    throw InvalidArgument("trace::set_metadata: the value of '" + key +
+                          "' is not JSON: " + json.substr(0, 64));
+  }
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (auto& [k, v] : s.metadata) {
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  }
+  s.metadata.emplace_back(key, std::move(value));
+}
+
+std::string metadata(const std::string& key) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (const auto& [k, v] : s.metadata) {
+    if (k == key) return v.dump();
+  }
+  return "";
+}
+
 uint64_t overwritten() {
   uint64_t total = 0;
   State& s = state();
@@ -322,6 +365,12 @@ void write(const std::string& path) {
                            {"overwritten_events", overwritten_events},
                            {"dropped_events", dropped_events},
                            {"ring_capacity", ring_capacity()}}}};
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (const auto& [key, value] : s.metadata)
+      file["otherData"][key] = value;
+  }
   // Written whole to a temporary file and renamed, so a reader never sees half a file.
   const std::string tmp = path + ".tmp" + std::to_string(pid);
   {

@@ -36,6 +36,7 @@
 #include "dispatcher.h"
 #include "gradwire/c10d/rendezvous.h"
 #include "gradwire/c10d/store.h"
+#include "gradwire/c10d/tcp_store.h"
 #include "gradwire/core/auth.h"
 #include "gradwire/core/env.h"
 #include "gradwire/core/logging.h"
@@ -628,6 +629,10 @@ void TensorPipeAgent::start() {
   }
   // Trace files of this process are named after its worker (the last agent started).
   trace::set_process_name(self_.name);
+  // The worker id, which gradwire-trace merge matches calls to their serving with, and the
+  // offset of this process's clock to the store's, which puts every file on one time line.
+  trace::set_metadata("worker_id", std::to_string(self_.id));
+  c10d::record_trace_clock_offset(store_);
   try {
     start_serving();
   } catch (...) {

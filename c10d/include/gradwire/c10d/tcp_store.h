@@ -91,6 +91,18 @@ struct TCPStoreOptions {
   void validate() const;
 };
 
+// A measurement of this process's clock against the store server's (TCPStore::probe_clock).
+// offset_ns: the server's system clock (ns since the Unix epoch) minus this process's
+// steady clock (trace::now_ns()) at the same instant, estimated as the server's reading
+// minus the midpoint of the request's send and reply; add it to a steady reading to put
+// that reading on the server's clock. The estimate is off by at most rtt_ns / 2.
+struct ClockProbe {
+  int64_t offset_ns{0};
+  int64_t rtt_ns{0};    // round trip of the probe kept (the shortest)
+  int samples{0};       // probes made
+  std::string address;  // host:port of the server
+};
+
 class TCPStore : public Store {
  public:
   explicit TCPStore(TCPStoreOptions options);
@@ -104,6 +116,13 @@ class TCPStore : public Store {
   bool is_master() const { return server_ != nullptr; }
   // The in-process server, or null when this store is not the master.
   TCPStoreServer* server() const { return server_.get(); }
+
+  // The server's system clock, in ns since the Unix epoch (one TIME request).
+  // Errors: as any call (NetworkError, TimeoutError after the store's timeout).
+  int64_t server_time_ns();
+  // Reads the server's clock `samples` times (1 .. 1000, else InvalidArgument) and keeps
+  // the reading with the shortest round trip (the one queueing disturbed least).
+  ClockProbe probe_clock(int samples = 8);
 
   class Client;
 
@@ -131,5 +150,13 @@ class TCPStore : public Store {
   std::unique_ptr<TCPStoreServer> server_;  // declared before client_: outlives it
   std::unique_ptr<Client> client_;
 };
+
+// When tracing is on (trace::enabled()) and `store` is a TCPStore, or a PrefixStore over
+// one: probes its clock `samples` times and records the result as the trace files'
+// otherData.clock_offset = {offset_ns, rtt_ns, store, samples} (trace::set_metadata), which
+// gradwire-trace merge uses to put the workers' files on one time line. Returns whether it
+// recorded one; a store of another kind, or a probe that fails, records nothing (the
+// failure is logged, never thrown: tracing must not stop a job).
+bool record_trace_clock_offset(const std::shared_ptr<Store>& store, int samples = 8);
 
 }  // namespace gradwire::c10d

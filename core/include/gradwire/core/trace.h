@@ -217,6 +217,19 @@ std::string directory();
 // exit). Does not create it (start(dir) does).
 void set_directory(const std::string& dir);
 
+// Metadata of this process's trace files: `json` (a JSON text: a number, a string in quotes,
+// an object...) becomes otherData[key] of every file written after the call, replacing an
+// earlier value of the same key. The keys the project writes: "worker_id" (the rpc
+// agent's worker id, which gradwire-trace merge matches calls to their serving with) and
+// "clock_offset" (c10d::record_trace_clock_offset: this process's steady clock against
+// the store's clock). Keys the file itself writes (format, process_name, pid, clock_sync,
+// ts_clock, overwritten_events, dropped_events, ring_capacity) are refused.
+// Throws InvalidArgument for an empty or reserved key and for `json` that does not parse.
+// Example: trace::set_metadata("worker_id", "3");
+void set_metadata(const std::string& key, const std::string& json);
+// The value set for `key` (JSON text), or "" when none.
+std::string metadata(const std::string& key);
+
 // Writes everything recorded so far to `path` (replacing it).
 void write(const std::string& path);
 // Writes DIR/<process name>.trace.json (making DIR if missing) and returns its path.
