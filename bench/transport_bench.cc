@@ -5,7 +5,8 @@
 //                              sockets) and tcp, TensorPipe's shm and uv, and local with a
 //                              secret set. Value: the best p50 of 5 runs; params: the worst
 //                              p50 (stability), the p99, a raw TCP_NODELAY ping-pong between the
-//                              same processes and shm's p50 as baselines.
+//                              same processes and shm's p50 as baselines, and the latency
+//                              distribution of the best run (cdf_percent_us: "percent:us ...").
 //   rpc.transport_async_calls_per_s  rpc_async "add" with 64 calls in flight, per transport
 //   rpc.idle_cpu_percent       CPU time of a connected, idle agent process over 2 s, as % of
 //                              one core (the larger of the two processes), per transport
@@ -26,6 +27,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
@@ -67,7 +70,12 @@ struct Results {
   double ping = kInf;
   double idle = 0;
   std::string runs;  // every run's p50, in order, whole microseconds
+  std::string cdf;   // the quantiles of the run with the best p50 (kQuantiles), microseconds
 };
+
+// The latency distribution reported with each transport (the CDF that
+// scripts/plot-bench.py draws).
+constexpr double kQuantiles[] = {0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999};
 
 struct Variant {
   std::string name;
@@ -122,7 +130,8 @@ double ping_pong_p50(c10d::Store& store, int rank) {
 }
 
 // Rank 0's figures: p50, p99, seconds per async call, ping-pong p50, then the idle CPU
-// (the larger of the two processes, as a fraction of a core).
+// (the larger of the two processes, as a fraction of a core), then the latency at each of
+// kQuantiles.
 std::vector<double> pair_body(const Variant& v, bool with_pingpong,
                               std::shared_ptr<c10d::Store> store, int rank) {
   rpc::Registry reg;
@@ -133,9 +142,12 @@ std::vector<double> pair_body(const Variant& v, bool with_pingpong,
   const Tensor a = tensor<float>({1.5f, -2.0f}, {2});
   const Tensor b = tensor<float>({0.25f, 4.0f}, {2});
   std::vector<double> out;
+  std::vector<double> quantiles;
   if (rank == 0) {
     const std::vector<double> times =
         time_calls(200, kCalls, [&] { agent->rpc_sync<Tensor>("w1", "add", a, b); });
+    for (const double q : kQuantiles)
+      quantiles.push_back(percentile(times, q));
     out.push_back(median(times));
     out.push_back(percentile(times, 0.99));
     out.push_back(seconds_per_windowed_call(
@@ -152,6 +164,7 @@ std::vector<double> pair_body(const Variant& v, bool with_pingpong,
   const double idle = (process_cpu_seconds() - cpu0) / wall;
   if (rank == 1) store->set("idle_cpu_1", std::to_string(idle));
   if (rank == 0) out.push_back(std::max(idle, std::stod(store->get_string("idle_cpu_1"))));
+  out.insert(out.end(), quantiles.begin(), quantiles.end());
   agent->shutdown();
   return out;
 }
@@ -247,6 +260,15 @@ const Register transport_bench(
               },
               "rpc transport " + v.name);
           Results& res = results[i];
+          if (r[0] < res.best_p50) {
+            res.cdf.clear();
+            for (size_t q = 0; q < std::size(kQuantiles); ++q) {
+              char item[64];
+              std::snprintf(item, sizeof item, "%s%g:%.2f", q == 0 ? "" : " ", kQuantiles[q] * 100,
+                            r[5 + q] * 1e6);
+              res.cdf += item;
+            }
+          }
           res.best_p50 = std::min(res.best_p50, r[0]);
           res.worst_p50 = std::max(res.worst_p50, r[0]);
           res.runs += (res.runs.empty() ? "" : " ") + std::to_string(std::lround(r[0] * 1e6));
@@ -282,6 +304,7 @@ const Register transport_bench(
                   {"p50_per_run_us", res.runs},
                   {"stability_worst_over_best", res.worst_p50 / res.best_p50},
                   {"p99_us", res.p99 * 1e6},
+                  {"cdf_percent_us", res.cdf},
                   {"call", "add(Tensor float32[2], Tensor float32[2]) -> Tensor"},
                   {"tcp_pingpong_us", tcp_ping * 1e6},
                   {"ratio_to_pingpong", res.best_p50 / tcp_ping},
