@@ -11,6 +11,7 @@
 #include "gradwire/core/env.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/tensor/factory.h"
 #include "rank_keys.h"
 
@@ -19,6 +20,56 @@ namespace gradwire::c10d {
 namespace {
 
 using std::chrono::milliseconds;
+
+// The backend's name as a static string for a trace argument.
+const char* backend_literal(std::string_view backend) {
+  if (backend == "gloo") return "gloo";
+  if (backend == "nccl") return "nccl";
+  return "other";
+}
+
+uint64_t total_bytes(const std::vector<Tensor>& tensors) {
+  uint64_t n = 0;
+  for (const Tensor& t : tensors)
+    n += t.nbytes();
+  return n;
+}
+
+// For an operation begun with tracing on (start_ns != 0), records `span` (category c10d)
+// from `start_ns` (the operation handed to the backend) to the Work's completion, on the
+// thread that completes it, even if tracing stopped in between (as a Span does): the bytes
+// the caller's tensors hold, the collective's sequence number (0 for point-to-point), the
+// group's rank and size, the backend, and the group's name. Returns `work`.
+Work traced(Work work, const char* span, const ProcessGroup& group, uint64_t seq, int64_t start_ns,
+            uint64_t bytes) {
+  if (start_ns == 0 || !work.valid()) return work;
+  const char* backend = backend_literal(group.backend_name());
+  const int rank = group.rank();
+  const int size = group.size();
+  gradwire::detail::on_complete_inline(
+      work.state()->future(), [span, backend, rank, size, seq, start_ns, bytes,
+                               name = group.name()](const Future<std::vector<Tensor>>&) {
+        trace::Event e;
+        e.name = span;
+        e.category = "c10d";
+        e.phase = 'X';
+        e.ts_ns = start_ns;
+        e.dur_ns = trace::now_ns() - start_ns;
+        const trace::Text text{"group", name};
+        trace::detail::fill(
+            e,
+            {trace::Arg("bytes", bytes), trace::Arg("seq", seq), trace::Arg("rank", rank),
+             trace::Arg("size", size), trace::Arg("backend", backend)},
+            &text);
+        trace::detail::record(e);
+      });
+  return work;
+}
+
+// The start of an operation's span: now when tracing is on, else 0 (no span).
+int64_t trace_start() {
+  return trace::enabled() ? trace::now_ns() : 0;
+}
 
 std::string ms_text(milliseconds ms) {
   return std::to_string(ms.count()) + " ms";
@@ -397,7 +448,10 @@ Work ProcessGroup::all_reduce(std::vector<Tensor> tensors, const AllReduceOption
     debug_check(ctx, "all_reduce(op=" + std::string(reduce_op_name(options.op)) + "; " +
                          tensors_text(tensors) + ")");
   }
-  return do_all_reduce(std::move(tensors), options.op, ctx);
+  const int64_t start_ns = trace_start();
+  const uint64_t bytes = start_ns != 0 ? total_bytes(tensors) : 0;
+  return traced(do_all_reduce(std::move(tensors), options.op, ctx), "c10d.all_reduce", *this,
+                ctx.seq, start_ns, bytes);
 }
 
 Work ProcessGroup::all_reduce(const Tensor& tensor, const AllReduceOptions& options) {
@@ -415,7 +469,10 @@ Work ProcessGroup::broadcast(std::vector<Tensor> tensors, const BroadcastOptions
     debug_check(
         ctx, "broadcast(root=" + std::to_string(options.root) + "; " + tensors_text(tensors) + ")");
   }
-  return do_broadcast(std::move(tensors), options.root, ctx);
+  const int64_t start_ns = trace_start();
+  const uint64_t bytes = start_ns != 0 ? total_bytes(tensors) : 0;
+  return traced(do_broadcast(std::move(tensors), options.root, ctx), "c10d.broadcast", *this,
+                ctx.seq, start_ns, bytes);
 }
 
 Work ProcessGroup::broadcast(const Tensor& tensor, const BroadcastOptions& options) {
@@ -441,7 +498,10 @@ Work ProcessGroup::broadcast_coalesced(std::vector<Tensor> tensors,
                          tensors_text(tensors) + ")");
   }
   std::vector<std::vector<size_t>> buckets = coalesce(tensors, options.bucket_bytes);
-  return do_broadcast_coalesced(std::move(tensors), std::move(buckets), options.root, ctx);
+  const int64_t start_ns = trace_start();
+  const uint64_t bytes = start_ns != 0 ? total_bytes(tensors) : 0;
+  return traced(do_broadcast_coalesced(std::move(tensors), std::move(buckets), options.root, ctx),
+                "c10d.broadcast_coalesced", *this, ctx.seq, start_ns, bytes);
 }
 
 Work ProcessGroup::reduce(const Tensor& tensor, const ReduceOptions& options) {
@@ -455,7 +515,9 @@ Work ProcessGroup::reduce(const Tensor& tensor, const ReduceOptions& options) {
     debug_check(ctx, "reduce(op=" + std::string(reduce_op_name(options.op)) + ", root=" +
                          std::to_string(options.root) + "; " + shape_text(tensor) + ")");
   }
-  return do_reduce(tensor, options.root, options.op, ctx);
+  const int64_t start_ns = trace_start();
+  return traced(do_reduce(tensor, options.root, options.op, ctx), "c10d.reduce", *this, ctx.seq,
+                start_ns, tensor.nbytes());
 }
 
 Work ProcessGroup::all_gather(std::vector<Tensor> outputs, const Tensor& input,
@@ -472,7 +534,9 @@ Work ProcessGroup::all_gather(std::vector<Tensor> outputs, const Tensor& input,
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx, "all_gather(" + shape_text(input) + ")");
   }
-  return do_all_gather(std::move(outputs), input, ctx);
+  const int64_t start_ns = trace_start();
+  return traced(do_all_gather(std::move(outputs), input, ctx), "c10d.all_gather", *this, ctx.seq,
+                start_ns, input.nbytes());
 }
 
 Work ProcessGroup::gather(std::vector<Tensor> outputs, const Tensor& input,
@@ -497,7 +561,9 @@ Work ProcessGroup::gather(std::vector<Tensor> outputs, const Tensor& input,
     debug_check(ctx,
                 "gather(root=" + std::to_string(options.root) + "; " + shape_text(input) + ")");
   }
-  return do_gather(std::move(outputs), input, options.root, ctx);
+  const int64_t start_ns = trace_start();
+  return traced(do_gather(std::move(outputs), input, options.root, ctx), "c10d.gather", *this,
+                ctx.seq, start_ns, input.nbytes());
 }
 
 Work ProcessGroup::scatter(const Tensor& output, std::vector<Tensor> inputs,
@@ -522,7 +588,9 @@ Work ProcessGroup::scatter(const Tensor& output, std::vector<Tensor> inputs,
     debug_check(ctx,
                 "scatter(root=" + std::to_string(options.root) + "; " + shape_text(output) + ")");
   }
-  return do_scatter(output, std::move(inputs), options.root, ctx);
+  const int64_t start_ns = trace_start();
+  return traced(do_scatter(output, std::move(inputs), options.root, ctx), "c10d.scatter", *this,
+                ctx.seq, start_ns, output.nbytes());
 }
 
 Work ProcessGroup::reduce_scatter(const Tensor& output, std::vector<Tensor> inputs,
@@ -541,7 +609,10 @@ Work ProcessGroup::reduce_scatter(const Tensor& output, std::vector<Tensor> inpu
     debug_check(ctx, "reduce_scatter(op=" + std::string(reduce_op_name(options.op)) + "; " +
                          shape_text(output) + ")");
   }
-  return do_reduce_scatter(output, std::move(inputs), options.op, ctx);
+  const int64_t start_ns = trace_start();
+  const uint64_t bytes = start_ns != 0 ? total_bytes(inputs) : 0;
+  return traced(do_reduce_scatter(output, std::move(inputs), options.op, ctx),
+                "c10d.reduce_scatter", *this, ctx.seq, start_ns, bytes);
 }
 
 Work ProcessGroup::all_to_all(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
@@ -571,7 +642,10 @@ Work ProcessGroup::all_to_all(std::vector<Tensor> outputs, std::vector<Tensor> i
   if (debug_level_ == DebugLevel::kDetail) {
     debug_check(ctx, "all_to_all(" + std::string(dtype_name(inputs[0].dtype())) + ")");
   }
-  return do_all_to_all(std::move(outputs), std::move(inputs), ctx);
+  const int64_t start_ns = trace_start();
+  const uint64_t bytes = start_ns != 0 ? total_bytes(inputs) : 0;
+  return traced(do_all_to_all(std::move(outputs), std::move(inputs), ctx), "c10d.all_to_all", *this,
+                ctx.seq, start_ns, bytes);
 }
 
 Work ProcessGroup::barrier(const BarrierOptions& options) {
@@ -579,7 +653,8 @@ Work ProcessGroup::barrier(const BarrierOptions& options) {
   number(ctx);
   if (auto failed = failed_work(ctx)) return *failed;
   if (debug_level_ == DebugLevel::kDetail) debug_check(ctx, "barrier()");
-  return do_barrier(ctx);
+  const int64_t start_ns = trace_start();
+  return traced(do_barrier(ctx), "c10d.barrier", *this, ctx.seq, start_ns, 0);
 }
 
 // ---- point-to-point
@@ -591,7 +666,9 @@ Work ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   check_tag(ctx, tag);
   check_args(ctx, {{&tensor, "the tensor"}});
   if (auto failed = failed_work(ctx)) return *failed;
-  return do_send(tensor, dst, static_cast<uint64_t>(tag), ctx);
+  const int64_t start_ns = trace_start();
+  return traced(do_send(tensor, dst, static_cast<uint64_t>(tag), ctx), "c10d.send", *this, 0,
+                start_ns, tensor.nbytes());
 }
 
 Work ProcessGroup::recv(const Tensor& tensor, int src, int tag) {
@@ -601,7 +678,9 @@ Work ProcessGroup::recv(const Tensor& tensor, int src, int tag) {
   check_tag(ctx, tag);
   check_args(ctx, {{&tensor, "the tensor"}});
   if (auto failed = failed_work(ctx)) return *failed;
-  return do_recv(tensor, src, static_cast<uint64_t>(tag), ctx);
+  const int64_t start_ns = trace_start();
+  return traced(do_recv(tensor, src, static_cast<uint64_t>(tag), ctx), "c10d.recv", *this, 0,
+                start_ns, tensor.nbytes());
 }
 
 Work ProcessGroup::recv_any_source(const Tensor& tensor, int tag) {
@@ -612,7 +691,9 @@ Work ProcessGroup::recv_any_source(const Tensor& tensor, int tag) {
     throw InvalidArgument(ctx.description + ": a group of one rank has no one to receive from");
   }
   if (auto failed = failed_work(ctx)) return *failed;
-  return do_recv(tensor, -1, static_cast<uint64_t>(tag), ctx);
+  const int64_t start_ns = trace_start();
+  return traced(do_recv(tensor, -1, static_cast<uint64_t>(tag), ctx), "c10d.recv", *this, 0,
+                start_ns, tensor.nbytes());
 }
 
 // ---- monitored barrier
