@@ -19,6 +19,11 @@
 // hidden per-token scores sum highest (an embedding and a linear layer can learn it). Each
 // trainer prints one line per epoch; at the end the trainers check that their dense
 // replicas are identical and that the held-out accuracy reaches --min-accuracy.
+// --trace DIR: every process records trace spans (docs/observability.md) and writes
+// DIR/<worker>.trace.json at exit, as GRADWIRE_TRACE=DIR does; each trainer's batch is one
+// span "step" (category train, argument step: 1, 2, ... over the whole run) with spans
+// train.forward, train.backward and train.optimizer inside it.
+#include <gradwire/core/trace.h>
 #include <gradwire/gradwire.h>
 #include <gradwire/tensor/parallel.h>
 
@@ -48,6 +53,7 @@ struct Options {
   int64_t batch = 32;
   double min_accuracy = 0.85;
   DdpMode ddp = DdpMode::kDefault;
+  std::string trace;  // --trace DIR: trace files written there at exit
 };
 
 DdpMode parse_ddp_mode(const std::string& text) {
@@ -108,7 +114,7 @@ Options parse_args(int argc, char** argv) {
   Options o;
   examples::Args args(argc, argv,
                       "--epochs N, --batch B, --min-accuracy A, "
-                      "--ddp-options default|bucket-view|find-unused|static-graph");
+                      "--ddp-options default|bucket-view|find-unused|static-graph, --trace DIR");
   while (args.next()) {
     if (args.is("--epochs")) {
       o.epochs = static_cast<int>(args.integer(1, 100000));
@@ -118,6 +124,9 @@ Options parse_args(int argc, char** argv) {
       o.min_accuracy = args.number(0.0, 1.0);
     } else if (args.is("--ddp-options")) {
       o.ddp = parse_ddp_mode(args.value());
+    } else if (args.is("--trace")) {
+      o.trace = args.value();
+      if (o.trace.empty()) throw InvalidArgument("--trace needs a directory, got an empty one");
     } else {
       args.unknown();
     }
@@ -203,23 +212,36 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
                                    .seed = 9});
   const auto start = std::chrono::steady_clock::now();
   double test_accuracy = 0;
+  int64_t steps = 0;  // over the whole run: the trace's step numbers
   for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
     sampler.set_epoch(epoch);
     const Tensor mine = tensor<int64_t>(sampler.indices());
     double loss_sum = 0;
     int64_t seen = 0;
     for (int64_t b = 0; b < mine.size(0); b += opt.batch) {
+      // The whole batch, the context's release at the end of the scope included.
+      const trace::Span step("step", "train", trace::Arg("step", ++steps));
       const Tensor rows = mine.slice(0, b, b + opt.batch);
       const Tensor xb = index_select(all_x, 0, rows), yb = index_select(all_y, 0, rows);
       dist_autograd::Context ctx(agent);
-      Tensor embedded = server.rpc_sync<Tensor>("lookup", xb);
-      const bool with_shortcut = uses_shortcut(opt.ddp, trainer, b / opt.batch);
-      auto logits = model.forward_with([&](nn::Module&) {
-        return std::vector<Tensor>{dense->forward(embedded, with_shortcut)};
-      });
-      Tensor loss = nn::cross_entropy(logits[0], yb);
-      dist_autograd::backward(agent, ctx.id(), {loss});
-      optimizer.step(ctx.id());
+      Tensor loss;
+      {
+        const trace::Span phase("train.forward", "train");
+        Tensor embedded = server.rpc_sync<Tensor>("lookup", xb);
+        const bool with_shortcut = uses_shortcut(opt.ddp, trainer, b / opt.batch);
+        auto logits = model.forward_with([&](nn::Module&) {
+          return std::vector<Tensor>{dense->forward(embedded, with_shortcut)};
+        });
+        loss = nn::cross_entropy(logits[0], yb);
+      }
+      {
+        const trace::Span phase("train.backward", "train");
+        dist_autograd::backward(agent, ctx.id(), {loss});
+      }
+      {
+        const trace::Span phase("train.optimizer", "train");
+        optimizer.step(ctx.id());
+      }
       loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
       seen += xb.size(0);
     }
@@ -270,6 +292,8 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
 int main(int argc, char** argv) {
   try {
     const Options opt = parse_args(argc, argv);
+    // Files named after the worker (init_rpc names the process), written at exit.
+    if (!opt.trace.empty()) trace::start(opt.trace);
     auto [store, rank, world] = c10d::rendezvous("env://");
     if (world < 3) throw InvalidArgument("hybrid_train needs a server and at least two trainers");
     auto slot = std::make_shared<ServerSlot>();

@@ -19,6 +19,11 @@
 // run reaches; with several, the trainers are asynchronous and the run continues from the
 // saved state).
 //
+// Looking at a step: with --trace DIR every process records trace spans (docs/observability.md)
+// and writes DIR/<worker>.trace.json at exit, as GRADWIRE_TRACE=DIR does; each trainer's
+// batch is one span "step" (category train, argument step: 1, 2, ... over the whole run) with
+// spans train.forward, train.backward and train.optimizer inside it.
+//
 // Surviving a trainer's death: with --kill-trainer-after B, trainer1 kills itself (SIGKILL)
 // after B batches, as a crash would. Run under `gradwire-run --restart-workers 1`, the
 // launcher starts it again alone; it rejoins the running job under its old name
@@ -37,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include <gradwire/core/trace.h>
 #include <gradwire/tensor/parallel.h>
 
 #include "../common/args.h"
@@ -60,6 +66,7 @@ struct Options {
   std::string checkpoint;  // --checkpoint DIR: saved after every epoch
   bool resume = false;     // --resume: continue from --checkpoint DIR
   int64_t kill_after = 0;  // --kill-trainer-after B: trainer1's first life ends after B batches
+  std::string trace;       // --trace DIR: trace files written there at exit
 };
 
 Options parse_args(int argc, char** argv) {
@@ -67,7 +74,7 @@ Options parse_args(int argc, char** argv) {
   examples::Args args(argc, argv,
                       "--epochs N, --batch B, --lr LR, --min-accuracy A, --data FILE.csv, "
                       "--test-fraction F, --mnist DIR, --servers P, --checkpoint DIR, --resume, "
-                      "--kill-trainer-after B");
+                      "--kill-trainer-after B, --trace DIR");
   while (args.next()) {
     if (args.is("--epochs")) {
       o.epochs = static_cast<int>(args.integer(1, 100000));
@@ -91,6 +98,9 @@ Options parse_args(int argc, char** argv) {
       o.resume = true;
     } else if (args.is("--kill-trainer-after")) {
       o.kill_after = args.integer(1, int64_t{1} << 40);
+    } else if (args.is("--trace")) {
+      o.trace = args.value();
+      if (o.trace.empty()) throw InvalidArgument("--trace needs a directory, got an empty one");
     } else {
       args.unknown();
     }
@@ -270,6 +280,7 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
     std::fflush(stdout);
   }
   int64_t batches = 0;
+  int64_t steps = 0;  // over the whole run: the trace's step numbers
   const auto start = std::chrono::steady_clock::now();
   double test_accuracy = 0;
   for (int epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
@@ -279,13 +290,25 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
     int64_t seen = 0, correct_batches = 0;
     double train_correct = 0;
     for (int64_t b = 0; b < x.size(0); b += opt.batch) {
+      // The whole batch, the context's release at the end of the scope included.
+      const trace::Span step("step", "train", trace::Arg("step", ++steps));
       const Tensor rows = order.slice(0, b, b + opt.batch);
       const Tensor xb = index_select(x, 0, rows), yb = index_select(y, 0, rows);
       dist_autograd::Context ctx(agent);
-      Tensor logits = forward(xb);
-      Tensor loss = nn::cross_entropy(logits, yb);
-      dist_autograd::backward(agent, ctx.id(), {loss});
-      optimizer.step(ctx.id());
+      Tensor logits, loss;
+      {
+        const trace::Span phase("train.forward", "train");
+        logits = forward(xb);
+        loss = nn::cross_entropy(logits, yb);
+      }
+      {
+        const trace::Span phase("train.backward", "train");
+        dist_autograd::backward(agent, ctx.id(), {loss});
+      }
+      {
+        const trace::Span phase("train.optimizer", "train");
+        optimizer.step(ctx.id());
+      }
       loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
       train_correct += examples::accuracy_of(logits.detach(), yb) * static_cast<double>(xb.size(0));
       seen += xb.size(0);
@@ -340,6 +363,8 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
 int main(int argc, char** argv) {
   try {
     const Options opt = parse_args(argc, argv);
+    // Files named after the worker (init_rpc names the process), written at exit.
+    if (!opt.trace.empty()) trace::start(opt.trace);
     // The launcher's rank and world size as env:// reads them (gradwire-run, torchrun,
     // srun, mpirun).
     const c10d::LaunchEnv launch = c10d::launch_env();
