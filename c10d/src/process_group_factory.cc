@@ -2,11 +2,13 @@
 
 #include "gradwire/c10d/process_group.h"
 #include "gradwire/c10d/process_group_gloo.h"
+#include "gradwire/c10d/process_group_shm.h"
 #include "gradwire/config.h"
 #if GRADWIRE_HAS_NCCL
 #include "gradwire/c10d/process_group_nccl.h"
 #endif
 #include "gradwire/core/error.h"
+#include "gradwire/core/logging.h"
 
 namespace gradwire::c10d {
 
@@ -23,6 +25,17 @@ std::shared_ptr<ProcessGroup> make_process_group(std::string_view backend,
                                                  ProcessGroupOptions options) {
   if (backend == "gloo")
     return ProcessGroupGloo::create(std::move(store), rank, size, std::move(options));
+  if (backend == "shm" || backend == "cpu") {
+    // Every rank learns the same answer from the same records, so all make the same kind.
+    const bool one_host =
+        ProcessGroupShm::ranks_share_host(*store, rank, size, "backend_host", options.timeout);
+    if (one_host) return ProcessGroupShm::create(std::move(store), rank, size, std::move(options));
+    if (backend == "shm" && rank == 0) {
+      GRADWIRE_LOG(kWarning) << "make_process_group(\"shm\"): the ranks of group '" << options.name
+                             << "' are on more than one host or network namespace; using gloo";
+    }
+    return ProcessGroupGloo::create(std::move(store), rank, size, std::move(options));
+  }
   if (backend == "nccl") {
 #if GRADWIRE_HAS_NCCL
     return ProcessGroupNCCL::create(std::move(store), rank, size, std::move(options));
@@ -33,7 +46,7 @@ std::shared_ptr<ProcessGroup> make_process_group(std::string_view backend,
 #endif
   }
   throw InvalidArgument("make_process_group: unknown backend '" + std::string(backend) +
-                        "' (expected \"gloo\" or \"nccl\")");
+                        "' (expected \"cpu\", \"shm\", \"gloo\" or \"nccl\")");
 }
 
 }  // namespace gradwire::c10d

@@ -1,5 +1,6 @@
 // ProcessGroupGloo: every collective and reduce op against closed forms, several tensors
-// and dtypes, coalesced broadcasts of mixed lists, subgroups, point-to-point ordering,
+// and dtypes (the GlooCollectives suite runs once more over ProcessGroupShm, as a test
+// parameter), coalesced broadcasts of mixed lists, subgroups, point-to-point ordering,
 // argument errors that leave the ranks in step, failures (a rank that never arrives, a
 // peer that goes away, timeouts on time, a mismatch under the debug mode) and
 // verify_params_across_ranks, over ranks as threads (a shared HashStore) and ranks as
@@ -22,6 +23,7 @@
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/c10d/prefix_store.h"
 #include "gradwire/c10d/process_group_gloo.h"
+#include "gradwire/c10d/process_group_shm.h"
 #include "gradwire/c10d/verify_params.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/thread_pool.h"
@@ -43,17 +45,29 @@ std::string mode_name(Mode m) {
 
 using Body = std::function<void(ProcessGroup& group, int rank)>;
 
-// Runs `body` on `world` ranks, each with its own ProcessGroupGloo on 127.0.0.1.
-RankResults run_group(Mode mode, int world, const Body& body, ProcessGroupOptions options = {}) {
+// The backend a collective suite runs over.
+enum class Backend { kGloo, kShm };
+
+std::shared_ptr<ProcessGroup> make_group(Backend backend, std::shared_ptr<Store> store, int rank,
+                                         int world, const ProcessGroupOptions& options) {
+  const GlooOptions gloo{.host = "127.0.0.1"};
+  if (backend == Backend::kShm) {
+    return ProcessGroupShm::create(std::move(store), rank, world, options, {.gloo = gloo});
+  }
+  return ProcessGroupGloo::create(std::move(store), rank, world, options, gloo);
+}
+
+// Runs `body` on `world` ranks, each with its own group of `backend` (Gloo on 127.0.0.1).
+RankResults run_group(Backend backend, Mode mode, int world, const Body& body,
+                      ProcessGroupOptions options = {}) {
   if (options.timeout == kDefaultProcessGroupTimeout) options.timeout = 20s;
   if (!options.debug_level) options.debug_level = DebugLevel::kOff;
-  const GlooOptions gloo{.host = "127.0.0.1"};
   if (mode == Mode::kThreads) {
     auto store = std::make_shared<HashStore>(20s);
     return test::run_ranks_as_threads(
         world,
         [&](int rank) {
-          auto group = ProcessGroupGloo::create(store, rank, world, options, gloo);
+          auto group = make_group(backend, store, rank, world, options);
           body(*group, rank);
         },
         60s);
@@ -65,10 +79,14 @@ RankResults run_group(Mode mode, int world, const Body& body, ProcessGroupOption
       [&](int rank) {
         auto store = std::make_shared<FileStore>(
             FileStoreOptions{.path = path, .num_workers = world, .timeout = 20s});
-        auto group = ProcessGroupGloo::create(store, rank, world, options, gloo);
+        auto group = make_group(backend, store, rank, world, options);
         body(*group, rank);
       },
       60s);
+}
+
+RankResults run_group(Mode mode, int world, const Body& body, ProcessGroupOptions options = {}) {
+  return run_group(Backend::kGloo, mode, world, body, std::move(options));
 }
 
 // rank r contributes (r + 1) * (i + 1) at index i.
@@ -80,12 +98,14 @@ int64_t factorial(int n) {
   return n <= 1 ? 1 : n * factorial(n - 1);
 }
 
-class GlooCollectives : public ::testing::TestWithParam<std::tuple<Mode, int>> {
+// Parameters: (backend, ranks as threads or processes, world size).
+class GlooCollectives : public ::testing::TestWithParam<std::tuple<Backend, Mode, int>> {
  protected:
-  Mode mode() const { return std::get<0>(GetParam()); }
-  int world() const { return std::get<1>(GetParam()); }
+  Backend backend() const { return std::get<0>(GetParam()); }
+  Mode mode() const { return std::get<1>(GetParam()); }
+  int world() const { return std::get<2>(GetParam()); }
   RankResults run(const Body& body, ProcessGroupOptions options = {}) {
-    return run_group(mode(), world(), body, std::move(options));
+    return run_group(backend(), mode(), world(), body, std::move(options));
   }
 };
 
@@ -340,12 +360,19 @@ TEST_P(GlooCollectives, ManyOperationsInFlight) {
   }));
 }
 
-std::string collective_name(const ::testing::TestParamInfo<std::tuple<Mode, int>>& info) {
-  return mode_name(std::get<0>(info.param)) + "World" + std::to_string(std::get<1>(info.param));
+std::string collective_name(const ::testing::TestParamInfo<std::tuple<Backend, Mode, int>>& info) {
+  return mode_name(std::get<1>(info.param)) + "World" + std::to_string(std::get<2>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Gloo, GlooCollectives,
-                         ::testing::Combine(::testing::Values(Mode::kThreads, Mode::kProcesses),
+                         ::testing::Combine(::testing::Values(Backend::kGloo),
+                                            ::testing::Values(Mode::kThreads, Mode::kProcesses),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         collective_name);
+// The same suite over shared memory.
+INSTANTIATE_TEST_SUITE_P(Shm, GlooCollectives,
+                         ::testing::Combine(::testing::Values(Backend::kShm),
+                                            ::testing::Values(Mode::kThreads, Mode::kProcesses),
                                             ::testing::Values(1, 2, 3, 4)),
                          collective_name);
 

@@ -79,6 +79,8 @@ class ProcessGroupGloo : public ProcessGroup {
   struct Impl;
 
  protected:
+  // ProcessGroupShm carries its point-to-point messages over an internal Gloo group.
+  friend class ProcessGroupShm;
   Work do_all_reduce(std::vector<Tensor> tensors, ReduceOp op, const OpContext& ctx) override;
   Work do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) override;
   Work do_broadcast_coalesced(std::vector<Tensor> tensors, std::vector<std::vector<size_t>> buckets,

@@ -1,0 +1,1026 @@
+#include "gradwire/c10d/process_group_shm.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "../gloo/reduce_kernels.h"
+#include "gradwire/c10d/prefix_store.h"
+#include "gradwire/core/error.h"
+#include "gradwire/core/logging.h"
+#include "gradwire/core/net.h"
+#include "gradwire/core/thread_pool.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/ops.h"
+#include "rank_keys.h"
+
+namespace gradwire::c10d {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How many steps a peer may be ahead of this rank: within a collective a rank publishes at
+// most two steps (its next input and its reduced slice) before it must wait for this rank.
+constexpr int32_t kMaxLead = 2;
+
+// Area indices in the header's lengths[].
+constexpr int kInput0 = 0;
+constexpr int kOutput0 = 2;
+
+size_t page_size() {
+  const long p = ::sysconf(_SC_PAGESIZE);
+  return p > 0 ? static_cast<size_t>(p) : 4096;
+}
+
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
+
+long futex(const void* addr, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, addr, op, value, timeout, nullptr, 0);
+}
+
+int pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+// Whether `pid` has exited (a zombie counts as exited: it will never write again).
+bool pid_exited(pid_t pid, int pidfd) {
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;  // unknown: only the timeout applies
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
+  const char state = line[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
+std::string hex(uint64_t v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4)
+    s[static_cast<size_t>(i)] = digits[v & 0xf];
+  return s;
+}
+
+uint64_t random_token() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ uint64_t { rd() };
+}
+
+// What a rank publishes about itself in the store when the group is made.
+struct RankRecord {
+  std::string host;
+  uint64_t netns = 0;
+  std::string segment;  // shm name
+  uint64_t token = 0;
+  int64_t pid = 0;
+  uint64_t area_bytes = 0;
+};
+
+std::string encode(const RankRecord& r) {
+  std::ostringstream out;
+  out << r.host << '\n'
+      << r.netns << '\n'
+      << r.segment << '\n'
+      << r.token << '\n'
+      << r.pid << '\n'
+      << r.area_bytes << '\n';
+  return out.str();
+}
+
+// Parses a peer's record; throws NetworkError naming the rank when it is malformed.
+RankRecord decode(const Bytes& bytes, int rank, const std::string& what) {
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  RankRecord r;
+  if (!std::getline(in, r.host) || !(in >> r.netns) || !(in >> std::ws) ||
+      !std::getline(in, r.segment) || !(in >> r.token >> r.pid >> r.area_bytes)) {
+    throw NetworkError(what + ": rank " + std::to_string(rank) +
+                       " published a malformed shared-memory record");
+  }
+  // The name is ours to open: "/gradwire-shm-<16 hex>-<rank>" and nothing else.
+  const std::string prefix = "/gradwire-shm-";
+  const std::string suffix = "-" + std::to_string(rank);
+  bool ok = r.segment.size() == prefix.size() + 16 + suffix.size() &&
+            r.segment.compare(0, prefix.size(), prefix) == 0 &&
+            r.segment.compare(prefix.size() + 16, suffix.size(), suffix) == 0;
+  for (size_t i = prefix.size(); ok && i < prefix.size() + 16; ++i)
+    ok = std::isxdigit(static_cast<unsigned char>(r.segment[i])) != 0;
+  if (!ok || r.pid <= 0) {
+    throw NetworkError(what + ": rank " + std::to_string(rank) +
+                       " published an invalid segment name or pid");
+  }
+  return r;
+}
+
+std::vector<Tensor> detached(const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> out;
+  out.reserve(tensors.size());
+  for (const Tensor& t : tensors)
+    out.push_back(t.detach());
+  return out;
+}
+
+uint8_t* bytes_of(const Tensor& t) {
+  return static_cast<uint8_t*>(t.data_ptr());
+}
+
+// A failure found while waiting on or reading a peer's segment.
+struct ShmFailure {
+  std::string what;
+  bool timed_out;
+};
+
+}  // namespace
+
+struct ProcessGroupShm::Impl {
+  struct Peer {
+    const uint8_t* base = nullptr;  // read-only mapping (this rank: its own, writable one)
+    size_t bytes = 0;
+    const ShmSegmentHeader* header = nullptr;
+    pid_t pid = 0;
+    int pidfd = -1;
+    uint64_t token = 0;
+    uint32_t last_step = 0;
+  };
+
+  ~Impl() {
+    for (size_t r = 0; r < peers.size(); ++r) {
+      Peer& p = peers[r];
+      if (p.pidfd >= 0) ::close(p.pidfd);
+      if (p.base != nullptr && p.base != mine) ::munmap(const_cast<uint8_t*>(p.base), p.bytes);
+    }
+    if (mine != nullptr) ::munmap(mine, bytes);
+    if (!unlinked && !name.empty()) ::shm_unlink(name.c_str());
+  }
+
+  std::string name;
+  bool unlinked = false;
+  uint8_t* mine = nullptr;
+  size_t bytes = 0;
+  size_t area_bytes = 0;
+  ShmSegmentHeader* header = nullptr;
+  std::vector<Peer> peers;
+  // Worker-thread state: steps published, which input and output area is next, and for
+  // each area the step every peer must have reached before this rank may overwrite it
+  // (the step it publishes once it has read the area's previous contents).
+  uint32_t step = 0;
+  int next_input = 0;
+  int next_output = 0;
+  uint32_t release[4] = {0, 0, 0, 0};
+  std::unique_ptr<ThreadPool> worker;
+  std::shared_ptr<ProcessGroupGloo> p2p;
+};
+
+// One operation's access to the segments, on the worker thread.
+class ShmExchange {
+ public:
+  ShmExchange(ProcessGroupShm::Impl& impl, const ShmOptions& options, int rank, int size,
+              milliseconds timeout)
+      : impl_(impl),
+        options_(options),
+        rank_(rank),
+        size_(size),
+        start_(Clock::now()),
+        deadline_(start_ + timeout) {}
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t area_bytes() const { return impl_.area_bytes; }
+  uint32_t step() const { return impl_.step; }
+
+  // Takes the next input (or output) area and waits until every peer has finished reading
+  // what it held before; returns its index.
+  int acquire_input() { return acquire(kInput0 + flip(impl_.next_input)); }
+  int acquire_output() { return acquire(kOutput0 + flip(impl_.next_output)); }
+  uint8_t* area(int a) { return impl_.mine + ShmSegmentHeader::kBytes + offset(a); }
+
+  // Records `length` bytes in area `a` and publishes the next step.
+  void publish(int a, uint64_t length) {
+    if (a >= 0) impl_.header->lengths[a].store(length, std::memory_order_relaxed);
+    publish();
+  }
+  void publish() {
+    ++impl_.step;
+    impl_.header->step.store(impl_.step, std::memory_order_release);
+    futex(&impl_.header->step, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
+
+  // Rank r's area `a`, after checking that it holds `length` bytes.
+  const uint8_t* peer_area(int r, int a, uint64_t length) {
+    const ProcessGroupShm::Impl::Peer& p = impl_.peers[static_cast<size_t>(r)];
+    const uint64_t held = p.header->lengths[a].load(std::memory_order_relaxed);
+    if (held > impl_.area_bytes) {
+      throw ShmFailure{"rank " + std::to_string(r) + "'s shared-memory segment is corrupt: area " +
+                           std::to_string(a) + " claims " + std::to_string(held) +
+                           " bytes, more than its " + std::to_string(impl_.area_bytes),
+                       false};
+    }
+    if (held != length) {
+      throw ShmFailure{"rank " + std::to_string(r) + " placed " + std::to_string(held) +
+                           " bytes where this rank expected " + std::to_string(length) +
+                           " (the ranks called the collective with different sizes, or its "
+                           "segment is corrupt)",
+                       false};
+    }
+    return p.base + ShmSegmentHeader::kBytes + offset(a);
+  }
+
+  // This rank has read area `a` of its peers; they may overwrite it once they see the
+  // step this rank publishes next.
+  void done_reading(int a) { impl_.release[a] = impl_.step + 1; }
+
+  // all_to_all's round count: this rank's, and rank r's (after a round).
+  void own_rounds(uint64_t rounds) {
+    impl_.header->rounds.store(rounds, std::memory_order_relaxed);
+  }
+  uint64_t peer_rounds(int r) {
+    const uint64_t v =
+        impl_.peers[static_cast<size_t>(r)].header->rounds.load(std::memory_order_relaxed);
+    if (v > (uint64_t{1} << 40)) {
+      throw ShmFailure{"rank " + std::to_string(r) +
+                           "'s shared-memory segment is corrupt: it asks for " + std::to_string(v) +
+                           " rounds",
+                       false};
+    }
+    return v;
+  }
+
+  // Waits until every rank has published `target` steps.
+  void wait_all(uint32_t target) {
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) wait_peer(r, target);
+    }
+  }
+
+ private:
+  static int flip(int& next) {
+    const int a = next;
+    next ^= 1;
+    return a;
+  }
+  int acquire(int a) {
+    wait_all(impl_.release[a]);
+    return a;
+  }
+  size_t offset(int a) const { return static_cast<size_t>(a) * impl_.area_bytes; }
+
+  void check_header(int r) {
+    const ProcessGroupShm::Impl::Peer& p = impl_.peers[static_cast<size_t>(r)];
+    const ShmSegmentHeader& h = *p.header;
+    if (h.magic != ShmSegmentHeader::kMagic || h.version != ShmSegmentHeader::kVersion ||
+        h.rank != r || h.token != p.token || h.pid != p.pid || h.area_bytes != impl_.area_bytes ||
+        h.segment_bytes != p.bytes || h.world != static_cast<uint32_t>(size_)) {
+      throw ShmFailure{"rank " + std::to_string(r) +
+                           "'s shared-memory segment header is corrupt (magic, version, rank, "
+                           "token, pid or sizes changed)",
+                       false};
+    }
+  }
+
+  // Checks a step value read from rank r: never backwards, never further ahead than the
+  // protocol lets a rank run. True when it has reached `target`.
+  bool reached(int r, uint32_t value, uint32_t target) {
+    ProcessGroupShm::Impl::Peer& p = impl_.peers[static_cast<size_t>(r)];
+    const auto back = static_cast<int32_t>(value - p.last_step);
+    const auto lead = static_cast<int32_t>(value - impl_.step);
+    if (back < 0 || lead > kMaxLead) {
+      throw ShmFailure{
+          "rank " + std::to_string(r) + "'s shared-memory segment is corrupt: its step " +
+              std::to_string(value) + (back < 0 ? " went back from " : " is ahead of ") +
+              std::to_string(back < 0 ? p.last_step : impl_.step) +
+              (back < 0 ? "" : " by more than " + std::to_string(kMaxLead)),
+          false};
+    }
+    p.last_step = value;
+    return static_cast<int32_t>(value - target) >= 0;
+  }
+
+  void wait_peer(int r, uint32_t target) {
+    ProcessGroupShm::Impl::Peer& p = impl_.peers[static_cast<size_t>(r)];
+    const std::atomic<uint32_t>& word = p.header->step;
+    check_header(r);
+    if (reached(r, word.load(std::memory_order_acquire), target)) return;
+    const Clock::time_point spin_end = Clock::now() + options_.spin;
+    do {
+      for (int i = 0; i < 64; ++i) {
+        const uint32_t v = word.load(std::memory_order_acquire);
+        if (v != p.last_step) {
+          if (reached(r, v, target)) return;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+    } while (Clock::now() < spin_end);
+    for (;;) {
+      const uint32_t v = word.load(std::memory_order_acquire);
+      if (reached(r, v, target)) {
+        check_header(r);
+        return;
+      }
+      check_header(r);
+      if (p.pid != ::getpid() && pid_exited(p.pid, p.pidfd)) {
+        throw ShmFailure{"rank " + std::to_string(r) + " (pid " + std::to_string(p.pid) +
+                             ") exited; this rank was waiting for its step " +
+                             std::to_string(target),
+                         false};
+      }
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline_) {
+        throw ShmFailure{"waited for rank " + std::to_string(r) + " (step " +
+                             std::to_string(target) + ", it has published " + std::to_string(v) +
+                             ")",
+                         true};
+      }
+      const auto left = std::min<Clock::duration>(deadline_ - now, options_.wait_slice);
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+      // EAGAIN (the word changed), EINTR and ETIMEDOUT all mean: look again.
+      futex(&word, FUTEX_WAIT, v, &ts);
+    }
+  }
+
+  ProcessGroupShm::Impl& impl_;
+  const ShmOptions& options_;
+  int rank_;
+  int size_;
+  Clock::time_point start_;
+  Clock::time_point deadline_;
+};
+
+namespace {
+
+// [begin, end) of slice r when `count` elements are split among n ranks.
+int64_t slice_begin(int64_t count, int r, int n) {
+  return count * r / n;
+}
+
+// all_reduce of one flat buffer, in chunks of an area, with the fixed reduction order.
+// Order of steps: input 0; then for each chunk k: input k+1, reduced slice k, copy out k,
+// so that the next chunk's copy-in overlaps the peers' reduction of this one.
+void all_reduce_buffer(ShmExchange& ex, const Tensor& buffer, ReduceOp op) {
+  const int n = ex.size();
+  const int me = ex.rank();
+  const auto es = static_cast<size_t>(buffer.element_size());
+  const int64_t numel = buffer.numel();
+  if (numel == 0 || n == 1) return;
+  const auto chunk = static_cast<int64_t>(ex.area_bytes() / es);
+  const int64_t chunks = (numel + chunk - 1) / chunk;
+  const auto kernel = gloo_backend::reduce_kernel(buffer.dtype(), op);
+  uint8_t* data = bytes_of(buffer);
+  int input_area[2] = {0, 0};
+  uint32_t input_step[2] = {0, 0};
+  auto count_of = [&](int64_t k) { return std::min(chunk, numel - k * chunk); };
+  auto copy_in = [&](int64_t k) {
+    const int a = ex.acquire_input();
+    const auto bytes = static_cast<size_t>(count_of(k)) * es;
+    std::memcpy(ex.area(a), data + static_cast<size_t>(k * chunk) * es, bytes);
+    ex.publish(a, bytes);
+    input_area[k % 2] = a;
+    input_step[k % 2] = ex.step();
+  };
+  copy_in(0);
+  for (int64_t k = 0; k < chunks; ++k) {
+    if (k + 1 < chunks) copy_in(k + 1);
+    const int in = input_area[k % 2];
+    const int64_t count = count_of(k);
+    const auto bytes = static_cast<size_t>(count) * es;
+    ex.wait_all(input_step[k % 2]);
+    // This rank's slice, combined in rank order.
+    const int out = ex.acquire_output();
+    const int64_t b = slice_begin(count, me, n);
+    const int64_t e = slice_begin(count, me + 1, n);
+    const size_t off = static_cast<size_t>(b) * es;
+    uint8_t* dst = ex.area(out) + off;
+    if (e > b) {
+      kernel(dst, ex.peer_area(0, in, bytes) + off, ex.peer_area(1, in, bytes) + off,
+             static_cast<size_t>(e - b));
+      for (int r = 2; r < n; ++r)
+        kernel(dst, dst, ex.peer_area(r, in, bytes) + off, static_cast<size_t>(e - b));
+    } else {
+      for (int r = 0; r < n; ++r)
+        ex.peer_area(r, in, bytes);  // validate every length all the same
+    }
+    ex.done_reading(in);
+    ex.publish(out, bytes);
+    const uint32_t reduced = ex.step();
+    ex.wait_all(reduced);
+    uint8_t* target = data + static_cast<size_t>(k * chunk) * es;
+    for (int r = 0; r < n; ++r) {
+      const int64_t rb = slice_begin(count, r, n);
+      const int64_t re = slice_begin(count, r + 1, n);
+      const uint8_t* src = ex.peer_area(r, out, bytes);
+      if (re > rb) {
+        std::memcpy(target + static_cast<size_t>(rb) * es, src + static_cast<size_t>(rb) * es,
+                    static_cast<size_t>(re - rb) * es);
+      }
+    }
+    ex.done_reading(out);
+  }
+}
+
+// One round: this rank writes `length` bytes into an input area with `write`, every rank
+// publishes, and after every rank has, `read` is given the area's index.
+template <typename Write, typename Read>
+void exchange_round(ShmExchange& ex, uint64_t length, Write&& write, Read&& read) {
+  const int a = ex.acquire_input();
+  write(ex.area(a));
+  ex.publish(a, length);
+  ex.wait_all(ex.step());
+  read(a);
+  ex.done_reading(a);
+}
+
+// The root's bytes into every rank's buffer.
+void broadcast_buffer(ShmExchange& ex, uint8_t* data, size_t nbytes, int root) {
+  if (ex.size() == 1 || nbytes == 0) return;
+  const size_t chunk = ex.area_bytes();
+  for (size_t off = 0; off < nbytes; off += chunk) {
+    const size_t len = std::min(chunk, nbytes - off);
+    const bool is_root = ex.rank() == root;
+    exchange_round(
+        ex, is_root ? len : 0,
+        [&](uint8_t* area) {
+          if (is_root) std::memcpy(area, data + off, len);
+        },
+        [&](int a) {
+          const uint8_t* src = ex.peer_area(root, a, len);
+          if (!is_root) std::memcpy(data + off, src, len);
+        });
+  }
+}
+
+// Every rank's `nbytes` from `input`; `sink(r, offset, src, len)` receives rank r's bytes.
+// Only ranks with `receive` read.
+template <typename Sink>
+void gather_bytes(ShmExchange& ex, const uint8_t* input, size_t nbytes, bool receive, Sink&& sink) {
+  const size_t chunk = ex.area_bytes();
+  for (size_t off = 0; off < nbytes; off += chunk) {
+    const size_t len = std::min(chunk, nbytes - off);
+    exchange_round(
+        ex, len, [&](uint8_t* area) { std::memcpy(area, input + off, len); },
+        [&](int a) {
+          for (int r = 0; r < ex.size(); ++r) {
+            const uint8_t* src = ex.peer_area(r, a, len);
+            if (receive) sink(r, off, src, len);
+          }
+        });
+  }
+}
+
+void divide_for_avg(Tensor t, ReduceOp op, int n) {
+  if (op == ReduceOp::kAvg) t.div_(Scalar(static_cast<double>(n)));
+}
+
+}  // namespace
+
+// ---- creation
+
+bool ProcessGroupShm::ranks_share_host(Store& store, int rank, int size, const std::string& key,
+                                       milliseconds timeout) {
+  const std::string mine = net::host_id() + "\n" + std::to_string(net::network_namespace_id());
+  store.set(key + "/" + std::to_string(rank), std::string_view(mine));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r)
+    keys.push_back(key + "/" + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    throw TimeoutError("make_process_group: ranks " +
+                       detail::ranks_text(detail::ranks_without_key(store, key + "/", size)) +
+                       " did not publish their host within " + std::to_string(timeout.count()) +
+                       " ms");
+  }
+  bool same = true;
+  for (int r = 0; r < size; ++r) {
+    const Bytes theirs = store.get(keys[static_cast<size_t>(r)], timeout);
+    same = same && std::string(theirs.begin(), theirs.end()) == mine;
+  }
+  return same;
+}
+
+std::shared_ptr<ProcessGroupShm> ProcessGroupShm::create(std::shared_ptr<Store> store, int rank,
+                                                         int size, ProcessGroupOptions options,
+                                                         ShmOptions shm_options) {
+  return std::shared_ptr<ProcessGroupShm>(new ProcessGroupShm(
+      std::move(store), rank, size, std::move(options), std::move(shm_options)));
+}
+
+ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, int rank, int size,
+                                 ProcessGroupOptions options, ShmOptions shm_options)
+    : ProcessGroup(std::move(store), rank, size, std::move(options)),
+      shm_options_(std::move(shm_options)),
+      impl_(std::make_unique<Impl>()) {
+  const std::string what = "ProcessGroupShm (group '" + name() + "', rank " +
+                           std::to_string(this->rank()) + " of " + std::to_string(this->size()) +
+                           ")";
+  if (shm_options_.buffer_bytes < 4096) {
+    throw InvalidArgument(what + ": ShmOptions::buffer_bytes must be at least 4096, got " +
+                          std::to_string(shm_options_.buffer_bytes));
+  }
+  if (shm_options_.buffer_bytes > (size_t{1} << 32)) {
+    throw InvalidArgument(what + ": ShmOptions::buffer_bytes must be at most 4 GiB, got " +
+                          std::to_string(shm_options_.buffer_bytes));
+  }
+  if (shm_options_.buffer_bytes / static_cast<size_t>(std::max(this->size(), 1)) < 64) {
+    throw InvalidArgument(what +
+                          ": ShmOptions::buffer_bytes must be at least 64 bytes per rank, got " +
+                          std::to_string(shm_options_.buffer_bytes) + " for " +
+                          std::to_string(this->size()) + " ranks");
+  }
+  if (shm_options_.wait_slice.count() <= 0) {
+    throw InvalidArgument(what + ": ShmOptions::wait_slice must be positive, got " +
+                          std::to_string(shm_options_.wait_slice.count()) + " ms");
+  }
+  if (shm_options_.spin.count() < 0) {
+    throw InvalidArgument(what + ": ShmOptions::spin must not be negative");
+  }
+  connect(what);
+}
+
+void ProcessGroupShm::connect(const std::string& what) {
+  Impl& im = *impl_;
+  const size_t page = page_size();
+  im.area_bytes = (shm_options_.buffer_bytes + page - 1) / page * page;
+  im.bytes = ShmSegmentHeader::kBytes + 4 * im.area_bytes;
+
+  // This rank's segment: created exclusively, owner-only, under a random name.
+  const uint64_t token = random_token();
+  im.name = "/gradwire-shm-" + hex(token) + "-" + std::to_string(rank());
+  const int fd = ::shm_open(im.name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    im.name.clear();
+    throw NetworkError(what + ": cannot create a shared-memory segment: " + errno_text(err));
+  }
+  if (::ftruncate(fd, static_cast<off_t>(im.bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw NetworkError(what + ": cannot size the shared-memory segment to " +
+                       std::to_string(im.bytes) + " bytes: " + errno_text(err));
+  }
+  void* base = ::mmap(nullptr, im.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int map_err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    throw NetworkError(what + ": cannot map the shared-memory segment: " + errno_text(map_err));
+  }
+  im.mine = static_cast<uint8_t*>(base);
+  im.header = new (im.mine) ShmSegmentHeader{};
+  im.header->magic = ShmSegmentHeader::kMagic;
+  im.header->version = ShmSegmentHeader::kVersion;
+  im.header->rank = rank();
+  im.header->segment_bytes = im.bytes;
+  im.header->area_bytes = im.area_bytes;
+  im.header->token = token;
+  im.header->pid = ::getpid();
+  im.header->world = static_cast<uint32_t>(size());
+  im.header->step.store(0, std::memory_order_release);
+
+  // Exchange records through the store.
+  RankRecord record{net::host_id(), net::network_namespace_id(), im.name, token, ::getpid(),
+                    im.area_bytes};
+  const std::string info = "shm/info/";
+  store()->set(info + std::to_string(rank()), std::string_view(encode(record)));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size(); ++r)
+    keys.push_back(info + std::to_string(r));
+  const Clock::time_point start = Clock::now();
+  try {
+    store()->wait(keys, timeout());
+  } catch (const TimeoutError&) {
+    throw TimeoutError(what + ": ranks " +
+                       detail::ranks_text(detail::ranks_without_key(*store(), info, size())) +
+                       " did not join within " + std::to_string(timeout().count()) + " ms");
+  }
+  std::vector<RankRecord> records;
+  std::vector<int> elsewhere;
+  for (int r = 0; r < size(); ++r) {
+    records.push_back(decode(store()->get(keys[static_cast<size_t>(r)], timeout()), r, what));
+    if (records.back().host != record.host || records.back().netns != record.netns)
+      elsewhere.push_back(r);
+  }
+  if (!elsewhere.empty()) {
+    throw InvalidArgument(what + ": ranks " + detail::ranks_text(elsewhere) +
+                          " are on another host or network namespace; shared memory serves only "
+                          "ranks of one host (use make_process_group(\"cpu\") or \"gloo\")");
+  }
+
+  // Map the peers' segments read-only, and validate them.
+  im.peers.resize(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) {
+    Impl::Peer& p = im.peers[static_cast<size_t>(r)];
+    const RankRecord& rec = records[static_cast<size_t>(r)];
+    p.pid = static_cast<pid_t>(rec.pid);
+    p.token = rec.token;
+    if (r == rank()) {
+      p.base = im.mine;
+      p.bytes = im.bytes;
+      p.header = im.header;
+      continue;
+    }
+    const std::string who = what + ": rank " + std::to_string(r) + "'s segment";
+    if (rec.area_bytes != im.area_bytes) {
+      throw InvalidArgument(who + " has areas of " + std::to_string(rec.area_bytes) +
+                            " bytes, this rank's " + std::to_string(im.area_bytes) +
+                            " (every rank must use the same ShmOptions::buffer_bytes)");
+    }
+    const int pfd = ::shm_open(rec.segment.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (pfd < 0) {
+      throw NetworkError(who + " cannot be opened: " + errno_text(errno));
+    }
+    struct stat st {};
+    if (::fstat(pfd, &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
+        static_cast<size_t>(st.st_size) != im.bytes) {
+      ::close(pfd);
+      throw NetworkError(who + " is not an owner-only segment of " + std::to_string(im.bytes) +
+                         " bytes belonging to this user");
+    }
+    void* peer_base = ::mmap(nullptr, im.bytes, PROT_READ, MAP_SHARED, pfd, 0);
+    const int err = errno;
+    ::close(pfd);
+    if (peer_base == MAP_FAILED) {
+      throw NetworkError(who + " cannot be mapped: " + errno_text(err));
+    }
+    p.base = static_cast<const uint8_t*>(peer_base);
+    p.bytes = im.bytes;
+    p.header = reinterpret_cast<const ShmSegmentHeader*>(p.base);
+    const ShmSegmentHeader& h = *p.header;
+    if (h.magic != ShmSegmentHeader::kMagic || h.version != ShmSegmentHeader::kVersion ||
+        h.rank != r || h.token != rec.token || h.pid != rec.pid || h.area_bytes != im.area_bytes ||
+        h.segment_bytes != im.bytes || h.world != static_cast<uint32_t>(size())) {
+      throw NetworkError(who + " has a header that does not match what it published");
+    }
+    p.last_step = h.step.load(std::memory_order_acquire);
+    if (p.last_step != 0) throw NetworkError(who + " does not start at step 0");
+    if (p.pid != ::getpid()) p.pidfd = pidfd_open(p.pid);
+  }
+
+  // Once every rank has mapped every segment, the names go: nothing else can open them.
+  const std::string mapped = "shm/mapped/";
+  store()->set(mapped + std::to_string(rank()), std::string_view("1"));
+  std::vector<std::string> mapped_keys;
+  for (int r = 0; r < size(); ++r)
+    mapped_keys.push_back(mapped + std::to_string(r));
+  const auto left = std::chrono::duration_cast<milliseconds>(timeout() - (Clock::now() - start));
+  try {
+    store()->wait(mapped_keys, std::max(left, milliseconds(1)));
+  } catch (const TimeoutError&) {
+    throw TimeoutError(what + ": ranks " +
+                       detail::ranks_text(detail::ranks_without_key(*store(), mapped, size())) +
+                       " did not map the segments within " + std::to_string(timeout().count()) +
+                       " ms");
+  }
+  ::shm_unlink(im.name.c_str());
+  im.unlinked = true;
+
+  ProcessGroupOptions p2p_options{
+      .timeout = timeout(), .debug_level = DebugLevel::kOff, .name = name() + "/p2p"};
+  im.p2p = ProcessGroupGloo::create(std::make_shared<PrefixStore>("shm_p2p", store()), rank(),
+                                    size(), p2p_options, shm_options_.gloo);
+  im.worker =
+      std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "shm-" + name()});
+  if (debug_level() != DebugLevel::kOff) {
+    GRADWIRE_LOG(kInfo) << what << ": segments of " << im.bytes << " bytes mapped";
+  }
+}
+
+ProcessGroupShm::~ProcessGroupShm() {
+  if (impl_->worker) impl_->worker->shutdown();
+  impl_->worker.reset();
+  impl_->p2p.reset();
+}
+
+ShmSegmentHeader* ProcessGroupShm::own_header_for_testing() {
+  return impl_->header;
+}
+
+// ---- running operations
+
+Work ProcessGroupShm::enqueue(const OpContext& ctx, std::vector<Tensor> outputs,
+                              std::function<void(ShmExchange&)> run) {
+  auto state = std::make_shared<WorkState>(ctx.description, std::move(outputs), ctx.timeout);
+  impl_->worker->execute([this, ctx, state, run = std::move(run)] {
+    // An operation queued before an earlier one failed: the steps are out of step now.
+    if (std::exception_ptr earlier = error()) {
+      state->fail(earlier);
+      return;
+    }
+    ShmExchange ex(*impl_, shm_options_, rank(), size(), ctx.timeout);
+    try {
+      run(ex);
+      state->finish();
+    } catch (const ShmFailure& f) {
+      fail_operation(ctx, *state, f.what, f.timed_out);
+    } catch (...) {
+      fail_operation(ctx, *state, std::current_exception());
+    }
+  });
+  return Work(std::move(state));
+}
+
+Work ProcessGroupShm::do_all_reduce(std::vector<Tensor> tensors, ReduceOp op,
+                                    const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = tensors;
+  std::vector<Tensor> work = detached(tensors);
+  return enqueue(ctx, std::move(work_outputs), [work, op](ShmExchange& ex) mutable {
+    std::map<DType, std::vector<Tensor>> by_dtype;
+    for (const Tensor& t : work)
+      by_dtype[t.dtype()].push_back(t);
+    for (auto& [dtype, group] : by_dtype) {
+      Tensor buffer = group.size() == 1 ? group[0] : flatten_dense_tensors(group);
+      all_reduce_buffer(ex, buffer, op);
+      divide_for_avg(buffer, op, ex.size());
+      if (group.size() > 1) {
+        const std::vector<Tensor> parts = unflatten_dense_tensors(buffer, group);
+        for (size_t i = 0; i < group.size(); ++i)
+          group[i].copy_(parts[i]);
+      }
+    }
+  });
+}
+
+Work ProcessGroupShm::do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = tensors;
+  std::vector<Tensor> work = detached(tensors);
+  return enqueue(ctx, std::move(work_outputs), [work, root](ShmExchange& ex) mutable {
+    for (const Tensor& t : work)
+      broadcast_buffer(ex, bytes_of(t), t.nbytes(), root);
+  });
+}
+
+Work ProcessGroupShm::do_broadcast_coalesced(std::vector<Tensor> tensors,
+                                             std::vector<std::vector<size_t>> buckets, int root,
+                                             const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = tensors;
+  std::vector<std::vector<Tensor>> work;
+  work.reserve(buckets.size());
+  for (const std::vector<size_t>& bucket : buckets) {
+    std::vector<Tensor>& members = work.emplace_back();
+    for (size_t i : bucket)
+      members.push_back(tensors[i].detach());
+  }
+  return enqueue(ctx, std::move(work_outputs), [work, root](ShmExchange& ex) mutable {
+    if (ex.size() == 1) return;
+    for (std::vector<Tensor>& bucket : work) {
+      if (bucket.size() == 1) {
+        broadcast_buffer(ex, bytes_of(bucket[0]), bucket[0].nbytes(), root);
+        continue;
+      }
+      // Staged in one flat buffer, one bucket at a time.
+      Tensor flat;
+      if (ex.rank() == root) {
+        flat = flatten_dense_tensors(bucket);
+      } else {
+        int64_t numel = 0;
+        for (const Tensor& t : bucket)
+          numel += t.numel();
+        flat = empty({numel}, bucket[0].options());
+      }
+      broadcast_buffer(ex, bytes_of(flat), flat.nbytes(), root);
+      if (ex.rank() == root) continue;
+      const std::vector<Tensor> parts = unflatten_dense_tensors(flat, bucket);
+      for (size_t i = 0; i < bucket.size(); ++i)
+        bucket[i].copy_(parts[i]);
+    }
+  });
+}
+
+Work ProcessGroupShm::do_reduce(const Tensor& tensor, int root, ReduceOp op, const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = std::vector<Tensor>{tensor};
+  Tensor t = tensor.detach();
+  return enqueue(ctx, std::move(work_outputs), [t, root, op](ShmExchange& ex) mutable {
+    // Every rank takes part in the same steps; only the root keeps the result.
+    const bool is_root = ex.rank() == root;
+    Tensor buffer = is_root ? t : t.clone();
+    all_reduce_buffer(ex, buffer, op);
+    if (is_root) divide_for_avg(t, op, ex.size());
+  });
+}
+
+Work ProcessGroupShm::do_all_gather(std::vector<Tensor> outputs, const Tensor& input,
+                                    const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = outputs;
+  std::vector<Tensor> outs = detached(outputs);
+  Tensor in = input.detach();
+  return enqueue(ctx, std::move(work_outputs), [outs, in](ShmExchange& ex) mutable {
+    if (ex.size() == 1) {
+      outs[0].view({-1}).copy_(in.view({-1}));
+      return;
+    }
+    gather_bytes(ex, bytes_of(in), in.nbytes(), true,
+                 [&](int r, size_t off, const uint8_t* src, size_t len) {
+                   std::memcpy(bytes_of(outs[static_cast<size_t>(r)]) + off, src, len);
+                 });
+  });
+}
+
+Work ProcessGroupShm::do_gather(std::vector<Tensor> outputs, const Tensor& input, int root,
+                                const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = outputs;
+  std::vector<Tensor> outs = detached(outputs);
+  Tensor in = input.detach();
+  return enqueue(ctx, std::move(work_outputs), [outs, in, root](ShmExchange& ex) mutable {
+    if (ex.size() == 1) {
+      outs[0].view({-1}).copy_(in.view({-1}));
+      return;
+    }
+    gather_bytes(ex, bytes_of(in), in.nbytes(), ex.rank() == root,
+                 [&](int r, size_t off, const uint8_t* src, size_t len) {
+                   std::memcpy(bytes_of(outs[static_cast<size_t>(r)]) + off, src, len);
+                 });
+  });
+}
+
+namespace {
+
+// Rounds in which every rank places, for each rank j, up to `part` bytes of what it sends
+// to j at offset j * part of its area, and each rank j reads part j of every rank's area.
+// `pieces` is the number of rounds; bytes_to(j) and bytes_from(i) the sizes.
+template <typename To, typename From, typename Src, typename Sink>
+void exchange_parts(ShmExchange& ex, size_t part, uint64_t rounds, To&& bytes_to, From&& bytes_from,
+                    Src&& source, Sink&& sink) {
+  const int n = ex.size();
+  const uint64_t length = part * static_cast<size_t>(n);
+  for (uint64_t k = 0; k < rounds; ++k) {
+    const size_t off = static_cast<size_t>(k) * part;
+    exchange_round(
+        ex, length,
+        [&](uint8_t* area) {
+          for (int j = 0; j < n; ++j) {
+            const size_t total = bytes_to(j);
+            if (off < total)
+              std::memcpy(area + static_cast<size_t>(j) * part, source(j) + off,
+                          std::min(part, total - off));
+          }
+        },
+        [&](int a) {
+          for (int i = 0; i < n; ++i) {
+            const uint8_t* src = ex.peer_area(i, a, length) + static_cast<size_t>(ex.rank()) * part;
+            const size_t total = bytes_from(i);
+            if (off < total) sink(i, off, src, std::min(part, total - off));
+          }
+        });
+  }
+}
+
+}  // namespace
+
+Work ProcessGroupShm::do_scatter(const Tensor& output, std::vector<Tensor> inputs, int root,
+                                 const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = std::vector<Tensor>{output};
+  Tensor out = output.detach();
+  std::vector<Tensor> ins = detached(inputs);
+  return enqueue(ctx, std::move(work_outputs), [out, ins, root](ShmExchange& ex) mutable {
+    const int n = ex.size();
+    const bool is_root = ex.rank() == root;
+    if (n == 1) {
+      out.view({-1}).copy_(ins[0].view({-1}));
+      return;
+    }
+    const size_t m = out.nbytes();
+    const size_t part = ex.area_bytes() / static_cast<size_t>(n);
+    const uint64_t rounds = (m + part - 1) / part;
+    exchange_parts(
+        ex, part, rounds, [&](int) { return is_root ? m : 0; },
+        [&](int i) { return i == root ? m : 0; },
+        [&](int j) { return bytes_of(ins[static_cast<size_t>(j)]); },
+        [&](int, size_t off, const uint8_t* src, size_t len) {
+          std::memcpy(bytes_of(out) + off, src, len);
+        });
+  });
+}
+
+Work ProcessGroupShm::do_reduce_scatter(const Tensor& output, std::vector<Tensor> inputs,
+                                        ReduceOp op, const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = std::vector<Tensor>{output};
+  Tensor out = output.detach();
+  std::vector<Tensor> ins = detached(inputs);
+  return enqueue(ctx, std::move(work_outputs), [out, ins, op](ShmExchange& ex) mutable {
+    const int n = ex.size();
+    const int me = ex.rank();
+    if (n == 1 || out.numel() == 0) {
+      out.view({-1}).copy_(ins[static_cast<size_t>(me)].view({-1}));
+      divide_for_avg(out, op, n);
+      return;
+    }
+    const auto es = static_cast<size_t>(out.element_size());
+    const size_t part = ex.area_bytes() / static_cast<size_t>(n) / es * es;
+    const size_t m = out.nbytes();
+    const uint64_t length = part * static_cast<size_t>(n);
+    const auto kernel = gloo_backend::reduce_kernel(out.dtype(), op);
+    for (size_t off = 0; off < m; off += part) {
+      const size_t len = std::min(part, m - off);
+      const size_t mine = static_cast<size_t>(me) * part;
+      exchange_round(
+          ex, length,
+          [&](uint8_t* area) {
+            for (int j = 0; j < n; ++j)
+              std::memcpy(area + static_cast<size_t>(j) * part,
+                          bytes_of(ins[static_cast<size_t>(j)]) + off, len);
+          },
+          [&](int a) {
+            uint8_t* dst = bytes_of(out) + off;
+            kernel(dst, ex.peer_area(0, a, length) + mine, ex.peer_area(1, a, length) + mine,
+                   len / es);
+            for (int r = 2; r < n; ++r)
+              kernel(dst, dst, ex.peer_area(r, a, length) + mine, len / es);
+          });
+    }
+    divide_for_avg(out, op, n);
+  });
+}
+
+Work ProcessGroupShm::do_all_to_all(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
+                                    const OpContext& ctx) {
+  std::vector<Tensor> work_outputs = outputs;
+  std::vector<Tensor> outs = detached(outputs);
+  std::vector<Tensor> ins = detached(inputs);
+  return enqueue(ctx, std::move(work_outputs), [outs, ins](ShmExchange& ex) mutable {
+    const int n = ex.size();
+    if (n == 1) {
+      outs[0].view({-1}).copy_(ins[0].view({-1}));
+      return;
+    }
+    const size_t part = ex.area_bytes() / static_cast<size_t>(n);
+    // The rounds are the most any pair needs; a rank knows only its own pairs, so every
+    // rank publishes its count and all take the largest.
+    uint64_t rounds = 0;
+    for (int j = 0; j < n; ++j) {
+      const size_t most =
+          std::max(ins[static_cast<size_t>(j)].nbytes(), outs[static_cast<size_t>(j)].nbytes());
+      rounds = std::max<uint64_t>(rounds, (most + part - 1) / part);
+    }
+    uint64_t all_rounds = rounds;
+    exchange_round(
+        ex, 0, [&](uint8_t*) { ex.own_rounds(rounds); },
+        [&](int) {
+          for (int r = 0; r < n; ++r)
+            all_rounds = std::max(all_rounds, ex.peer_rounds(r));
+        });
+    exchange_parts(
+        ex, part, all_rounds, [&](int j) { return ins[static_cast<size_t>(j)].nbytes(); },
+        [&](int i) { return outs[static_cast<size_t>(i)].nbytes(); },
+        [&](int j) { return bytes_of(ins[static_cast<size_t>(j)]); },
+        [&](int i, size_t off, const uint8_t* src, size_t len) {
+          std::memcpy(bytes_of(outs[static_cast<size_t>(i)]) + off, src, len);
+        });
+  });
+}
+
+Work ProcessGroupShm::do_barrier(const OpContext& ctx) {
+  return enqueue(ctx, {}, [](ShmExchange& ex) {
+    if (ex.size() == 1) return;
+    exchange_round(
+        ex, 0, [](uint8_t*) {}, [](int) {});
+  });
+}
+
+// ---- point-to-point, over the internal Gloo group
+
+Work ProcessGroupShm::do_send(const Tensor& tensor, int dst, uint64_t tag, const OpContext& ctx) {
+  return impl_->p2p->do_send(tensor, dst, tag, ctx);
+}
+
+Work ProcessGroupShm::do_recv(const Tensor& tensor, int src, uint64_t tag, const OpContext& ctx) {
+  return impl_->p2p->do_recv(tensor, src, tag, ctx);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroupShm::make_subgroup(std::shared_ptr<Store> store, int rank,
+                                                             int size,
+                                                             ProcessGroupOptions options) {
+  return create(std::move(store), rank, size, std::move(options), shm_options_);
+}
+
+}  // namespace gradwire::c10d
