@@ -12,6 +12,7 @@
 #include "gradwire/autograd/variable.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/thread_pool.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/ddp/comm_hooks.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
@@ -32,6 +33,10 @@ std::string join_names(const std::vector<std::string>& names, const std::vector<
     out << "'" << names[idx[i]] << "'";
   }
   return out.str();
+}
+
+uint64_t bucket_bytes(const Tensor& buffer) {
+  return static_cast<uint64_t>(buffer.nbytes());
 }
 
 }  // namespace
@@ -234,9 +239,13 @@ void Reducer::reset_pass() {
     b.pending = b.params.size();
     b.launched = false;
     b.result = Future<Tensor>();
+    b.first_grad_ns = 0;
+    b.launch_ns = 0;
+    b.done_ns = nullptr;
   }
   next_bucket_ = 0;
   first_hook_seen_ = false;
+  pass_start_ns_ = 0;
   sink_ = nullptr;
 }
 
@@ -245,6 +254,7 @@ void Reducer::hook(size_t index, autograd::LeafGradient& g) {
   autograd::NoGradGuard no_grad;
   if (!first_hook_seen_) {
     first_hook_seen_ = true;
+    if (trace::enabled()) pass_start_ns_ = trace::now_ns();
     // Every leaf of one pass shares the pass's sink (or none).
     sink_ = g.sink;
     autograd::queue_callback([this] { finalize(); });
@@ -284,6 +294,7 @@ void Reducer::mark_ready(size_t index, autograd::LeafGradient* g) {
   if (!rebuilt_) arrival_.push_back(index);
   auto [b, slot] = locator_[index];
   Bucket& bucket = buckets_[b];
+  if (bucket.first_grad_ns == 0 && trace::enabled()) bucket.first_grad_ns = trace::now_ns();
   Tensor& view = bucket.views[slot];
   Tensor grad = local_gradient(index, g);
   if (g && g->produced) local_used_[index] = 1;
@@ -300,7 +311,16 @@ void Reducer::mark_ready(size_t index, autograd::LeafGradient* g) {
       g->grad = view;
     }
   }
-  if (--bucket.pending == 0) launch_ready_buckets();
+  if (--bucket.pending == 0) {
+    if (bucket.first_grad_ns != 0) {
+      trace::complete("ddp.bucket_ready", "ddp", bucket.first_grad_ns, trace::now_ns(),
+                      {trace::Arg("bucket", static_cast<uint64_t>(b)),
+                       trace::Arg("bytes", bucket_bytes(bucket.buffer)),
+                       trace::Arg("params", static_cast<uint64_t>(bucket.params.size())),
+                       trace::Arg("rank", group_->rank())});
+    }
+    launch_ready_buckets();
+  }
 }
 
 GradBucket Reducer::make_grad_bucket(size_t b, const Tensor& buffer,
@@ -325,14 +345,38 @@ void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
     GradBucket gb = make_grad_bucket(next_bucket_, bucket.buffer, bucket.views);
+    if (trace::enabled()) bucket.launch_ns = trace::now_ns();
     bucket.result = comm_hook_(gb);
     bucket.launched = true;
+    if (bucket.launch_ns != 0) {
+      // The completion's time; finalize() records the span (so that it ends within the pass,
+      // even when this continuation runs after finalize() woke up).
+      bucket.done_ns = std::make_shared<std::atomic<int64_t>>(0);
+      gradwire::detail::on_complete_inline(
+          bucket.result, [done = bucket.done_ns](const Future<Tensor>&) {
+            done->store(trace::now_ns(), std::memory_order_release);
+          });
+    }
     ++next_bucket_;
   }
 }
 
 void Reducer::finalize() {
   autograd::NoGradGuard no_grad;
+  // The pass's reducer work, from its first gradient hook to the gradients written back
+  // (recorded as the function returns or throws).
+  struct PassSpan {
+    int64_t start_ns;
+    int rank;
+    uint64_t buckets;
+    ~PassSpan() {
+      if (start_ns != 0) {
+        trace::complete("ddp.backward", "ddp", start_ns, trace::now_ns(),
+                        {trace::Arg("rank", rank), trace::Arg("buckets", buckets)});
+      }
+    }
+  } pass_span{pass_start_ns_, group_->rank(), static_cast<uint64_t>(buckets_.size())};
+  const trace::Span finalize_span("ddp.finalize", "ddp", trace::Arg("rank", group_->rank()));
   // Stays disarmed if the pass fails; a successful one re-arms for another pass over the
   // same forward (a retained graph).
   expect_hooks_ = false;
@@ -365,9 +409,18 @@ void Reducer::finalize() {
     }
   }
   std::exception_ptr failure;
-  for (Bucket& bucket : buckets_) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
     try {
       Tensor result = bucket.result.get(wait_timeout());
+      if (bucket.launch_ns != 0) {
+        // Completed no later than now; earlier if its continuation has run already.
+        const int64_t done = bucket.done_ns->load(std::memory_order_acquire);
+        trace::complete(
+            "ddp.allreduce", "ddp", bucket.launch_ns, done != 0 ? done : trace::now_ns(),
+            {trace::Arg("bucket", static_cast<uint64_t>(b)),
+             trace::Arg("bytes", bucket_bytes(bucket.buffer)), trace::Arg("rank", group_->rank())});
+      }
       if (!result.is_same(bucket.buffer)) bucket.buffer.copy_(result.view({-1}));
     } catch (...) {
       if (!failure) failure = std::current_exception();

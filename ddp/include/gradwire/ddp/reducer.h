@@ -68,6 +68,7 @@
 //   loss.backward();                    // params' grads now hold the averages
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -149,6 +150,11 @@ class Reducer {
     size_t pending{0};
     Future<Tensor> result;
     bool launched{false};
+    // Tracing (0 and null while it is off): the pass's first gradient for this bucket, its
+    // launch, and when its result completed (set by the result's continuation).
+    int64_t first_grad_ns{0};
+    int64_t launch_ns{0};
+    std::shared_ptr<std::atomic<int64_t>> done_ns;
   };
 
   std::vector<std::vector<size_t>> assign(const std::vector<size_t>& order) const;
@@ -189,6 +195,7 @@ class Reducer {
   size_t next_bucket_{0};
   bool expect_hooks_{false};
   bool first_hook_seen_{false};
+  int64_t pass_start_ns_{0};  // tracing: the pass's first hook (0: not traced)
   bool require_sync_{true};
   bool rebuilt_{false};
   bool rebuild_pending_{false};
