@@ -86,6 +86,8 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   void fail(tp::Error error);
 
  private:
+  // Records the set-up span (trace_start_ns_) with its outcome, once.
+  void trace_setup(const char* outcome);
   // kRingSetup: a "local" server waits for the client's ring segment. kVerifying: a server
   // waits for verify_peer's answer about the client's claimed identity.
   enum class State { kConnecting, kHandshake, kRingSetup, kPrefetch, kVerifying, kOpen, kClosed };
@@ -198,6 +200,10 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   tp::Error error_;
   uint32_t events_ = 0;
   uint64_t deadline_ = 0;
+  // now_ns() when the connection began, while tracing was on (0: not traced): its set-up is
+  // recorded as one span, rpc.connect or rpc.accept, when it opens or fails (stream_gate.cc).
+  int64_t trace_start_ns_ = 0;
+  int64_t trace_handshake_ns_ = 0;  // the handshake's end (0: not reached)
   bool reading_paused_ = false;
   std::unique_ptr<char[]> staging_;
   size_t staged_begin_ = 0;

@@ -7,6 +7,7 @@
 #include <tensorpipe/transport/error.h>
 
 #include "gradwire/core/printable.h"
+#include "gradwire/core/trace.h"
 
 // The handshake gate of a connection (stream_connection.h).
 namespace gradwire::rpc::transport::detail {
@@ -14,6 +15,7 @@ namespace gradwire::rpc::transport::detail {
 void ConnImpl::start(bool connecting, int connect_error, ReadyFn on_ready,
                      const std::string& bad_address) {
   on_ready_ = std::move(on_ready);
+  if (trace::enabled()) trace_start_ns_ = trace::now_ns();
   if (core_->closed) {
     fail(tp::Error(std::make_shared<tp::transport::ContextClosedError>(), "gradwire transport", 0));
     return;
@@ -84,6 +86,7 @@ void ConnImpl::send_handshake_output() {
 }
 
 void ConnImpl::on_handshake_done() {
+  if (trace_start_ns_ != 0) trace_handshake_ns_ = trace::now_ns();
   const bool rings = core_->options.family == StreamOptions::Family::kLocal;
   if (role_ == Role::kClient) {
     if (rings) {
@@ -117,8 +120,30 @@ void ConnImpl::begin_prefetch() {
   reads_.push_front(std::move(op));
 }
 
+void ConnImpl::trace_setup(const char* outcome) {
+  if (trace_start_ns_ == 0) return;
+  const int64_t start = trace_start_ns_;
+  trace_start_ns_ = 0;
+  const char* family = core_->options.family == StreamOptions::Family::kLocal  ? "local"
+                       : core_->options.family == StreamOptions::Family::kUnix ? "unix"
+                                                                               : "tcp";
+  // The client names the address it dialled; the server, the worker the peer claimed in its
+  // handshake (its address when it claimed none).
+  const PeerIdentity& claim = handshake_.peer();
+  const trace::Text peer{"peer",
+                         role_ == Role::kServer && !claim.name.empty() ? claim.name : peer_};
+  const int64_t handshake_us = trace_handshake_ns_ == 0 ? -1 : (trace_handshake_ns_ - start) / 1000;
+  trace::complete(role_ == Role::kClient ? "rpc.connect" : "rpc.accept", "rpc", start,
+                  trace::now_ns(),
+                  {trace::Arg("transport", family), trace::Arg("outcome", outcome),
+                   trace::Arg("handshake_us", handshake_us),
+                   trace::Arg("secret", core_->options.secret.empty() ? 0 : 1)},
+                  &peer);
+}
+
 void ConnImpl::finish_opening() {
   state_ = State::kOpen;
+  trace_setup("open");
   {
     MutexLock lock(write_mutex_);
     direct_fd_ = fd_;
@@ -189,6 +214,7 @@ void ConnImpl::begin_verify() {
 
 void ConnImpl::fail(tp::Error error) {
   if (state_ == State::kClosed) return;
+  if (state_ != State::kOpen) trace_setup(role_ == Role::kServer ? "refused" : "failed");
   state_ = State::kClosed;
   error_ = error;
   if (deadline_ != 0) {
