@@ -7,6 +7,7 @@
 
 #include "gradwire/core/logging.h"
 #include "gradwire/core/printable.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/rpc/value_walk.h"
 #include "proto/rref.pb.h"
 
@@ -64,6 +65,56 @@ bool is_busy(const std::exception_ptr& error) {
 
 std::string parse_error(const char* what) {
   return std::string("malformed rref message: ") + what;
+}
+
+// A protocol message as trace spans name it: its operation and the reference it is about
+// (0 when it names none: a loss notice, an accept of forks).
+struct TracedOp {
+  const char* op;
+  uint64_t rref_id;
+};
+
+TracedOp traced_op(const wire::RRefMessage& message) {
+  switch (message.op_case()) {
+    case wire::RRefMessage::kCreate:
+      return {"create", message.create().rref_id()};
+    case wire::RRefMessage::kFetch:
+      return {"fetch", message.fetch().rref_id()};
+    case wire::RRefMessage::kCallMethod:
+      return {"call_method", message.call_method().rref_id()};
+    case wire::RRefMessage::kAddFork:
+      return {"add_fork", message.add_fork().rref_id()};
+    case wire::RRefMessage::kLost:
+      return {"lost", 0};
+    case wire::RRefMessage::kChildAccepted:
+      return {"child_accepted", 0};
+    case wire::RRefMessage::kDeleteFork:
+      return {"delete", message.delete_fork().rref_id()};
+    case wire::RRefMessage::OP_NOT_SET:
+      break;
+  }
+  return {"none", 0};
+}
+
+uint64_t local_part(uint64_t id) {
+  return id & ((uint64_t{1} << rpc::kIdMinterShift) - 1);
+}
+
+// Records a span of a protocol message (rref.send on its sender, rref.handle on its
+// receiver), whose `op` is known.
+void record_message(const char* name, int64_t start_ns, const TracedOp& op, int peer,
+                    const char* outcome) {
+  trace::complete(name, "rref", start_ns, trace::now_ns(),
+                  {trace::Arg("op", op.op), trace::Arg("rref_worker", minter_of(op.rref_id)),
+                   trace::Arg("rref_local", local_part(op.rref_id)), trace::Arg("peer", peer),
+                   trace::Arg("outcome", outcome)});
+}
+
+// What a handled message's reply says: done (ok or error), or still running (a creation or
+// a call whose user code runs on).
+const char* handled_outcome(const Future<Value>& reply) {
+  if (!reply.completed()) return "running";
+  return reply.has_error() ? "error" : "ok";
 }
 
 }  // namespace
@@ -254,7 +305,18 @@ Future<Value> RRefContext::send(
   Future<Value> result;
   result.set_default_timeout(rpc::RpcAgent::wait_bound(agent->effective_timeout(options)));
   std::weak_ptr<RRefContext> weak = weak_from_this();
-  auto done = [weak](RRefContext& self) {
+  // Tracing: the message from its send to its reply (rref.send).
+  TracedOp traced{nullptr, 0};
+  int64_t start_ns = 0;
+  if (trace::enabled()) {
+    wire::RRefMessage message;
+    if (message.ParseFromString(payload)) {
+      traced = traced_op(message);
+      start_ns = trace::now_ns();
+    }
+  }
+  auto done = [weak, traced, start_ns, peer = to.id](RRefContext& self, bool failed) {
+    if (start_ns != 0) record_message("rref.send", start_ns, traced, peer, failed ? "error" : "ok");
     MutexLock lock(self.mutex_);
     --self.in_flight_;
     self.cv_.notify_all();
@@ -273,10 +335,11 @@ Future<Value> RRefContext::send(
                             }
                             result.try_set_value(std::move(value));
                           }
-                          if (auto self = weak.lock()) done(*self);
+                          const bool failed = error != nullptr;
+                          if (auto self = weak.lock()) done(*self, failed);
                         });
   } catch (...) {
-    done(*this);
+    done(*this, true);
     throw;
   }
   return result;
@@ -1145,7 +1208,22 @@ Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& re
         parse_error(runs_user_code ? "a creation, fetch or method call sent to the control handler"
                                    : "a control message sent to the call handler"));
   }
-  return dispatch(ctx, request, message);
+  if (!trace::enabled()) return dispatch(ctx, request, message);
+  // Tracing: the message's handling here (rref.handle), until its reply is ready or its
+  // user code goes on running.
+  const TracedOp traced = traced_op(message);
+  const int64_t start_ns = trace::now_ns();
+  try {
+    Future<Value> reply = dispatch(ctx, request, message);
+    record_message("rref.handle", start_ns, traced, caller.id, handled_outcome(reply));
+    return reply;
+  } catch (const CallRejected&) {
+    record_message("rref.handle", start_ns, traced, caller.id, "refused");
+    throw;
+  } catch (...) {
+    record_message("rref.handle", start_ns, traced, caller.id, "error");
+    throw;
+  }
 }
 
 Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& request,
