@@ -1,9 +1,11 @@
 #include "gradwire/dist_optim/distributed_optimizer.h"
 
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "gradwire/autograd/grad_mode.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 
 namespace gradwire::dist_optim {
@@ -51,6 +53,10 @@ Shard::Shard(const StateDict& spec, const std::vector<RRef<Tensor>>& params) {
 }
 
 int64_t Shard::step(const rpc::CallContext& ctx, uint64_t context_id) {
+  trace::Span span("dist_optim.owner_step", "dist_optim", trace::Arg("context_id", context_id),
+                   trace::Arg("caller", ctx.caller().id),
+                   trace::Arg("request_id", ctx.request_id()),
+                   trace::Arg("params", static_cast<uint64_t>(params_.size())));
   const dist_autograd::Gradients grads = dist_autograd::get_gradients(*ctx.agent(), context_id);
   std::vector<Tensor> matched;
   int64_t found = 0;
@@ -59,9 +65,15 @@ int64_t Shard::step(const rpc::CallContext& ctx, uint64_t context_id) {
     matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
     found += matched.back().defined() ? 1 : 0;
   }
+  span.arg(trace::Arg("with_grad", found));
   std::shared_ptr<StepLock> lock = ctx.agent()->attachment<StepLock>();
+  std::optional<trace::Span> waiting;
+  if (trace::enabled()) {
+    waiting.emplace("dist_optim.wait_lock", "dist_optim", trace::Arg("context_id", context_id));
+  }
   MutexLock serialised(lock->mutex);
   MutexLock mine(mutex_);
+  waiting.reset();
   autograd::NoGradGuard no_grad;
   optimizer_->step(params_, matched);
   return found;
@@ -123,6 +135,8 @@ DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict
 }
 
 void DistributedOptimizer::step(uint64_t context_id) {
+  trace::Span span("dist_optim.step", "dist_optim", trace::Arg("context_id", context_id),
+                   trace::Arg("owners", static_cast<uint64_t>(shards_.size())));
   std::vector<Future<int64_t>> steps;
   for (auto& shard : shards_)
     steps.push_back(shard.rpc_async<int64_t>("step", context_id));
@@ -134,6 +148,7 @@ void DistributedOptimizer::step(uint64_t context_id) {
       if (first == nullptr) first = std::current_exception();
     }
   }
+  span.arg(trace::Arg("error", first != nullptr ? 1 : 0));
   if (first != nullptr) std::rethrow_exception(first);
 }
 
