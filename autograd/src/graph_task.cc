@@ -9,6 +9,7 @@
 #include "gradwire/autograd/accumulate_grad.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/core/check.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/tensor/dtype.h"
 #include "gradwire/tensor/factory.h"
 
@@ -231,6 +232,20 @@ struct GraphTask::Impl {
   // Runs one node (outside the task's lock); returns the gradients for its next edges.
   std::vector<Tensor> run_node(Node* node, std::vector<Tensor>& inputs,
                                const std::vector<size_t>& captures, bool runs) {
+    // The node's run as a trace span, when this task is a traced part of a context.
+    struct NodeSpan {
+      Node* node;
+      uint64_t context;
+      int64_t start_ns;
+      ~NodeSpan() {
+        if (start_ns == 0) return;
+        const std::string name = node->name();
+        const trace::Text text{"node", name};
+        trace::complete("dist_autograd.node", "dist_autograd", start_ns, trace::now_ns(),
+                        {trace::Arg("context_id", context)}, &text);
+      }
+    } span{node, options.trace_context,
+           runs && options.trace_context != 0 && trace::enabled() ? trace::now_ns() : 0};
     inputs.resize(std::max(inputs.size(), node->num_inputs()));
     node->run_pre_hooks(inputs);
     if (!captures.empty()) {

@@ -34,6 +34,7 @@
 #include "functions.h"
 #include "gradwire/core/future.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/ids.h"

@@ -23,6 +23,7 @@ std::shared_ptr<autograd::GraphTask> Container::start_part(
   options.retain_graph = retain_graph;
   pass.sink = std::make_shared<PassSink>(state->sink);
   options.sink = pass.sink;
+  options.trace_context = state->id;
   pass.task = std::make_shared<autograd::GraphTask>(options);
   gradwire::detail::forward_completion(pass.task->completion(), pass.outcome);
   std::weak_ptr<ContextState> weak = state;
@@ -92,6 +93,10 @@ Future<std::set<int>> Container::discover(const std::shared_ptr<ContextState>& s
 }
 
 Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Discover& d) {
+  // Taking part and telling the workers further on (their answers come later).
+  const trace::Span span("dist_autograd.discover_recv", "dist_autograd",
+                         trace::Arg("context_id", d.context_id()), trace::Arg("caller", caller.id),
+                         trace::Arg("sends", static_cast<int64_t>(d.message_ids_size())));
   std::shared_ptr<ContextState> state = get_for(d.context_id(), caller, "discovery");
   std::vector<std::shared_ptr<SendBackward>> sends;
   for (uint64_t m : d.message_ids())

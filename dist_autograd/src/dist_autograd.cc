@@ -35,6 +35,8 @@ Context::Context(rpc::RpcAgent& agent) : previous_(t_context) {
 
 Context::~Context() {
   t_context = previous_;
+  // The context's end here and on every worker it reached.
+  const trace::Span span("dist_autograd.release", "dist_autograd", trace::Arg("context_id", id_));
   try {
     std::shared_ptr<Container> container = Container::of(*agent_);
     if (!container->release(id_, -1).wait(container->agent_wait())) {
@@ -86,6 +88,8 @@ Gradients get_gradients(uint64_t context_id) {
   return get_gradients(default_agent_ref(), context_id);
 }
 void release(rpc::RpcAgent& agent, uint64_t context_id) {
+  const trace::Span span("dist_autograd.release", "dist_autograd",
+                         trace::Arg("context_id", context_id));
   std::shared_ptr<Container> container = Container::of(agent);
   container->get(context_id);
   container->release(context_id, -1).wait(container->agent_wait());

@@ -33,6 +33,10 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
   }
   const uint64_t pass_id = mint();
   const Clock::time_point deadline = deadline_after(options.timeout);
+  // The whole pass as the initiator sees it, its release of a failed pass included.
+  trace::Span span("dist_autograd.backward", "dist_autograd", trace::Arg("context_id", ctx),
+                   trace::Arg("pass_id", pass_id),
+                   trace::Arg("roots", static_cast<uint64_t>(roots.size())));
   try {
     std::shared_ptr<rpc::RpcAgent> agent = this->agent();
     std::shared_ptr<autograd::GraphTask> task = start_part(state, pass_id, options.retain_graph);
@@ -46,9 +50,15 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
                           " did not finish within " + std::to_string(options.timeout.count()) +
                           " ms (BackwardOptions::timeout)");
     };
+    const int64_t discovery_ns = trace::enabled() ? trace::now_ns() : 0;
     Future<std::set<int>> found = discover(state, pass_id, edges, options.retain_graph);
     if (!found.wait(time_left(deadline))) throw timed_out();
     const std::set<int> workers = found.value();
+    if (discovery_ns != 0) {
+      trace::complete("dist_autograd.discovery", "dist_autograd", discovery_ns, trace::now_ns(),
+                      {trace::Arg("context_id", ctx), trace::Arg("pass_id", pass_id),
+                       trace::Arg("workers", static_cast<uint64_t>(workers.size()))});
+    }
     // Every part reports when it is done; the first failure ends the pass.
     std::vector<Future<void>> parts;
     for (int w : workers) {
@@ -66,10 +76,17 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     } catch (...) {
       // The task holds the error; the wait below reports it.
     }
-    if (!all.wait(time_left(deadline))) throw timed_out();
+    {
+      // The initiator waits for every worker's part (its own included) to end.
+      const trace::Span wait("dist_autograd.wait", "dist_autograd", trace::Arg("context_id", ctx),
+                             trace::Arg("pass_id", pass_id),
+                             trace::Arg("workers", static_cast<uint64_t>(workers.size())));
+      if (!all.wait(time_left(deadline))) throw timed_out();
+    }
     all.value();
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
+    span.arg(trace::Arg("error", 1));
     // Every worker the pass reached takes back what it gave and records the failure
     // before backward reports it (so a step right after it cannot use partial gradients).
     // The wait is the pass's: bounded by what is left of its deadline (plus a small margin,
@@ -87,6 +104,7 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     std::rethrow_exception(error);
   }
   end_pass(*state, pass_id);
+  span.arg(trace::Arg("error", 0));
 }
 
 void Container::propagate(const RecvBackward& recv, std::vector<Tensor>&& grads) {
@@ -102,6 +120,15 @@ void Container::propagate(const RecvBackward& recv, std::vector<Tensor>&& grads)
     throw Error(
         "dist_autograd: a recv function ran outside a distributed backward pass (use "
         "dist_autograd::backward, not autograd::backward, on a graph with remote calls)");
+  }
+  // Handing the gradients to the rpc agent (its rpc.call span follows them to the receiver).
+  trace::Span span("dist_autograd.propagate", "dist_autograd", trace::Arg("context_id", state->id),
+                   trace::Arg("peer", recv.from().id), trace::Arg("message_id", recv.message_id()));
+  if (span.active()) {
+    uint64_t bytes = 0;
+    for (const Tensor& g : grads)
+      bytes += g.defined() ? g.nbytes() : 0;
+    span.arg(trace::Arg("bytes", bytes));
   }
   wire::DistAutogradMessage message;
   wire::Propagate* p = message.mutable_propagate();
@@ -153,6 +180,16 @@ std::exception_ptr Container::undelivered(const std::exception_ptr& error, const
 
 Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Propagate& p,
                                       const std::vector<Value>& args) {
+  // Taking the gradients (what they make ready runs afterwards, as dist_autograd.node spans).
+  trace::Span span("dist_autograd.propagate_recv", "dist_autograd",
+                   trace::Arg("context_id", p.context_id()), trace::Arg("caller", caller.id),
+                   trace::Arg("message_id", p.message_id()));
+  if (span.active()) {
+    uint64_t bytes = 0;
+    for (const Value& g : args)
+      bytes += g.type() == rpc::ValueType::kTensor ? g.as_tensor().nbytes() : 0;
+    span.arg(trace::Arg("bytes", bytes));
+  }
   std::shared_ptr<ContextState> state = get_for(p.context_id(), caller, "gradient");
   std::shared_ptr<SendBackward> send = send_from(*state, p.message_id(), caller, "gradient");
   std::shared_ptr<autograd::GraphTask> task;

@@ -138,6 +138,8 @@ Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Releas
     return make_ready_future(Value());
   }
   get_for(id, caller, "release");
+  trace::instant("dist_autograd.release_recv", "dist_autograd",
+                 {trace::Arg("context_id", id), trace::Arg("caller", caller.id)});
   std::string lost;
   if (!r.lost().empty()) lost = printable(r.lost(), kMaxReasonBytes);
   return release(id, caller.id, lost).then(agent()->executor(), [](Future<void>) {

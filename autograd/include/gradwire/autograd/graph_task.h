@@ -50,6 +50,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -70,6 +71,10 @@ struct ExecuteOptions {
   std::vector<Edge> capture;
   // Where leaf gradients go when capture is empty; null means each leaf's .grad.
   std::shared_ptr<GradientSink> sink;
+  // Non-zero: the distributed autograd context this task is a part of. While tracing is on
+  // (gradwire::trace), each node that runs is then recorded as a span dist_autograd.node
+  // (the node's name, this context id). Zero: nothing is recorded.
+  uint64_t trace_context = 0;
 };
 
 class GraphTask {
