@@ -23,6 +23,15 @@
 //                              kSteps timed steps after kWarmup and a barrier: all
 //                              trainers' samples over the window from the first start to
 //                              the last end; PyTorch's for the same counts
+//   ps.samples_per_s_traced    one trainer's samples per second with gradwire::trace recording
+//                              in both processes; baseline: the same steps with tracing off,
+//                              in blocks of kBlockSteps that alternate with the traced ones in
+//                              the same processes (params.untraced_samples_per_s), and their
+//                              ratio. The cost of tracing compiled in but off is estimated as
+//                              (events recorded per traced step, both processes) x (a
+//                              disabled span's cost, measured here) / the untraced step
+//                              (params.off_cost_fraction): no build without tracing exists
+//                              to compare with.
 // Diagnostics in params: the trainers' median step and the medians of its phases
 // (forward_ms, backward_ms, optimizer_ms, release_ms), PyTorch's median step
 // (pytorch_step_ms), and the same step in one process without RPC (local_step_ms: the
@@ -39,9 +48,15 @@
 // Rounds: our configurations and the PyTorch peer (all three counts) run one after the
 // other, kRounds times, and each side keeps its best round per count, so that drift on a
 // shared machine favours neither.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -53,6 +68,7 @@
 #include "gradwire/c10d/store.h"
 #include "gradwire/c10d/tcp_store_server.h"
 #include "gradwire/core/future.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/dist_optim/distributed_optimizer.h"
 #include "gradwire/nn/loss.h"
@@ -81,6 +97,8 @@ constexpr int kWarmup = 20;  // untimed steps per trainer
 constexpr int kSteps = 300;  // timed steps per trainer
 constexpr int kTrainerCounts[] = {1, 2, 4};
 constexpr int kRounds = 3;
+constexpr int kTraceBlocks = 4;  // ps.samples_per_s_traced: traced blocks (as many untraced)
+constexpr int kBlockSteps = 60;  // steps per block
 
 void expect(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("ps bench: " + what);
@@ -285,6 +303,163 @@ double local_step_seconds() {
   set_num_threads(saved);
   return median(times);
 }
+
+// Complete events ("ph":"X") this process recorded, counted in the file trace::write makes.
+int64_t recorded_spans() {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("gradwire-ps-bench-" + std::to_string(::getpid()) + ".trace.json");
+  trace::write(path.string());
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  int64_t n = 0;
+  for (size_t at = text.find("\"ph\":\"X\""); at != std::string::npos;
+       at = text.find("\"ph\":\"X\"", at + 1))
+    ++n;
+  return n;
+}
+
+// Nanoseconds a span costs while tracing is off (what every recording site pays).
+double disabled_span_ns() {
+  trace::stop();
+  constexpr int kSpans = 2'000'000;
+  const double t0 = now_s();
+  for (int i = 0; i < kSpans; ++i) {
+    trace::Span span("bench.off", "bench", trace::Arg("i", i));
+  }
+  return (now_s() - t0) * 1e9 / kSpans;
+}
+
+// ps.samples_per_s_traced: ps (rank 0) and one trainer; the trainer alternates untraced and
+// traced blocks, turning the server's tracing on and off with it ("trace", which returns the
+// spans the server recorded in the block). Rank 0 returns the trainer's figures: seconds
+// untraced, seconds traced, spans per traced step, the disabled span's ns.
+std::vector<double> traced_body(std::shared_ptr<c10d::Store> store, int rank) {
+  set_num_threads(kThreads);
+  Future<RRef<ParameterServer>> server_ref;
+  rpc::Registry reg;
+  reg.def_class<ParameterServer>("ParameterServer")
+      .method("forward", &ParameterServer::forward)
+      .method("parameter_rrefs", &ParameterServer::parameter_rrefs);
+  reg.def("parameter_server", [server_ref] { return server_ref; });
+  reg.def("ping", [] { return int64_t{0}; });
+  reg.def("trace", [](int64_t on) {
+    if (on != 0) {
+      trace::clear();
+      trace::start();
+      return int64_t{0};
+    }
+    trace::stop();
+    const int64_t spans = recorded_spans();
+    trace::clear();
+    return spans;
+  });
+  rpc::AgentOptions options;
+  options.registry = &reg;
+  options.host = "127.0.0.1";
+  options.rpc_timeout = 120s;
+  options.num_worker_threads = kPoolThreads;
+  auto agent = rpc::make_tensorpipe_agent(rank == 0 ? "ps" : "trainer1", rank, 2, store, options);
+  std::vector<double> out;
+  if (rank == 0) {
+    server_ref.set_value(rref::make_local(*agent, std::make_shared<ParameterServer>(1)));
+    expect(agent->rpc_sync<int64_t>("trainer1", "ping") == 0, "ping");
+    store->set("connected", "1");
+    std::istringstream is(store->get_string("traced_figures", 300s));
+    double v = 0;
+    while (is >> v)
+      out.push_back(v);
+    expect(rref::wait_owned_values(*agent, 1, 60s), "references left on the server");
+  } else {
+    Generator gen(101);
+    std::vector<Tensor> xs, ys;
+    for (int b = 0; b < kBatches; ++b) {
+      xs.push_back(randn({kBatch, kIn}, &gen));
+      ys.push_back(randint(0, kOut, {kBatch}, &gen));
+    }
+    store->wait({"connected"}, 120s);
+    double seconds[2] = {0, 0};
+    int64_t spans = 0;
+    {
+      auto ps = agent->rpc_sync<RRef<ParameterServer>>("ps", "parameter_server");
+      dist_optim::DistributedOptimizer optimizer(
+          *agent, optim::SGDOptions{.lr = kLr},
+          ps.rpc_sync<std::vector<RRef<Tensor>>>("parameter_rrefs"));
+      auto step = [&](int i) {
+        const size_t b = static_cast<size_t>(i % kBatches);
+        Tensor loss;
+        {
+          dist_autograd::Context ctx(*agent);
+          const Tensor logits = ps.rpc_sync<Tensor>("forward", xs[b]);
+          loss = nn::cross_entropy(logits, ys[b]);
+          dist_autograd::backward(*agent, ctx.id(), {loss});
+          optimizer.step(ctx.id());
+        }
+        return loss.item<double>();
+      };
+      for (int i = 0; i < kWarmup; ++i)
+        step(i);
+      for (int block = 0; block < 2 * kTraceBlocks; ++block) {
+        const int on = block % 2;
+        if (on) {
+          agent->rpc_sync<int64_t>("ps", "trace", int64_t{1});
+          trace::clear();
+          trace::start();
+        }
+        const double t0 = now_s();
+        for (int i = 0; i < kBlockSteps; ++i)
+          step(i);
+        seconds[on] += now_s() - t0;
+        if (on) {
+          trace::stop();
+          spans += recorded_spans();
+          trace::clear();
+          spans += agent->rpc_sync<int64_t>("ps", "trace", int64_t{0});
+        }
+      }
+    }
+    const double span_ns = disabled_span_ns();
+    std::ostringstream os;
+    os.precision(17);
+    os << seconds[0] << ' ' << seconds[1] << ' '
+       << static_cast<double>(spans) / (kTraceBlocks * kBlockSteps) << ' ' << span_ns;
+    rref::wait_idle(*agent, 60s);
+    store->set("traced_figures", std::string_view(os.str()));
+  }
+  agent->shutdown();
+  return out;
+}
+
+const Register ps_traced_bench({"ps.samples_per_s_traced"}, [](const auto& emit) {
+  c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  const std::vector<double> r =
+      run_rank_processes(server.port(), "ps_traced", 2, traced_body, "ps traced");
+  expect(r.size() == 4, "the server returned " + std::to_string(r.size()) + " traced figures");
+  const double samples = static_cast<double>(kTraceBlocks) * kBlockSteps * kBatch;
+  const double untraced = samples / r[0];
+  const double traced = samples / r[1];
+  const double untraced_step_ns = r[0] * 1e9 / (kTraceBlocks * kBlockSteps);
+  Figure f{"ps.samples_per_s_traced", traced, "samples/s", {}};
+  f.params.push_back({"trainers", 1.0});
+  f.params.push_back({"untraced_samples_per_s", untraced});
+  f.params.push_back({"ratio", traced / untraced});
+  f.params.push_back({"on_cost_fraction", 1.0 - traced / untraced});
+  f.params.push_back({"spans_per_step", r[2]});
+  f.params.push_back({"disabled_span_ns", r[3]});
+  f.params.push_back({"off_cost_fraction", r[2] * r[3] / untraced_step_ns});
+  f.params.push_back(
+      {"statistic", "one trainer, the ps.samples_per_s step; " + std::to_string(kTraceBlocks) +
+                        " traced and as many untraced blocks of " + std::to_string(kBlockSteps) +
+                        " steps, alternating in the same two processes; tracing on in both "
+                        "(trace::start, the server's by an rpc between blocks)"});
+  f.params.push_back({"off_cost",
+                      "estimate: spans recorded per traced step (trainer and server) x a "
+                      "disabled span's ns (measured in the trainer) / the untraced step"});
+  f.params.push_back({"target_ratio_min", 0.95});
+  f.params.push_back({"target_off_cost_fraction_max", 0.005});
+  emit(f);
+});
 
 const Register ps_bench({"ps.samples_per_s", "ps.samples_per_s_trainers"}, [](const auto& emit) {
   const double inf = std::numeric_limits<double>::infinity();
