@@ -17,7 +17,13 @@
 // without it, the round trip goes through a temporary directory under $TMPDIR (or /tmp)
 // that is removed afterwards, so a run leaves nothing in the working directory.
 //
-//   gradwire-train-mlp [--steps N] [--shards K | --processes P] [--save PATH]
+// --trace DIR records trace spans (docs/observability.md) into DIR/train-mlp.trace.json
+// (threads) or DIR/rank<R>.trace.json (each process): every training step is a span "step"
+// (category train, argument step: 1, 2, ...) holding train.forward, train.backward (the
+// gradients' all_reduce included, with processes) and train.optimizer.
+//
+//   gradwire-train-mlp [--steps N] [--shards K | --processes P] [--save PATH] [--trace DIR]
+#include <gradwire/core/trace.h>
 #include <gradwire/gradwire.h>
 
 #include "../common/args.h"
@@ -46,11 +52,12 @@ struct Options {
   int shards = 4;
   int processes = 0;      // 0: threads
   std::string save_path;  // empty: a temporary file, removed after the round trip
+  std::string trace;      // --trace DIR: trace files written there
 };
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  examples::Args args(argc, argv, "--steps N, --shards K, --processes P, --save PATH");
+  examples::Args args(argc, argv, "--steps N, --shards K, --processes P, --save PATH, --trace DIR");
   while (args.next()) {
     if (args.is("--steps")) {
       o.steps = static_cast<int>(args.integer(1, 1000000));
@@ -60,6 +67,9 @@ Options parse_args(int argc, char** argv) {
       o.processes = static_cast<int>(args.integer(1, 16));
     } else if (args.is("--save")) {
       o.save_path = args.value();
+    } else if (args.is("--trace")) {
+      o.trace = args.value();
+      if (o.trace.empty()) throw InvalidArgument("--trace needs a directory, got an empty one");
     } else {
       args.unknown();
     }
@@ -117,6 +127,10 @@ int finish(nn::MLP& net, const Tensor& test_x, const Tensor& test_y, const Optio
 // One rank of the multi-process run.
 int train_rank(int rank, const Options& opt, const std::string& store_path) {
   using namespace std::chrono_literals;
+  if (!opt.trace.empty()) {
+    trace::set_process_name("rank" + std::to_string(rank));
+    trace::start(opt.trace);
+  }
   auto store = std::make_shared<c10d::FileStore>(
       c10d::FileStoreOptions{.path = store_path, .num_workers = opt.processes, .timeout = 60s});
   auto group = c10d::ProcessGroupGloo::create(store, rank, opt.processes,
@@ -131,17 +145,29 @@ int train_rank(int rank, const Options& opt, const std::string& store_path) {
   const double total = static_cast<double>(train_x.size(0));
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < opt.steps; ++step) {
+    const trace::Span step_span("step", "train", trace::Arg("step", step + 1));
     adam.zero_grad();
-    Tensor loss = nn::cross_entropy(net(x), y) * (x.size(0) / total);
-    loss.backward();
-    std::vector<Tensor> grads;
-    for (const Tensor& p : net.parameters())
-      grads.push_back(p.grad());
-    // The shards' gradients, summed: the full-batch gradient, on every rank.
-    Tensor loss_sum = loss.detach().reshape({1});
-    grads.push_back(loss_sum);
-    group->all_reduce(grads).wait();
-    adam.step();
+    Tensor loss;
+    {
+      const trace::Span phase("train.forward", "train");
+      loss = nn::cross_entropy(net(x), y) * (x.size(0) / total);
+    }
+    Tensor loss_sum;
+    {
+      const trace::Span phase("train.backward", "train");
+      loss.backward();
+      std::vector<Tensor> grads;
+      for (const Tensor& p : net.parameters())
+        grads.push_back(p.grad());
+      // The shards' gradients, summed: the full-batch gradient, on every rank.
+      loss_sum = loss.detach().reshape({1});
+      grads.push_back(loss_sum);
+      group->all_reduce(grads).wait();
+    }
+    {
+      const trace::Span phase("train.optimizer", "train");
+      adam.step();
+    }
     if (rank == 0 && (step % 100 == 0 || step == opt.steps - 1)) {
       std::printf("step %4d  loss %.4f  train accuracy %.3f\n", step, loss_sum.item<float>(),
                   accuracy(net, train_x, train_y));
@@ -184,6 +210,8 @@ int run_processes(const Options& opt) {
       int code = 2;
       try {
         code = train_rank(rank, opt, store_path);
+        // _exit skips the write at exit.
+        if (!opt.trace.empty()) trace::flush();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "train-mlp rank %d: %s\n", rank, e.what());
       }
@@ -209,6 +237,10 @@ int main(int argc, char** argv) {
   try {
     const Options opt = parse_args(argc, argv);
     if (opt.processes > 0) return run_processes(opt);
+    if (!opt.trace.empty()) {
+      trace::set_process_name("train-mlp");
+      trace::start(opt.trace);  // written at exit
+    }
     Generator gen(7);
     auto [train_x, train_y] = spiral(300, gen);
     auto [test_x, test_y] = spiral(100, gen);
@@ -222,12 +254,19 @@ int main(int argc, char** argv) {
     const double total = static_cast<double>(train_x.size(0));
     const auto start = std::chrono::steady_clock::now();
     for (int step = 0; step < opt.steps; ++step) {
+      const trace::Span step_span("step", "train", trace::Arg("step", step + 1));
       adam.zero_grad();
       std::vector<Future<double>> losses;
       for (size_t s = 0; s < xs.size(); ++s) {
+        // Each shard's phases on its pool thread.
         losses.push_back(pool->submit([&, s] {
           // mean over the shard x (shard size / batch size) = this shard's part of the mean.
-          Tensor loss = nn::cross_entropy(net(xs[s]), ys[s]) * (xs[s].size(0) / total);
+          Tensor loss;
+          {
+            const trace::Span phase("train.forward", "train", trace::Arg("shard", s));
+            loss = nn::cross_entropy(net(xs[s]), ys[s]) * (xs[s].size(0) / total);
+          }
+          const trace::Span phase("train.backward", "train", trace::Arg("shard", s));
           loss.backward();
           return loss.item<double>();
         }));
@@ -235,7 +274,10 @@ int main(int argc, char** argv) {
       double loss = 0;
       for (double part : collect_all(losses).get(std::chrono::seconds(60)))
         loss += part;
-      adam.step();
+      {
+        const trace::Span phase("train.optimizer", "train");
+        adam.step();
+      }
       if (step % 100 == 0 || step == opt.steps - 1) {
         std::printf("step %4d  loss %.4f  train accuracy %.3f\n", step, loss,
                     accuracy(net, train_x, train_y));
