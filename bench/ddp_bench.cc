@@ -15,6 +15,12 @@
 // gradients at once, nothing else running) and cpu_ms_per_step (rank 0's process CPU time,
 // every thread, per step).
 //
+// The same step over the shared-memory backend (ProcessGroupShm), in the same run:
+//   ddp.step_ms with params.backend "shm": 2 ranks, bucket_cap_mb 25, against the same
+//                           PyTorch and single-process figures (targets: <= 1.2x the
+//                           single-process step, <= PyTorch / 1.3), and 4 ranks (no PyTorch
+//                           figure: its peer runs two ranks).
+//
 // Threads: every process uses kThreads intra-op threads (gradwire::set_num_threads here and
 // in the ranks; torch.set_num_threads + OMP_NUM_THREADS + OPENBLAS_NUM_THREADS in the
 // PyTorch peer): with two ranks on a small machine, one per rank keeps the ranks from
@@ -37,6 +43,7 @@
 
 #include "bench.h"
 #include "gradwire/c10d/process_group_gloo.h"
+#include "gradwire/c10d/process_group_shm.h"
 #include "gradwire/c10d/tcp_store_server.h"
 #include "gradwire/ddp/ddp.h"
 #include "gradwire/nn/nn.h"
@@ -166,6 +173,41 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
   return out;
 }
 
+// One run of `world` ranks over shared memory, bucket_cap_mb kMainBucketMb: rank 0's median
+// step, CPU seconds per step and median all_reduce of every gradient at once.
+std::vector<double> shm_rank_body(std::shared_ptr<c10d::Store> store, int rank, int world) {
+  set_num_threads(kThreads);
+  auto group = c10d::ProcessGroupShm::create(
+      store, rank, world, {.timeout = 120s, .debug_level = c10d::DebugLevel::kOff},
+      {.gloo = {.host = "127.0.0.1"}});
+  const std::pair<Tensor, Tensor> data = batch(rank);
+  auto barrier = [&] { group->barrier().wait(); };
+  auto net = make_mlp();
+  ddp::DistributedDataParallel model(net, group, {.bucket_cap_mb = kMainBucketMb});
+  optim::SGD sgd(net->parameters(), optim::SGDOptions{.lr = 0.01});
+  auto step = [&] {
+    sgd.zero_grad();
+    nn::cross_entropy(model.forward(data.first), data.second).backward();
+    sgd.step();
+  };
+  std::vector<double> out(3);
+  out[0] = median_step(step, barrier, &out[1]);
+  int64_t numel = 0;
+  for (const Tensor& p : net->parameters())
+    numel += p.numel();
+  Tensor flat = full({numel}, Scalar(rank + 1), kFloat32);
+  group->all_reduce(flat).wait();
+  barrier();
+  std::vector<double> times;
+  for (int i = 0; i < kAllReduceCalls; ++i)
+    times.push_back(time_once([&] { group->all_reduce(flat).wait(); }));
+  out[2] = median(times);
+  barrier();
+  return out;
+}
+
+const std::vector<int> kShmWorlds = {2, 4};
+
 // Our single-process step of the same model on rank 0's batch, with kThreads threads.
 double single_step() {
   const int saved = get_num_threads();
@@ -195,6 +237,8 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
   double no_sync = inf, allreduce = inf, numel = nan, single = inf, theirs = inf;
   std::string why, version;
   bool have_theirs = true;
+  // Per kShmWorlds entry: best median step, its CPU per step, best all_reduce.
+  std::vector<std::vector<double>> shm(kShmWorlds.size(), {inf, nan, inf});
   const std::string n = std::to_string(kThreads);
   for (int r = 0; r < kRounds; ++r) {
     const std::vector<double> mine = run_rank_processes(
@@ -211,6 +255,23 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
         cpu[i] = mine[at + 2];
       }
       buckets[i] = mine[at + 1];
+    }
+    for (size_t w = 0; w < kShmWorlds.size(); ++w) {
+      const int world = kShmWorlds[w];
+      const std::vector<double> got = run_rank_processes(
+          server.port(), "ddp_shm" + std::to_string(world) + "_" + std::to_string(r), world,
+          [world](std::shared_ptr<c10d::Store> store, int rank) {
+            return shm_rank_body(store, rank, world);
+          },
+          "ddp shm");
+      if (got.size() != 3)
+        throw std::runtime_error("ddp bench: the shm ranks returned " + std::to_string(got.size()) +
+                                 " figures");
+      if (got[0] < shm[w][0]) {
+        shm[w][0] = got[0];
+        shm[w][1] = got[1];
+      }
+      shm[w][2] = std::min(shm[w][2], got[2]);
     }
     no_sync = std::min(no_sync, mine[RankFigures::no_sync()]);
     allreduce = std::min(allreduce, mine[RankFigures::all_reduce()]);
@@ -291,6 +352,38 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
   f.params.push_back({"target_ratio_to_pytorch_max", 0.5});
   f.params.push_back({"target_ratio_to_single_max", 1.6});
   emit(f);
+
+  for (size_t w = 0; w < kShmWorlds.size(); ++w) {
+    const int world = kShmWorlds[w];
+    const double shm_ms = shm[w][0] * 1e3;
+    Figure g{"ddp.step_ms", shm_ms, "ms", {}};
+    common(g.params);
+    for (auto& [key, value] : g.params) {
+      if (key == "ranks") value = double(world);
+      if (key == "backend") value = std::string("shm (ProcessGroupShm, processes on one host)");
+    }
+    g.params.push_back({"bucket_cap_mb", kMainBucketMb});
+    if (world == kWorld && have_theirs) {
+      g.params.push_back(
+          {"pytorch", "torch " + version + " DistributedDataParallel, gloo, bucket_cap_mb 25"});
+      g.params.push_back({"pytorch_ms", theirs * 1e3});
+      g.params.push_back({"ratio_to_pytorch", shm_ms / (theirs * 1e3)});
+      g.params.push_back({"target_ratio_to_pytorch_max", 1 / 1.3});
+    } else {
+      g.params.push_back({"pytorch", have_theirs ? "not measured (the PyTorch peer runs two ranks)"
+                                                 : "unavailable"});
+      g.params.push_back({"pytorch_ms", nan});
+      g.params.push_back({"ratio_to_pytorch", nan});
+    }
+    g.params.push_back({"single_ms", single_ms});
+    g.params.push_back({"ratio_to_single", shm_ms / single_ms});
+    if (world == kWorld) g.params.push_back({"target_ratio_to_single_max", 1.2});
+    g.params.push_back({"gloo_ms", ours_ms});
+    g.params.push_back({"ratio_to_gloo", shm_ms / ours_ms});
+    g.params.push_back({"cpu_ms_per_step", shm[w][1] * 1e3});
+    g.params.push_back({"allreduce_ms", shm[w][2] * 1e3});
+    emit(g);
+  }
 
   for (size_t i = 0; i < kBucketMb.size(); ++i) {
     Figure b{"ddp.step_ms_bucket_mb", ours[i] * 1e3, "ms", {}};
