@@ -3,7 +3,7 @@
 //
 //   gradwire-trace merge DIR -o job.json
 //   gradwire-trace summary DIR|job.json [--step N] [--json]
-//   gradwire-trace svg DIR|job.json -o out.svg [--step N]
+//   gradwire-trace svg DIR|job.json -o out.svg [--step N [--worker NAME]]
 //
 // Exit status: 0 done, 1 an input could not be used (the message names the file and what
 // is wrong), 2 a bad command line. See docs/observability.md.
@@ -30,8 +30,8 @@ constexpr const char* kUsage =
     "      every DIR/*.trace.json on the store's clock, one Chrome/Perfetto trace\n"
     "  gradwire-trace summary DIR|MERGED.json [--step N] [--json]\n"
     "      per step and worker: step time, compute, communication, waiting, unaccounted\n"
-    "  gradwire-trace svg DIR|MERGED.json -o OUT.svg [--step N]\n"
-    "      the timeline as an SVG picture\n";
+    "  gradwire-trace svg DIR|MERGED.json -o OUT.svg [--step N [--worker NAME]]\n"
+    "      the timeline as an SVG picture (of step N, as NAME ran it)\n";
 
 struct UsageError {
   std::string message;
@@ -42,6 +42,7 @@ struct Command {
   std::string input;
   std::string output;
   std::optional<int64_t> step;
+  std::string worker;  // svg --worker: the step's window is this worker's
   bool json = false;
 };
 
@@ -68,6 +69,8 @@ Command parse(int argc, char** argv) {
         throw UsageError{"--step=\"" + v + "\" is not an integer"};
       }
       c.step = n;
+    } else if (a == "--worker" && c.verb == "svg") {
+      c.worker = value();
     } else if (a == "--json" && c.verb == "summary") {
       c.json = true;
     } else if (!a.empty() && a[0] == '-') {
@@ -80,6 +83,7 @@ Command parse(int argc, char** argv) {
   }
   if (c.input.empty()) throw UsageError{c.verb + " needs a trace directory or file"};
   if (c.verb != "summary" && c.output.empty()) throw UsageError{c.verb + " needs -o FILE"};
+  if (!c.worker.empty() && !c.step) throw UsageError{"--worker needs --step N"};
   return c;
 }
 
@@ -141,7 +145,7 @@ int summary(const Command& c) {
 int svg(const Command& c) {
   Job job = load(c.input);
   print_notes(job);
-  write_file(c.output, render_svg(job, c.step));
+  write_file(c.output, render_svg(job, c.step, c.worker));
   std::printf("written to %s\n", c.output.c_str());
   return 0;
 }

@@ -119,8 +119,15 @@ Phase phase_of(const Event& e) {
   const size_t dot = n.rfind('.');
   const std::string last = dot == std::string::npos ? n : n.substr(dot + 1);
   if (last.rfind("wait", 0) == 0 || last == "finalize" || n == "rpc.queue") return Phase::kWaiting;
-  if (n != "rpc.serve" && (e.category == "rpc" || e.category == "rref" || e.category == "c10d")) {
+  // Serving a request or handling a message here is work done here.
+  if (n == "rpc.serve" || n == "rref.handle") return Phase::kCompute;
+  if (e.category == "rpc" || e.category == "rref" || e.category == "c10d") {
     return Phase::kCommunication;
+  }
+  // The messages of a distributed backward pass, and DDP's all-reduces.
+  for (const char* name : {"dist_autograd.discovery", "dist_autograd.propagate",
+                           "dist_autograd.release", "ddp.allreduce"}) {
+    if (n == name) return Phase::kCommunication;
   }
   return Phase::kCompute;
 }

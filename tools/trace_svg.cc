@@ -96,10 +96,12 @@ struct Row {
 
 }  // namespace
 
-std::string render_svg(const Job& job, std::optional<int64_t> only_step) {
+std::string render_svg(const Job& job, std::optional<int64_t> only_step,
+                       const std::string& step_worker) {
   int64_t t0 = std::numeric_limits<int64_t>::max();
   int64_t t1 = std::numeric_limits<int64_t>::min();
   for (const Worker& w : job.workers) {
+    if (only_step && !step_worker.empty() && w.name != step_worker) continue;
     for (const Event& e : w.events) {
       if (only_step && !(e.phase == 'X' && e.name == "step" && e.category == "train" &&
                          e.int_arg("step") == only_step)) {
@@ -112,8 +114,8 @@ std::string render_svg(const Job& job, std::optional<int64_t> only_step) {
   if (t0 > t1) {
     if (only_step) {
       throw TraceInputError(
-          "no worker has a step span (name \"step\", category \"train\") with "
-          "step " +
+          (step_worker.empty() ? std::string("no worker") : "worker '" + step_worker + "'") +
+          " has no step span (name \"step\", category \"train\") with step " +
           std::to_string(*only_step));
     }
     t0 = 0;
@@ -178,13 +180,13 @@ std::string render_svg(const Job& job, std::optional<int64_t> only_step) {
          "fill=\"#333\"/></marker></defs>\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg << "<text x=\"10\" y=\"20\" font-size=\"14\">gradwire trace: "
-      << (only_step ? "step " + std::to_string(*only_step) : std::string("whole job")) << ", "
+      << (only_step ? "step " + std::to_string(*only_step) : std::string("whole job"))
+      << (only_step && !step_worker.empty() ? " of " + escape(step_worker) : std::string()) << ", "
       << job.workers.size() << " workers, " << escape(duration(t1 - t0)) << "</text>\n";
 
   // Time axis and grid.
   const int64_t step = tick_step(t1 - t0, 10);
-  for (int64_t t = (t0 / step) * step; t <= t1; t += step) {
-    if (t < t0) continue;
+  for (int64_t t = t0; t <= t1; t += step) {
     const double x = x_of(t);
     svg << "<line x1=\"" << number(x) << "\" y1=\"" << kTop - 8 << "\" x2=\"" << number(x)
         << "\" y2=\"" << number(axis_y) << "\" stroke=\"#eee\"/>\n";
@@ -238,6 +240,7 @@ std::string render_svg(const Job& job, std::optional<int64_t> only_step) {
     if (from == placed.end() || to == placed.end()) continue;
     const Event& call = job.workers[f.caller].events[f.call];
     const Event& serve = job.workers[f.callee].events[f.serve];
+    if (call.ts_ns < t0 || serve.ts_ns < t0 || call.ts_ns > t1 || serve.ts_ns > t1) continue;
     const double y1 = rows[from->second.first].y + from->second.second * kLane + kLane / 2;
     const double y2 = rows[to->second.first].y + to->second.second * kLane + kLane / 2;
     svg << "<line x1=\"" << number(x_of(call.ts_ns)) << "\" y1=\"" << number(y1) << "\" x2=\""

@@ -168,6 +168,18 @@ TEST_F(TraceToolTest, SummarySplitsEachStepIntoComputeCommunicationWaitingAndUna
                      span("train.optimizer", "train", 80, 10, 1),
                      span("train.forward", "train", 200, 10, 1)},
                     std::pair<int64_t, int64_t>{0, 0}));
+  // t3: a served call and an rref message handled here are compute, a Propagate sent and
+  // an rref message sent communication, waiting for the optimizer's lock waiting:
+  // [0, 10) rpc.serve, [10, 20) dist_autograd.propagate, [20, 30) rref.handle,
+  // [30, 40) rref.send, [40, 50) dist_optim.wait_lock.
+  write("t3.trace.json",
+        worker_file(
+            "t3", 3, 3,
+            {span("step", "train", 0, 50, 1, {{"step", 1}}), span("rpc.serve", "rpc", 0, 10, 1),
+             span("dist_autograd.propagate", "dist_autograd", 10, 10, 1),
+             span("rref.handle", "rref", 20, 10, 1), span("rref.send", "rref", 30, 10, 1),
+             span("dist_optim.wait_lock", "dist_optim", 40, 10, 1)},
+            std::pair<int64_t, int64_t>{0, 0}));
   write("t2.trace.json", worker_file("t2", 2, 2,
                                      {span("step", "train", 0, 150, 1, {{"step", 1}}),
                                       span("train.forward", "train", 0, 150, 1)},
@@ -188,12 +200,17 @@ TEST_F(TraceToolTest, SummarySplitsEachStepIntoComputeCommunicationWaitingAndUna
   EXPECT_EQ(rows["t1"]["unaccounted_ns"], 30'000);
   EXPECT_EQ(rows["t2"]["compute_ns"], 150'000);
   EXPECT_EQ(rows["t2"]["unaccounted_ns"], 0);
+  EXPECT_EQ(rows["t3"]["compute_ns"], 20'000);
+  EXPECT_EQ(rows["t3"]["communication_ns"], 20'000);
+  EXPECT_EQ(rows["t3"]["waiting_ns"], 10'000);
+  EXPECT_EQ(rows["t3"]["unaccounted_ns"], 0);
   EXPECT_EQ(step["slowest"]["step"], "t2");
   EXPECT_EQ(step["slowest"]["compute"], "t2");
   EXPECT_EQ(step["slowest"]["waiting"], "t1");
   EXPECT_EQ(step["slowest"]["unaccounted"], "t1");
   for (const json& w : s["workers"]) {
-    EXPECT_DOUBLE_EQ(w["unaccounted_fraction"].get<double>(), w["worker"] == "t1" ? 0.3 : 0.0);
+    EXPECT_DOUBLE_EQ(w["unaccounted_fraction"].get<double>(), w["worker"] == "t1" ? 0.3 : 0.0)
+        << w.dump();
   }
   // The same numbers from a merged file, and as a table.
   const auto merged = (dir_ / "job.json").string();
@@ -231,6 +248,15 @@ TEST_F(TraceToolTest, SvgDrawsEveryWorkerSpansAndFlowArrows) {
   const Result missing = trace_tool({"svg", (dir_ / "in").string(), "-o", out, "--step", "4"});
   EXPECT_EQ(missing.status, 1);
   EXPECT_TRUE(has(missing.err, "with step 4")) << missing.err;
+  // One worker's step: its window, every worker drawn.
+  const Result one = trace_tool(
+      {"svg", (dir_ / "in").string(), "-o", out, "--step", "3", "--worker", "trainer<1>"});
+  ASSERT_EQ(one.status, 0) << one.err;
+  const Result nobody =
+      trace_tool({"svg", (dir_ / "in").string(), "-o", out, "--step", "3", "--worker", "ps0"});
+  EXPECT_EQ(nobody.status, 1);
+  EXPECT_TRUE(has(nobody.err, "worker 'ps0' has no step span")) << nobody.err;
+  EXPECT_EQ(trace_tool({"svg", (dir_ / "in").string(), "-o", out, "--worker", "ps0"}).status, 2);
 }
 
 TEST_F(TraceToolTest, EveryBadInputIsNamedWithWhatIsWrongAndFails) {
