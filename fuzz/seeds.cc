@@ -303,6 +303,10 @@ int main(int argc, char** argv) {
   write(root / "fuzz_store_server", "requests", std::string(1, '\x01') + set + get + add + wait);
   write(root / "fuzz_store_server", "more_requests",
         std::string(1, '\x01') + multi_set + compare_set + list);
+  // TIME: no payload; twice, pipelined.
+  const std::string time = store_frame(Op::kTime, 8, [](FrameWriter&) {});
+  const std::string time2 = store_frame(Op::kTime, 9, [](FrameWriter&) {});
+  write(root / "fuzz_store_server", "time", std::string(1, '\x01') + time + time2);
   // Mode 0: the handshake itself.
   const std::string hello = le32(44) + std::string(1, '\x01') + le32(0) + le32(0x54535747) +
                             std::string("\x03\x00\x00", 3) + std::string(32, 'n');
