@@ -42,9 +42,29 @@ json parse_file(const std::string& file) {
   }
 }
 
-// Microseconds (a JSON number) to ns.
+// Bounds that keep every sum of a time, a duration and an offset inside int64: times and
+// durations within 10^15 us (about 31 years) of 0, offsets within 2^62 ns.
+constexpr double kMaxMicros = 1e15;
+constexpr int64_t kMaxOffsetNs = int64_t{1} << 62;
+
+// Microseconds (a JSON number, checked against kMaxMicros by the caller) to ns.
 int64_t micros_to_ns(const json& v) {
   return static_cast<int64_t>(std::llround(v.get<double>() * 1000.0));
+}
+
+// obj[key] when obj is an object and it is an integer within 2^62 of 0.
+std::optional<int64_t> bounded_int(const json& obj, const char* key) {
+  if (!obj.is_object() || !obj.contains(key)) return std::nullopt;
+  const auto v = as_int(obj[key]);
+  if (!v) return std::nullopt;
+  const int64_t x = v.value_or(0);
+  if (x > kMaxOffsetNs || x < -kMaxOffsetNs) return std::nullopt;
+  return x;
+}
+
+bool in_range(const json& v) {
+  const double d = v.get<double>();
+  return std::isfinite(d) && std::fabs(d) <= kMaxMicros;
 }
 
 const json& other_data(const json& doc, const std::string& file) {
@@ -94,6 +114,7 @@ void read_events(const json& doc, const std::string& file, std::map<int64_t, Wor
     if (!e.contains("ts") || !e["ts"].is_number()) {
       fail(file, where + " (" + name + "): \"ts\" is missing or not a number");
     }
+    if (!in_range(e["ts"])) fail(file, where + " (" + name + "): \"ts\" is out of range");
     Event ev;
     ev.name = name;
     ev.category = e.contains("cat") && e["cat"].is_string() ? e["cat"].get<std::string>() : "";
@@ -104,6 +125,7 @@ void read_events(const json& doc, const std::string& file, std::map<int64_t, Wor
       if (!e.contains("dur") || !e["dur"].is_number() || e["dur"].get<double>() < 0) {
         fail(file, where + " (" + name + "): \"dur\" is missing, negative or not a number");
       }
+      if (!in_range(e["dur"])) fail(file, where + " (" + name + "): \"dur\" is out of range");
       ev.dur_ns = micros_to_ns(e["dur"]);
     }
     if (e.contains("args")) {
@@ -136,25 +158,24 @@ Worker read_worker_file(const std::string& file, const json& doc, std::vector<st
   }
   if (other.contains("clock_offset")) {
     const json& c = other["clock_offset"];
-    const auto offset =
-        c.is_object() && c.contains("offset_ns") ? as_int(c["offset_ns"]) : std::nullopt;
-    const auto rtt = c.is_object() && c.contains("rtt_ns") ? as_int(c["rtt_ns"]) : std::nullopt;
-    if (!offset || !rtt || *rtt < 0) {
-      fail(file, "otherData.clock_offset needs integers offset_ns and rtt_ns (>= 0)");
+    const auto offset = bounded_int(c, "offset_ns");
+    const auto rtt = bounded_int(c, "rtt_ns");
+    if (!offset || !rtt || rtt.value_or(-1) < 0) {
+      fail(file,
+           "otherData.clock_offset needs integers offset_ns (within 2^62) and rtt_ns "
+           "(0 .. 2^62)");
     }
-    w.offset_ns = *offset;
-    w.rtt_ns = *rtt;
+    w.offset_ns = offset.value_or(0);
+    w.rtt_ns = rtt;
     w.aligned_by = "store";
   } else if (other.contains("clock_sync")) {
     const json& c = other["clock_sync"];
-    const auto steady =
-        c.is_object() && c.contains("steady_ns") ? as_int(c["steady_ns"]) : std::nullopt;
-    const auto system =
-        c.is_object() && c.contains("system_ns") ? as_int(c["system_ns"]) : std::nullopt;
+    const auto steady = bounded_int(c, "steady_ns");
+    const auto system = bounded_int(c, "system_ns");
     if (!steady || !system) {
-      fail(file, "otherData.clock_sync needs integers steady_ns and system_ns");
+      fail(file, "otherData.clock_sync needs integers steady_ns and system_ns (within 2^62)");
     }
-    w.offset_ns = *system - *steady;
+    w.offset_ns = system.value_or(0) - steady.value_or(0);
     w.aligned_by = "system_clock";
     notes.push_back(file +
                     ": no clock_offset (the process had no TCP store while tracing); "
@@ -229,7 +250,9 @@ Job load_merged(const std::string& file, const json& doc) {
   const json& other = other_data(doc, file);
   Job job;
   const auto origin = other.contains("origin_ns") ? as_int(other["origin_ns"]) : std::nullopt;
-  if (!origin) fail(file, "a merged trace without an integer otherData.origin_ns");
+  if (!origin || *origin > kMaxOffsetNs || *origin < -kMaxOffsetNs) {
+    fail(file, "a merged trace without an integer otherData.origin_ns (within 2^62)");
+  }
   job.origin_ns = *origin;
   std::map<int64_t, Worker> by_pid;
   read_events(doc, file, by_pid, 0);

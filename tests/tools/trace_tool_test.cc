@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -280,6 +281,12 @@ TEST_F(TraceToolTest, EveryBadInputIsNamedWithWhatIsWrongAndFails) {
   write("other.trace.json", worker_file("w", 1, 0, {{{"name", "x"}, {"ph", "X"}, {"tid", 1}}},
                                         std::pair<int64_t, int64_t>{0, 0}));
   expect_error({"merge", in, "-o", out}, "event #1 (x): \"ts\" is missing", 1);
+  write("other.trace.json",
+        worker_file("w", 1, 0, {span("x", "c", 1e300, 1, 1)}, std::pair<int64_t, int64_t>{0, 0}));
+  expect_error({"merge", in, "-o", out}, "event #1 (x): \"ts\" is out of range", 1);
+  write("other.trace.json",
+        worker_file("w", 1, 0, json::array(), std::pair<int64_t, int64_t>{INT64_MAX, 0}));
+  expect_error({"merge", in, "-o", out}, "clock_offset needs integers", 1);
   json bad_offset = worker_file("w", 1, 0, json::array(), std::nullopt);
   bad_offset["otherData"]["clock_offset"] = "soon";
   write("other.trace.json", bad_offset);
