@@ -97,8 +97,8 @@ constexpr int kWarmup = 20;  // untimed steps per trainer
 constexpr int kSteps = 300;  // timed steps per trainer
 constexpr int kTrainerCounts[] = {1, 2, 4};
 constexpr int kRounds = 3;
-constexpr int kTraceBlocks = 4;  // ps.samples_per_s_traced: traced blocks (as many untraced)
-constexpr int kBlockSteps = 60;  // steps per block
+constexpr int kTraceBlocks = 8;  // ps.samples_per_s_traced: traced blocks (as many untraced)
+constexpr int kBlockSteps = 30;  // steps per block
 
 void expect(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("ps bench: " + what);
@@ -380,6 +380,8 @@ std::vector<double> traced_body(std::shared_ptr<c10d::Store> store, int rank) {
     }
     store->wait({"connected"}, 120s);
     double seconds[2] = {0, 0};
+    std::vector<double> pair_ratios;  // each traced block's rate over the untraced one before it
+    double last_untraced = 0;
     int64_t spans = 0;
     {
       auto ps = agent->rpc_sync<RRef<ParameterServer>>("ps", "parameter_server");
@@ -419,7 +421,13 @@ std::vector<double> traced_body(std::shared_ptr<c10d::Store> store, int rank) {
         const double t0 = now_s();
         for (int i = 0; i < kBlockSteps; ++i)
           step(i);
-        seconds[on] += now_s() - t0;
+        const double took = now_s() - t0;
+        seconds[on] += took;
+        if (on) {
+          pair_ratios.push_back(last_untraced / took);
+        } else {
+          last_untraced = took;
+        }
         if (on) {
           trace::stop();
           spans += recorded_spans();
@@ -432,7 +440,8 @@ std::vector<double> traced_body(std::shared_ptr<c10d::Store> store, int rank) {
     std::ostringstream os;
     os.precision(17);
     os << seconds[0] << ' ' << seconds[1] << ' '
-       << static_cast<double>(spans) / (kTraceBlocks * kBlockSteps) << ' ' << span_ns;
+       << static_cast<double>(spans) / (kTraceBlocks * kBlockSteps) << ' ' << span_ns << ' '
+       << median(pair_ratios);
     rref::wait_idle(*agent, 60s);
     store->set("traced_figures", std::string_view(os.str()));
   }
@@ -444,7 +453,7 @@ const Register ps_traced_bench({"ps.samples_per_s_traced"}, [](const auto& emit)
   c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
   const std::vector<double> r =
       run_rank_processes(server.port(), "ps_traced", 2, traced_body, "ps traced");
-  expect(r.size() == 4, "the server returned " + std::to_string(r.size()) + " traced figures");
+  expect(r.size() == 5, "the server returned " + std::to_string(r.size()) + " traced figures");
   const double samples = static_cast<double>(kTraceBlocks) * kBlockSteps * kBatch;
   const double untraced = samples / r[0];
   const double traced = samples / r[1];
@@ -452,8 +461,9 @@ const Register ps_traced_bench({"ps.samples_per_s_traced"}, [](const auto& emit)
   Figure f{"ps.samples_per_s_traced", traced, "samples/s", {}};
   f.params.push_back({"trainers", 1.0});
   f.params.push_back({"untraced_samples_per_s", untraced});
-  f.params.push_back({"ratio", traced / untraced});
-  f.params.push_back({"on_cost_fraction", 1.0 - traced / untraced});
+  f.params.push_back({"ratio", r[4]});
+  f.params.push_back({"ratio_of_totals", traced / untraced});
+  f.params.push_back({"on_cost_fraction", 1.0 - r[4]});
   f.params.push_back({"spans_per_step", r[2]});
   f.params.push_back({"disabled_span_ns", r[3]});
   f.params.push_back({"off_cost_fraction", r[2] * r[3] / untraced_step_ns});
@@ -461,7 +471,9 @@ const Register ps_traced_bench({"ps.samples_per_s_traced"}, [](const auto& emit)
       {"statistic", "one trainer, the ps.samples_per_s step; " + std::to_string(kTraceBlocks) +
                         " traced and as many untraced blocks of " + std::to_string(kBlockSteps) +
                         " steps, alternating in the same two processes; tracing on in both "
-                        "(trace::start, the server's by an rpc between blocks)"});
+                        "(trace::start, the server's by an rpc between blocks); ratio: the "
+                        "median over the pairs of a traced block's rate over the untraced "
+                        "block's before it (drift on a shared machine cancels out)"});
   f.params.push_back({"off_cost",
                       "estimate: spans recorded per traced step (trainer and server) x a "
                       "disabled span's ns (measured in the trainer) / the untraced step"});
