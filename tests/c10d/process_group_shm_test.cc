@@ -187,6 +187,8 @@ TEST_P(ShmCorruption, ThePeerIsNamedAndNothingHangs) {
     Tensor t = full({1000}, Scalar(rank + 1), kFloat32);
     group.all_reduce(t).wait();
     if (rank == 1) {
+      // Only once rank 0 has seen this rank's last step of the good all_reduce.
+      group.store()->wait({"first_done"}, 20s);
       ShmSegmentHeader* h = group.own_header_for_testing();
       const uint32_t step = h->step.load();
       switch (kind) {
@@ -209,6 +211,7 @@ TEST_P(ShmCorruption, ThePeerIsNamedAndNothingHangs) {
       group.store()->wait({"reported"}, 20s);
       return;
     }
+    group.store()->set("first_done", std::string_view("1"));
     group.store()->wait({"corrupted"}, 20s);
     const std::string what = error_text(group.all_reduce(t));
     group.store()->set("reported", std::string_view("1"));

@@ -388,7 +388,9 @@ int64_t slice_begin(int64_t count, int r, int n) {
 
 // all_reduce of one flat buffer, in chunks of an area, with the fixed reduction order.
 // Order of steps: input 0; then for each chunk k: input k+1, reduced slice k, copy out k,
-// so that the next chunk's copy-in overlaps the peers' reduction of this one.
+// so that the next chunk's copy-in overlaps the peers' reduction of this one. A rank's own
+// slice never goes through its input area (it reads it from the buffer) and its result is
+// copied into the buffer once published: only what the peers need is copied.
 void all_reduce_buffer(ShmExchange& ex, const Tensor& buffer, ReduceOp op) {
   const int n = ex.size();
   const int me = ex.rank();
@@ -402,49 +404,55 @@ void all_reduce_buffer(ShmExchange& ex, const Tensor& buffer, ReduceOp op) {
   int input_area[2] = {0, 0};
   uint32_t input_step[2] = {0, 0};
   auto count_of = [&](int64_t k) { return std::min(chunk, numel - k * chunk); };
+  // Byte offsets of slice r of a chunk of `count` elements.
+  auto slice_bytes = [&](int64_t count, int r) {
+    return static_cast<size_t>(slice_begin(count, r, n)) * es;
+  };
   auto copy_in = [&](int64_t k) {
     const int a = ex.acquire_input();
-    const auto bytes = static_cast<size_t>(count_of(k)) * es;
-    std::memcpy(ex.area(a), data + static_cast<size_t>(k * chunk) * es, bytes);
+    const int64_t count = count_of(k);
+    const uint8_t* src = data + static_cast<size_t>(k * chunk) * es;
+    const size_t b = slice_bytes(count, me);
+    const size_t e = slice_bytes(count, me + 1);
+    const size_t bytes = static_cast<size_t>(count) * es;
+    std::memcpy(ex.area(a), src, b);
+    std::memcpy(ex.area(a) + e, src + e, bytes - e);
     ex.publish(a, bytes);
     input_area[k % 2] = a;
     input_step[k % 2] = ex.step();
   };
+  std::vector<const uint8_t*> sources(static_cast<size_t>(n));
   copy_in(0);
   for (int64_t k = 0; k < chunks; ++k) {
     if (k + 1 < chunks) copy_in(k + 1);
     const int in = input_area[k % 2];
     const int64_t count = count_of(k);
-    const auto bytes = static_cast<size_t>(count) * es;
+    const size_t bytes = static_cast<size_t>(count) * es;
+    uint8_t* target = data + static_cast<size_t>(k * chunk) * es;
     ex.wait_all(input_step[k % 2]);
-    // This rank's slice, combined in rank order.
+    // This rank's slice, combined in rank order into its output area.
     const int out = ex.acquire_output();
-    const int64_t b = slice_begin(count, me, n);
-    const int64_t e = slice_begin(count, me + 1, n);
-    const size_t off = static_cast<size_t>(b) * es;
-    uint8_t* dst = ex.area(out) + off;
-    if (e > b) {
-      kernel(dst, ex.peer_area(0, in, bytes) + off, ex.peer_area(1, in, bytes) + off,
-             static_cast<size_t>(e - b));
+    const size_t b = slice_bytes(count, me);
+    const size_t len = slice_bytes(count, me + 1) - b;
+    for (int r = 0; r < n; ++r) {
+      sources[static_cast<size_t>(r)] = r == me ? target + b : ex.peer_area(r, in, bytes) + b;
+    }
+    uint8_t* dst = ex.area(out) + b;
+    if (len > 0) {
+      kernel(dst, sources[0], sources[1], len / es);
       for (int r = 2; r < n; ++r)
-        kernel(dst, dst, ex.peer_area(r, in, bytes) + off, static_cast<size_t>(e - b));
-    } else {
-      for (int r = 0; r < n; ++r)
-        ex.peer_area(r, in, bytes);  // validate every length all the same
+        kernel(dst, dst, sources[static_cast<size_t>(r)], len / es);
     }
     ex.done_reading(in);
     ex.publish(out, bytes);
-    const uint32_t reduced = ex.step();
-    ex.wait_all(reduced);
-    uint8_t* target = data + static_cast<size_t>(k * chunk) * es;
+    std::memcpy(target + b, dst, len);
+    ex.wait_all(ex.step());
     for (int r = 0; r < n; ++r) {
-      const int64_t rb = slice_begin(count, r, n);
-      const int64_t re = slice_begin(count, r + 1, n);
+      if (r == me) continue;
+      const size_t rb = slice_bytes(count, r);
+      const size_t re = slice_bytes(count, r + 1);
       const uint8_t* src = ex.peer_area(r, out, bytes);
-      if (re > rb) {
-        std::memcpy(target + static_cast<size_t>(rb) * es, src + static_cast<size_t>(rb) * es,
-                    static_cast<size_t>(re - rb) * es);
-      }
+      std::memcpy(target + rb, src + rb, re - rb);
     }
     ex.done_reading(out);
   }
