@@ -1,9 +1,14 @@
 #include "gradwire/core/thread_pool.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <thread>
 #include <vector>
@@ -25,12 +30,45 @@ std::string worker_name(const std::string& pool_name, int index) {
   return pool_name.substr(0, room) + suffix;
 }
 
+// Where an idle worker sleeps: a futex word of its own, so that waking it costs the waker
+// one FUTEX_WAKE and the worker nothing more (a condition variable's waiter re-takes the
+// queue's mutex as contended, and its unlock then makes a second system call).
+class Parking {
+ public:
+  // The worker: returns once unpark() was called (at once if it already was).
+  void park() {
+    uint32_t expected = kAwake;
+    if (state_.compare_exchange_strong(expected, kAsleep, std::memory_order_acq_rel)) {
+      while (state_.load(std::memory_order_acquire) == kAsleep) {
+        ::syscall(SYS_futex, word(), FUTEX_WAIT_PRIVATE, kAsleep, nullptr, nullptr, 0);
+      }
+    }
+    state_.store(kAwake, std::memory_order_relaxed);
+  }
+  // Whoever took the worker off the idle list (one waker per park()).
+  void unpark() {
+    if (state_.exchange(kWoken, std::memory_order_acq_rel) == kAsleep) {
+      ::syscall(SYS_futex, word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    }
+  }
+
+ private:
+  static constexpr uint32_t kAwake = 0;
+  static constexpr uint32_t kWoken = 1;
+  static constexpr uint32_t kAsleep = 2;
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  uint32_t* word() { return reinterpret_cast<uint32_t*>(&state_); }
+
+  std::atomic<uint32_t> state_{kAwake};
+};
+
 }  // namespace
 
 // Shared by the ThreadPool object and every worker, so that a worker that outlives the
 // ThreadPool (detached because it dropped the last reference) still has a valid queue.
 struct ThreadPool::Impl {
-  Impl(std::string name, int num_threads) : name(std::move(name)), num_threads(num_threads) {}
+  Impl(std::string name, int num_threads)
+      : name(std::move(name)), num_threads(num_threads), parking(num_threads) {}
 
   ~Impl() {
     // Only reached once no ThreadPool and no worker refers to this state. Threads that
@@ -48,12 +86,18 @@ struct ThreadPool::Impl {
            worker_ids.end();
   }
 
-  void stop() GRADWIRE_EXCLUDES(mutex) {
+  // Stops intake; `dropped`, when not null, receives the queue instead of the workers.
+  void stop(std::deque<std::function<void()>>* dropped = nullptr) GRADWIRE_EXCLUDES(mutex) {
+    std::vector<int> woken;
     {
       MutexLock lock(mutex);
       stopping = true;
+      if (dropped != nullptr) dropped->swap(queue);
+      woken.swap(idle);
     }
-    cv.notify_all();
+    // Each wakes, finds the queue empty (or drains it with the others) and leaves.
+    for (int index : woken)
+      parking[static_cast<size_t>(index)].unpark();
   }
 
   void join_all() GRADWIRE_EXCLUDES(join_mutex) {
@@ -69,8 +113,12 @@ struct ThreadPool::Impl {
   const int num_threads;
 
   Mutex mutex;
-  std::condition_variable cv;
   std::deque<std::function<void()>> queue GRADWIRE_GUARDED_BY(mutex);
+  // One per worker, made before the workers start and never resized.
+  std::vector<Parking> parking;
+  // The workers parked with nothing to do, the most recent last: a task wakes the one that
+  // ran last (its stack and data are the likeliest still in cache).
+  std::vector<int> idle GRADWIRE_GUARDED_BY(mutex);
   bool stopping GRADWIRE_GUARDED_BY(mutex) = false;
   std::vector<std::thread::id> worker_ids GRADWIRE_GUARDED_BY(mutex);
   int live_workers GRADWIRE_GUARDED_BY(mutex) = 0;
@@ -84,20 +132,29 @@ struct ThreadPool::Impl {
 void ThreadPool::Impl::run(const std::shared_ptr<Impl>& impl, int index) {
   const std::string thread_name = worker_name(impl->name, index);
   pthread_setname_np(pthread_self(), thread_name.c_str());
+  Parking& parking = impl->parking[static_cast<size_t>(index)];
   while (true) {
     std::function<void()> task;
     {
       MutexLock lock(impl->mutex);
-      while (!impl->stopping && impl->queue.empty())
-        lock.wait(impl->cv);
-      // Stopping only ends the loop once the queue is drained.
       if (impl->queue.empty()) {
-        --impl->live_workers;
-        impl->exited_cv.notify_all();
-        return;
+        // Stopping only ends the loop once the queue is drained.
+        if (impl->stopping) {
+          --impl->live_workers;
+          impl->exited_cv.notify_all();
+          return;
+        }
+        // Listed under the mutex that execute() and stop() take: whoever takes it off the
+        // list wakes it, and it looks at the queue again.
+        impl->idle.push_back(index);
+      } else {
+        task = std::move(impl->queue.front());
+        impl->queue.pop_front();
       }
-      task = std::move(impl->queue.front());
-      impl->queue.pop_front();
+    }
+    if (task == nullptr) {
+      parking.park();
+      continue;
     }
     try {
       task();
@@ -149,14 +206,21 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::execute(std::function<void()> task) {
   GRADWIRE_CHECK_ARG(task != nullptr) << "thread pool '" << impl_->name << "': empty task";
+  int woken = -1;
   {
     MutexLock lock(impl_->mutex);
     if (impl_->stopping) {
       GRADWIRE_THROW(Error) << "thread pool '" << impl_->name << "' is shut down";
     }
     impl_->queue.push_back(std::move(task));
+    if (!impl_->idle.empty()) {
+      woken = impl_->idle.back();
+      impl_->idle.pop_back();
+    }
   }
-  impl_->cv.notify_one();
+  // A worker already busy takes the task if it finishes first; the one woken then finds the
+  // queue empty and parks again.
+  if (woken >= 0) impl_->parking[static_cast<size_t>(woken)].unpark();
 }
 
 void ThreadPool::shutdown() {
@@ -169,12 +233,7 @@ void ThreadPool::shutdown() {
 
 size_t ThreadPool::shutdown_now(std::chrono::milliseconds join_timeout) {
   std::deque<std::function<void()>> dropped;
-  {
-    MutexLock lock(impl_->mutex);
-    impl_->stopping = true;
-    dropped.swap(impl_->queue);
-  }
-  impl_->cv.notify_all();
+  impl_->stop(&dropped);
   const size_t discarded = dropped.size();
   dropped.clear();  // outside the lock: a task's captures may own anything
   if (impl_->is_worker_thread()) return discarded;

@@ -27,15 +27,26 @@ void CallTable::start() {
 
 bool CallTable::add(PendingCall& call) {
   const Clock::time_point deadline = deadline_after(call.timeout);
-  MutexLock lock(mutex_);
-  if (closed_) return false;
-  const uint64_t id = call.id;
-  Entry entry{std::move(call), std::nullopt};
-  if (deadline != Clock::time_point::max()) {
-    entry.deadline = deadlines_.emplace(deadline, id);
-    if (*entry.deadline == deadlines_.begin()) timer_cv_.notify_one();
+  bool wake_timer = false;
+  {
+    MutexLock lock(mutex_);
+    if (closed_) return false;
+    const uint64_t id = call.id;
+    Entry entry{std::move(call), std::nullopt};
+    if (deadline != Clock::time_point::max()) {
+      entry.deadline = deadlines_.emplace(deadline, id);
+      // The timer is woken only for a deadline earlier than the one it already waits for:
+      // calls that follow one another (each deadline later than the last) do not wake it,
+      // and it finds theirs when it wakes for the earlier one.
+      if (deadline < timer_wakes_at_) {
+        timer_wakes_at_ = deadline;
+        wake_timer = true;
+      }
+    }
+    pending_.emplace(id, std::move(entry));
   }
-  pending_.emplace(id, std::move(entry));
+  // Outside the lock: the woken timer would otherwise wait for it at once.
+  if (wake_timer) timer_cv_.notify_one();
   return true;
 }
 
@@ -166,10 +177,13 @@ void CallTable::timer_loop() {
       MutexLock lock(mutex_);
       while (!closed_ && (deadlines_.empty() || Clock::now() < deadlines_.begin()->first)) {
         if (deadlines_.empty()) {
+          timer_wakes_at_ = Clock::time_point::max();
           lock.wait(timer_cv_);
         } else {
-          const Clock::time_point next = deadlines_.begin()->first;
-          lock.wait_until(timer_cv_, next);
+          // A deadline removed meanwhile (its call was answered) still wakes the timer
+          // once, which then waits for the next one.
+          timer_wakes_at_ = deadlines_.begin()->first;
+          lock.wait_until(timer_cv_, timer_wakes_at_);
         }
       }
       if (closed_) return;

@@ -139,6 +139,9 @@ class CallTable {
   bool closed_ GRADWIRE_GUARDED_BY(mutex_) = false;
   std::unordered_map<uint64_t, Entry> pending_ GRADWIRE_GUARDED_BY(mutex_);
   Deadlines deadlines_ GRADWIRE_GUARDED_BY(mutex_);
+  // When the timer thread wakes next (max: it waits until notified). add() notifies it only
+  // for an earlier deadline.
+  Clock::time_point timer_wakes_at_ GRADWIRE_GUARDED_BY(mutex_) = Clock::time_point::min();
   std::unordered_map<uint64_t, LateCall> late_ GRADWIRE_GUARDED_BY(mutex_);
   std::deque<uint64_t> late_order_ GRADWIRE_GUARDED_BY(mutex_);  // oldest first
 };

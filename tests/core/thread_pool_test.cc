@@ -185,6 +185,30 @@ TEST(ThreadPoolTest, ManyProducersSubmitConcurrently) {
   EXPECT_EQ(ran.load(), kProducers * kTasksEach);
 }
 
+// Each round needs every worker at once (a task returns only when all have started), so a
+// worker left parked with a task waiting, or a wake-up lost between a worker listing itself
+// idle and a task arriving, makes a round fail instead of passing slowly.
+TEST(ThreadPoolTest, EveryParkedWorkerIsWokenWhenTasksArrive) {
+  static constexpr int kWorkers = 4;
+  static constexpr int kRounds = 200;
+  ThreadPool pool({.num_threads = kWorkers, .name = "park"});
+  for (int round = 0; round < kRounds; ++round) {
+    CountdownLatch started(kWorkers);
+    std::vector<Future<bool>> all;
+    for (int i = 0; i < kWorkers; ++i) {
+      all.push_back(pool.submit([&started] {
+        started.count_down();
+        return started.wait(kWait);
+      }));
+    }
+    for (Future<bool>& f : all)
+      ASSERT_TRUE(f.get(kWait)) << "round " << round;
+  }
+  // Workers parked between rounds are woken by shutdown, which joins them all.
+  pool.shutdown();
+  EXPECT_THROW(pool.execute([] {}), Error);
+}
+
 TEST(ThreadPoolTest, ShutdownFromInsideATaskDoesNotDeadlock) {
   ThreadPool pool({.num_threads = 2});
   Future<void> done = pool.submit([&pool] { pool.shutdown(); });

@@ -384,6 +384,39 @@ TEST(RpcAgent, TimeoutFailsTheCallAndTheLateReplyIsDropped) {
   expect_clean_shutdown(agents);
 }
 
+// The timer thread is woken only for a deadline earlier than the one it already waits for.
+// A call whose deadline comes after that of a call already answered is found when the timer
+// wakes for the earlier (gone) one; a short call after a long one wakes it. Each times out
+// at its own deadline either way.
+TEST(RpcAgent, CallsOneAfterAnotherEachTimeOutAtTheirOwnDeadline) {
+  Registry reg;
+  HeldFunction slow_fn;
+  slow_fn.define(reg, "slow", 7);
+  reg.def("fast", [] { return int64_t{8}; });
+  Agents agents = start_agents(2, test_options(reg));
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "fast", CallOptions{.timeout = 300ms}), 8);
+  const auto t0 = std::chrono::steady_clock::now();
+  Future<int64_t> later =
+      agents[0]->rpc_async<int64_t>("w1", "slow", CallOptions{.timeout = 600ms});
+  ASSERT_TRUE(later.wait(10s));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 600ms);
+  std::string text = error_text<TimeoutError>([&] { later.value(); });
+  EXPECT_NE(text.find("call 'slow' to worker 'w1' (rank 1) timed out after 600 ms"),
+            std::string::npos)
+      << text;
+  Future<int64_t> long_call =
+      agents[0]->rpc_async<int64_t>("w1", "slow", CallOptions{.timeout = 60s});
+  Future<int64_t> short_call =
+      agents[0]->rpc_async<int64_t>("w1", "slow", CallOptions{.timeout = 200ms});
+  ASSERT_TRUE(short_call.wait(10s));
+  text = error_text<TimeoutError>([&] { short_call.value(); });
+  EXPECT_NE(text.find("timed out after 200 ms"), std::string::npos) << text;
+  EXPECT_FALSE(long_call.completed());
+  slow_fn.release.count_down();
+  EXPECT_EQ(long_call.get(10s), 7);
+  expect_clean_shutdown(agents);
+}
+
 TEST(RpcAgent, AsyncFunctionRepliesWhenItsFutureCompletes) {
   Registry reg;
   Future<int64_t> gate;
