@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "gradwire/c10d/process_group.h"
 #include "gradwire/c10d/process_group_gloo.h"
@@ -8,7 +10,6 @@
 #include "gradwire/c10d/process_group_nccl.h"
 #endif
 #include "gradwire/core/error.h"
-#include "gradwire/core/logging.h"
 
 namespace gradwire::c10d {
 
@@ -26,15 +27,14 @@ std::shared_ptr<ProcessGroup> make_process_group(std::string_view backend,
   if (backend == "gloo")
     return ProcessGroupGloo::create(std::move(store), rank, size, std::move(options));
   if (backend == "shm" || backend == "cpu") {
-    // Every rank learns the same answer from the same records, so all make the same kind.
-    const bool one_host =
-        ProcessGroupShm::ranks_share_host(*store, rank, size, "backend_host", options.timeout);
+    // Every rank reads the same records, so all make the same kind of group.
+    std::vector<std::string> hosts =
+        ProcessGroupShm::rank_hosts(*store, rank, size, "backend_host", options.timeout);
+    const bool one_host = std::all_of(hosts.begin(), hosts.end(),
+                                      [&](const std::string& h) { return h == hosts.front(); });
     if (one_host) return ProcessGroupShm::create(std::move(store), rank, size, std::move(options));
-    if (backend == "shm" && rank == 0) {
-      GRADWIRE_LOG(kWarning) << "make_process_group(\"shm\"): the ranks of group '" << options.name
-                             << "' are on more than one host or network namespace; using gloo";
-    }
-    return ProcessGroupGloo::create(std::move(store), rank, size, std::move(options));
+    return HierarchicalProcessGroup::create(std::move(store), rank, size, std::move(hosts),
+                                            std::move(options));
   }
   if (backend == "nccl") {
 #if GRADWIRE_HAS_NCCL

@@ -3,7 +3,8 @@
 // waiter uses, peers whose segments are corrupt (bad steps, a bad header, an oversized
 // length), mismatched sizes, timeouts, the fixed reduction order, tensors larger than the
 // segment, results bitwise equal to Gloo's for integer types, the debug mode's check,
-// point-to-point and subgroups, and how make_process_group chooses the backend.
+// point-to-point and subgroups, how make_process_group chooses the backend, and the
+// hierarchical group for ranks on several hosts.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -549,32 +550,69 @@ TEST(ShmFactory, CpuPicksSharedMemoryOnOneHost) {
       60s));
 }
 
-// Ranks that report different hosts (GRADWIRE_HOST_ID) get Gloo from "cpu" and "shm",
-// and ProcessGroupShm::create names the ranks elsewhere.
-TEST(ShmFactory, RanksOnTwoHostsFallBackToGloo) {
+// Ranks that report different hosts (GRADWIRE_HOST_ID; ranks 0 and 2 on one, 1 and 3 on
+// the other) get a HierarchicalProcessGroup from "cpu" and "shm", whose collectives match
+// closed forms; ProcessGroupShm::create names the ranks elsewhere.
+TEST(ShmHierarchical, RanksOnTwoHostsGetTheHierarchicalGroup) {
+  constexpr int kWorld = 4;
   test::TempDir dir;
   const std::string path = dir.path() + "/store";
   EXPECT_ALL_RANKS_OK(test::run_ranks_as_processes(
-      3,
+      kWorld,
       [&](int rank) {
-        ::setenv("GRADWIRE_HOST_ID", rank == 2 ? "host-b" : "host-a", 1);
+        ::setenv("GRADWIRE_HOST_ID", rank % 2 == 0 ? "host-a" : "host-b", 1);
         ::setenv("GRADWIRE_GLOO_HOST", "127.0.0.1", 1);
         auto store = std::make_shared<FileStore>(
-            FileStoreOptions{.path = path, .num_workers = 3, .timeout = 20s});
+            FileStoreOptions{.path = path, .num_workers = kWorld, .timeout = 20s});
         for (const char* backend : {"cpu", "shm"}) {
           auto group = make_process_group(backend, std::make_shared<PrefixStore>(backend, store),
-                                          rank, 3, test_options({}));
-          EXPECT_EQ(group->backend_name(), "gloo") << backend;
-          Tensor t = full({3}, Scalar(rank + 1), kInt32);
-          group->all_reduce(t).wait();
-          EXPECT_TRUE(equal(t, full({3}, Scalar(6), kInt32)));
+                                          rank, kWorld, test_options({}));
+          ASSERT_EQ(group->backend_name(), "shm-hierarchical") << backend;
+          const auto& host_ranks = static_cast<HierarchicalProcessGroup&>(*group).host_ranks();
+          EXPECT_EQ(host_ranks, (rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3}));
+          // all_reduce: several dtypes in one call, more elements than an area holds.
+          Tensor i = full({3}, Scalar(rank + 1), kInt32);
+          Tensor f = full({300'000}, Scalar(rank + 1), kFloat64);
+          group->all_reduce({i, f}).wait();
+          EXPECT_TRUE(equal(i, full({3}, Scalar(10), kInt32)));
+          EXPECT_TRUE(equal(f, full({300'000}, Scalar(10), kFloat64)));
+          Tensor avg = full({5}, Scalar(rank), kFloat32);
+          group->all_reduce(avg, {.op = ReduceOp::kAvg}).wait();
+          EXPECT_TRUE(equal(avg, full({5}, Scalar(1.5), kFloat32)));
+          Tensor mx = full({5}, Scalar(rank * 7 % 5), kInt64);
+          group->all_reduce(mx, {.op = ReduceOp::kMax}).wait();
+          EXPECT_TRUE(equal(mx, full({5}, Scalar(4), kInt64)));
+          // The operations on the Gloo group of every rank.
+          Tensor b = full({4}, Scalar(rank), kFloat32);
+          group->broadcast(b, {.root = 3}).wait();
+          EXPECT_TRUE(equal(b, full({4}, Scalar(3), kFloat32)));
+          std::vector<Tensor> outs;
+          for (int r = 0; r < kWorld; ++r)
+            outs.push_back(empty({2}, kInt32));
+          group->all_gather(outs, full({2}, Scalar(rank * 10), kInt32)).wait();
+          for (int r = 0; r < kWorld; ++r)
+            EXPECT_TRUE(equal(outs[static_cast<size_t>(r)], full({2}, Scalar(r * 10), kInt32)));
+          std::vector<Tensor> ins;
+          for (int r = 0; r < kWorld; ++r)
+            ins.push_back(full({3}, Scalar(r + rank), kInt32));
+          Tensor rs = empty({3}, kInt32);
+          group->reduce_scatter(rs, ins).wait();
+          EXPECT_TRUE(equal(rs, full({3}, Scalar(4 * rank + 6), kInt32)));
+          if (rank == 0) group->send(full({2}, Scalar(42), kInt32), 3, 5).wait();
+          if (rank == 3) {
+            Tensor got = empty({2}, kInt32);
+            group->recv(got, 0, 5).wait();
+            EXPECT_TRUE(equal(got, full({2}, Scalar(42), kInt32)));
+          }
+          group->barrier().wait();
+          group->monitored_barrier(10s);
         }
         try {
-          ProcessGroupShm::create(std::make_shared<PrefixStore>("direct", store), rank, 3,
+          ProcessGroupShm::create(std::make_shared<PrefixStore>("direct", store), rank, kWorld,
                                   test_options({}), test_shm_options({}));
           ADD_FAILURE() << "expected InvalidArgument";
         } catch (const InvalidArgument& e) {
-          EXPECT_NE(std::string(e.what()).find(rank == 2 ? "ranks [0, 1]" : "ranks [2]"),
+          EXPECT_NE(std::string(e.what()).find(rank % 2 == 0 ? "ranks [1, 3]" : "ranks [0, 2]"),
                     std::string::npos)
               << e.what();
         }

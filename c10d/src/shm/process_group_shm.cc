@@ -515,9 +515,9 @@ void divide_for_avg(Tensor t, ReduceOp op, int n) {
 
 // ---- creation
 
-bool ProcessGroupShm::ranks_share_host(Store& store, int rank, int size, const std::string& key,
-                                       milliseconds timeout) {
-  const std::string mine = net::host_id() + "\n" + std::to_string(net::network_namespace_id());
+std::vector<std::string> ProcessGroupShm::rank_hosts(Store& store, int rank, int size,
+                                                     const std::string& key, milliseconds timeout) {
+  const std::string mine = net::host_id() + "/" + std::to_string(net::network_namespace_id());
   store.set(key + "/" + std::to_string(rank), std::string_view(mine));
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r)
@@ -530,12 +530,19 @@ bool ProcessGroupShm::ranks_share_host(Store& store, int rank, int size, const s
                        " did not publish their host within " + std::to_string(timeout.count()) +
                        " ms");
   }
-  bool same = true;
+  std::vector<std::string> hosts;
   for (int r = 0; r < size; ++r) {
     const Bytes theirs = store.get(keys[static_cast<size_t>(r)], timeout);
-    same = same && std::string(theirs.begin(), theirs.end()) == mine;
+    hosts.emplace_back(theirs.begin(), theirs.end());
   }
-  return same;
+  return hosts;
+}
+
+bool ProcessGroupShm::ranks_share_host(Store& store, int rank, int size, const std::string& key,
+                                       milliseconds timeout) {
+  const std::vector<std::string> hosts = rank_hosts(store, rank, size, key, timeout);
+  return std::all_of(hosts.begin(), hosts.end(),
+                     [&](const std::string& h) { return h == hosts.front(); });
 }
 
 std::shared_ptr<ProcessGroupShm> ProcessGroupShm::create(std::shared_ptr<Store> store, int rank,

@@ -317,8 +317,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   bool failure_claimed_ GRADWIRE_GUARDED_BY(mutex_) = false;
 };
 
-// Makes a group of the named backend: "gloo", or "nccl" when built with NCCL.
-// Throws InvalidArgument for an unknown name or one this build lacks.
+// Makes a group of the named backend: "gloo", or "nccl" when built with NCCL; "cpu" or
+// "shm": shared memory (ProcessGroupShm) when every rank shares this host and network
+// namespace, else shared memory within hosts and Gloo across (HierarchicalProcessGroup);
+// see process_group_shm.h. Throws InvalidArgument for an unknown name or one this build lacks.
 std::shared_ptr<ProcessGroup> make_process_group(std::string_view backend,
                                                  std::shared_ptr<Store> store, int rank, int size,
                                                  ProcessGroupOptions options = {});

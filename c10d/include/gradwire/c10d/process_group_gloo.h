@@ -79,8 +79,10 @@ class ProcessGroupGloo : public ProcessGroup {
   struct Impl;
 
  protected:
-  // ProcessGroupShm carries its point-to-point messages over an internal Gloo group.
+  // ProcessGroupShm carries its point-to-point messages over an internal Gloo group;
+  // HierarchicalProcessGroup runs the operations it does not stage itself on one.
   friend class ProcessGroupShm;
+  friend class HierarchicalProcessGroup;
   Work do_all_reduce(std::vector<Tensor> tensors, ReduceOp op, const OpContext& ctx) override;
   Work do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) override;
   Work do_broadcast_coalesced(std::vector<Tensor> tensors, std::vector<std::vector<size_t>> buckets,

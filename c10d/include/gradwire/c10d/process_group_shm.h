@@ -39,9 +39,8 @@
 //
 // Every rank of the group must share this host and network namespace (net::host_id and
 // net::network_namespace_id, exchanged through the store); create() throws InvalidArgument
-// naming the ranks that do not. make_process_group("shm", ...) falls back to a
-// ProcessGroupGloo in that case, with a logged notice, and make_process_group("cpu", ...)
-// chooses between the two the same way (see process_group.h).
+// naming the ranks that do not. make_process_group("cpu" | "shm", ...) makes a
+// ProcessGroupShm when they all do and a HierarchicalProcessGroup (below) otherwise.
 //
 // Operations are queued in call order and run one at a time on a worker thread of the
 // group, like ProcessGroupGloo's; Work and futures behave the same.
@@ -65,7 +64,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "gradwire/c10d/process_group.h"
 #include "gradwire/c10d/process_group_gloo.h"
@@ -79,7 +80,7 @@ struct ShmOptions {
   // 4 MiB measured slower at 16 and 64 MiB on a 2-core machine with a 32 MiB L3.
   size_t buffer_bytes{1 << 20};
   // How long a waiting rank polls a peer's step before sleeping on the futex.
-  std::chrono::microseconds spin{50};
+  std::chrono::microseconds spin{10};
   // The longest single futex sleep: how often a waiter checks that its peers are alive and
   // their headers valid (> 0). A dead rank is named within about this long.
   std::chrono::milliseconds wait_slice{100};
@@ -129,6 +130,10 @@ class ProcessGroupShm : public ProcessGroup {
   // did not publish within `timeout`.
   static bool ranks_share_host(Store& store, int rank, int size, const std::string& key,
                                std::chrono::milliseconds timeout);
+  // The same exchange, returning every rank's "<host id>/<network namespace id>".
+  static std::vector<std::string> rank_hosts(Store& store, int rank, int size,
+                                             const std::string& key,
+                                             std::chrono::milliseconds timeout);
 
   // For tests that play a hostile peer: this rank's own segment header, writable.
   ShmSegmentHeader* own_header_for_testing();
@@ -169,6 +174,75 @@ class ProcessGroupShm : public ProcessGroup {
   Work enqueue(const OpContext& ctx, std::vector<Tensor> outputs,
                std::function<void(ShmExchange&)> run);
 
+  ShmOptions shm_options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// HierarchicalProcessGroup: shared memory within each host, Gloo across hosts, for a group
+// whose ranks span hosts or network namespaces. make_process_group("cpu" | "shm", ...)
+// makes one when the ranks' host ids (or network namespaces) differ; its backend_name() is
+// "shm-hierarchical".
+//
+// It holds a ProcessGroupShm of the ranks of this host (in rank order), a ProcessGroupGloo
+// of one leader per host (the lowest rank of each host; only leaders hold it) and a
+// ProcessGroupGloo of every rank. all_reduce runs in three stages: reduce to the host's
+// leader over shared memory, all_reduce among the leaders over Gloo, broadcast from the
+// leader over shared memory, so each host sends one copy of the data across instead of
+// one per rank. Integer and bool results equal Gloo's bit for bit; floating sums are
+// combined in a fixed order within a host and in Gloo's order across hosts. Every other
+// operation (broadcast, reduce, the gathers and scatters, reduce_scatter, all_to_all,
+// barrier, point-to-point) runs on the Gloo group of every rank.
+//
+// Thread-safety: as ProcessGroup. Errors: as the groups it holds; a failure of an
+// all_reduce stage names the stage and how the host's ranks map to this group's.
+class HierarchicalProcessGroup : public ProcessGroup {
+ public:
+  // `hosts[r]` says where rank r is (equal strings: same host and network namespace);
+  // every rank passes the same list. Throws InvalidArgument when hosts.size() != size.
+  static std::shared_ptr<HierarchicalProcessGroup> create(std::shared_ptr<Store> store, int rank,
+                                                          int size, std::vector<std::string> hosts,
+                                                          ProcessGroupOptions options = {},
+                                                          ShmOptions shm_options = {});
+  ~HierarchicalProcessGroup() override;
+
+  std::string_view backend_name() const override { return "shm-hierarchical"; }
+  // This host's ranks, in this group's numbering.
+  const std::vector<int>& host_ranks() const { return host_ranks_; }
+
+  struct Impl;
+
+ protected:
+  Work do_all_reduce(std::vector<Tensor> tensors, ReduceOp op, const OpContext& ctx) override;
+  Work do_broadcast(std::vector<Tensor> tensors, int root, const OpContext& ctx) override;
+  Work do_broadcast_coalesced(std::vector<Tensor> tensors, std::vector<std::vector<size_t>> buckets,
+                              int root, const OpContext& ctx) override;
+  Work do_reduce(const Tensor& tensor, int root, ReduceOp op, const OpContext& ctx) override;
+  Work do_all_gather(std::vector<Tensor> outputs, const Tensor& input,
+                     const OpContext& ctx) override;
+  Work do_gather(std::vector<Tensor> outputs, const Tensor& input, int root,
+                 const OpContext& ctx) override;
+  Work do_scatter(const Tensor& output, std::vector<Tensor> inputs, int root,
+                  const OpContext& ctx) override;
+  Work do_reduce_scatter(const Tensor& output, std::vector<Tensor> inputs, ReduceOp op,
+                         const OpContext& ctx) override;
+  Work do_all_to_all(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
+                     const OpContext& ctx) override;
+  Work do_barrier(const OpContext& ctx) override;
+  Work do_send(const Tensor& tensor, int dst, uint64_t tag, const OpContext& ctx) override;
+  Work do_recv(const Tensor& tensor, int src, uint64_t tag, const OpContext& ctx) override;
+  std::shared_ptr<ProcessGroup> make_subgroup(std::shared_ptr<Store> store, int rank, int size,
+                                              ProcessGroupOptions options) override;
+  bool supports_device(const Device& device) const override { return !device.is_cuda(); }
+  bool supports_dtype(DType) const override { return true; }
+  std::string_view supported_devices_text() const override { return "CPU tensors"; }
+
+ private:
+  HierarchicalProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                           ProcessGroupOptions options);
+  // A failed Work when one of the groups it holds has failed.
+  std::optional<Work> held_failure(const OpContext& ctx) const;
+
+  std::vector<int> host_ranks_;
   ShmOptions shm_options_;
   std::unique_ptr<Impl> impl_;
 };
