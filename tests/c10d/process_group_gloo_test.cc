@@ -1,8 +1,8 @@
 // ProcessGroupGloo: every collective and reduce op against closed forms, several tensors
-// and dtypes (the GlooCollectives suite runs once more over ProcessGroupShm, as a test
-// parameter), coalesced broadcasts of mixed lists, subgroups, point-to-point ordering,
-// argument errors that leave the ranks in step, failures (a rank that never arrives, a
-// peer that goes away, timeouts on time, a mismatch under the debug mode) and
+// and dtypes (the GlooCollectives suite runs once more over ProcessGroupShm and once over
+// HierarchicalProcessGroup, as a test parameter), coalesced broadcasts of mixed lists, subgroups,
+// point-to-point ordering, argument errors that leave the ranks in step, failures (a rank that
+// never arrives, a peer that goes away, timeouts on time, a mismatch under the debug mode) and
 // verify_params_across_ranks, over ranks as threads (a shared HashStore) and ranks as
 // forked processes (a FileStore), world sizes 1 to 4.
 #include <gtest/gtest.h>
@@ -45,14 +45,22 @@ std::string mode_name(Mode m) {
 
 using Body = std::function<void(ProcessGroup& group, int rank)>;
 
-// The backend a collective suite runs over.
-enum class Backend { kGloo, kShm };
+// The backend a collective suite runs over. kHierarchical: a HierarchicalProcessGroup whose
+// ranks play two hosts (even ranks on one, odd ranks on the other).
+enum class Backend { kGloo, kShm, kHierarchical };
 
 std::shared_ptr<ProcessGroup> make_group(Backend backend, std::shared_ptr<Store> store, int rank,
                                          int world, const ProcessGroupOptions& options) {
   const GlooOptions gloo{.host = "127.0.0.1"};
   if (backend == Backend::kShm) {
     return ProcessGroupShm::create(std::move(store), rank, world, options, {.gloo = gloo});
+  }
+  if (backend == Backend::kHierarchical) {
+    std::vector<std::string> hosts;
+    for (int r = 0; r < world; ++r)
+      hosts.push_back(r % 2 == 0 ? "host-a" : "host-b");
+    return HierarchicalProcessGroup::create(std::move(store), rank, world, std::move(hosts),
+                                            options, {.gloo = gloo});
   }
   return ProcessGroupGloo::create(std::move(store), rank, world, options, gloo);
 }
@@ -369,9 +377,15 @@ INSTANTIATE_TEST_SUITE_P(Gloo, GlooCollectives,
                                             ::testing::Values(Mode::kThreads, Mode::kProcesses),
                                             ::testing::Values(1, 2, 3, 4)),
                          collective_name);
-// The same suite over shared memory.
+// The same suite over shared memory, and over shared memory within two played hosts with
+// Gloo across.
 INSTANTIATE_TEST_SUITE_P(Shm, GlooCollectives,
                          ::testing::Combine(::testing::Values(Backend::kShm),
+                                            ::testing::Values(Mode::kThreads, Mode::kProcesses),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         collective_name);
+INSTANTIATE_TEST_SUITE_P(Hierarchical, GlooCollectives,
+                         ::testing::Combine(::testing::Values(Backend::kHierarchical),
                                             ::testing::Values(Mode::kThreads, Mode::kProcesses),
                                             ::testing::Values(1, 2, 3, 4)),
                          collective_name);
