@@ -35,14 +35,12 @@ Context::Context(rpc::RpcAgent& agent) : previous_(t_context) {
 
 Context::~Context() {
   t_context = previous_;
-  // The context's end here and on every worker it reached.
+  // The context's end: released here at once; its Releases to the workers it reached go on
+  // without being waited for (sent again while unanswered, like any Release), so a step's
+  // end is not a round trip. A graceful shutdown waits for the releases still going.
   const trace::Span span("dist_autograd.release", "dist_autograd", trace::Arg("context_id", id_));
   try {
-    std::shared_ptr<Container> container = Container::of(*agent_);
-    if (!container->release(id_, -1).wait(container->agent_wait())) {
-      GRADWIRE_LOG(kWarning) << "dist_autograd: releasing context " << ctx_text(id_)
-                             << " on the workers it touched did not finish in time";
-    }
+    Container::of(*agent_)->release(id_, -1);
   } catch (const std::exception& e) {
     GRADWIRE_LOG(kDebug) << "dist_autograd: releasing context " << ctx_text(id_) << ": "
                          << e.what();

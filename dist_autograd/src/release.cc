@@ -188,6 +188,16 @@ void Container::on_graceful_shutdown(Clock::time_point) {
   }
   for (uint64_t id : mine)
     release(id, -1).wait(agent_wait());
+  // Releases still going (a Context's end does not wait for them): the workers they go to
+  // must hear of them before this one stops answering and sending again.
+  std::vector<Future<void>> going;
+  {
+    MutexLock lock(mutex_);
+    for (const auto& [id, released] : releasing_)
+      going.push_back(released);
+  }
+  for (Future<void>& released : going)
+    released.wait(agent_wait());
 }
 
 void Container::on_closed() {

@@ -253,14 +253,15 @@ TEST_F(DistAutogradShortRpcTimeout, ADroppedReleaseIsSentAgain) {
       ASSERT_EQ(da::num_contexts(w(r)), 1u) << "worker " << r;
   }
   EXPECT_LT(Clock::now() - start, rpc_timeout() + 1s) << "the release outlived rpc_timeout";
-  EXPECT_TRUE(to_w1.completed());
+  EXPECT_TRUE(to_w1.wait(10s));
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(contexts_left(w(r)), 0u) << "worker " << r;
   EXPECT_TRUE(to_w2.completed());
 }
 
 // A Release whose answer is lost: the attempt sent again is answered once the first one's
-// release (here: on to w2) is over, so the end of the Context still means "gone everywhere".
+// release (here: on to w2) is over, so an answer still means "gone everywhere from there"
+// (release() waits for it; a Context's end does not).
 TEST_F(DistAutogradShortRpcTimeout, AReleaseWhoseAnswerIsLostEndsEverywhere) {
   Future<void> reply = faults_->add({.action = FaultAction::kDrop,
                                      .from = "w1",
@@ -268,13 +269,39 @@ TEST_F(DistAutogradShortRpcTimeout, AReleaseWhoseAnswerIsLostEndsEverywhere) {
                                      .kind = MessageKind::kReply,
                                      .handler = kHandler,
                                      .function = "release"});
-  {
-    da::Context ctx(w(0));
-    (void)w(0).rpc_sync<Tensor>("w1", "nested", leaf({1.0, 2.0}));
-  }
+  da::Context ctx(w(0));
+  (void)w(0).rpc_sync<Tensor>("w1", "nested", leaf({1.0, 2.0}));
+  da::release(w(0), ctx.id());
   EXPECT_TRUE(reply.completed());
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(da::num_contexts(w(r)), 0u) << "worker " << r;
+}
+
+// A Context's end releases the context here and sends its releases without waiting for the
+// answers: before, every step ended with that round trip. Here every answer to a Release is
+// lost (the fixture's rpc_timeout is 10 s, which the old end waited out); the end returns
+// all the same, and the workers the context reached have released it.
+TEST_F(DistAutogradFaults, AContextsEndDoesNotWaitForTheAnswersToItsReleases) {
+  faults_->add({.action = FaultAction::kDrop,
+                .to = "w0",
+                .kind = MessageKind::kReply,
+                .handler = kHandler,
+                .function = "release",
+                .count = -1});
+  const auto start = Clock::now();
+  {
+    da::Context ctx(w(0));
+    (void)w(0).rpc_sync<Tensor>("w1", "nested", leaf({1.0, 2.0}));  // w0 -> w1 -> w2
+    for (int r = 0; r < 3; ++r)
+      ASSERT_EQ(da::num_contexts(w(r)), 1u) << "worker " << r;
+  }
+  EXPECT_LT(Clock::now() - start, rpc_timeout() / 2) << "the end waited for an answer";
+  EXPECT_EQ(da::num_contexts(w(0)), 0u);
+  for (int r = 1; r < 3; ++r)
+    EXPECT_EQ(contexts_left(w(r)), 0u) << "worker " << r;
+  // The release still going on w0 (sent again every quarter of rpc_timeout) is answered
+  // once the answers travel again; the shutdown waits for it.
+  faults_->clear();
 }
 
 class DistAutogradTwoSecondRpcTimeout : public DistAutogradFaults {

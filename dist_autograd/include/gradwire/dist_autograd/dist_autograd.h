@@ -65,7 +65,10 @@ inline constexpr uint32_t kDistAutogradHandler = 3;
 uint64_t current_context_id();
 
 // A dist-autograd context on `agent`, current on this thread while it lives (the previous
-// one is restored at its end). Its end releases it on every worker it touched.
+// one is restored at its end). Its end releases it here at once and sends its release to
+// every worker it touched without waiting for their answers (sent again while unanswered),
+// so the end of a training step costs no round trip; those workers drop it shortly after. A
+// graceful shutdown of the agent waits for the releases still going. Use release() to wait.
 class Context {
  public:
   // On the default agent (init_rpc).
@@ -139,7 +142,9 @@ void backward(uint64_t context_id, const std::vector<Tensor>& roots, bool retain
 Gradients get_gradients(rpc::RpcAgent& agent, uint64_t context_id);
 Gradients get_gradients(uint64_t context_id);
 
-// Releases the context here and on every worker it touched (Context's end does it).
+// Releases the context here and on every worker it touched, and returns once they have all
+// released it (bounded by the agent's rpc_timeout). A Context's end does the same without
+// waiting.
 void release(rpc::RpcAgent& agent, uint64_t context_id);
 
 // How many contexts this worker holds (for monitoring and tests).
