@@ -298,9 +298,14 @@ class ShmExchange {
   void check_header(int r) {
     const ProcessGroupShm::Impl::Peer& p = impl_.peers[static_cast<size_t>(r)];
     const ShmSegmentHeader& h = *p.header;
-    if (h.magic != ShmSegmentHeader::kMagic || h.version != ShmSegmentHeader::kVersion ||
-        h.rank != r || h.token != p.token || h.pid != p.pid || h.area_bytes != impl_.area_bytes ||
-        h.segment_bytes != p.bytes || h.world != static_cast<uint32_t>(size_)) {
+    // The owner never writes these after creation, but a hostile one may at any time: read
+    // them as atomics, so that such a write is a value we reject, not a data race.
+    auto read = [](const auto& field) { return __atomic_load_n(&field, __ATOMIC_RELAXED); };
+    if (read(h.magic) != ShmSegmentHeader::kMagic ||
+        read(h.version) != ShmSegmentHeader::kVersion || read(h.rank) != r ||
+        read(h.token) != p.token || read(h.pid) != p.pid ||
+        read(h.area_bytes) != impl_.area_bytes || read(h.segment_bytes) != p.bytes ||
+        read(h.world) != static_cast<uint32_t>(size_)) {
       throw ShmFailure{"rank " + std::to_string(r) +
                            "'s shared-memory segment header is corrupt (magic, version, rank, "
                            "token, pid or sizes changed)",
