@@ -21,9 +21,9 @@
 // (no context): the forward call's transfers and matmul without dist_autograd; and, in
 // dist_autograd.step_ms, the medians of the step's phases on w0 (forward_ms: context and
 // forward call; backward_ms: sum and backward; get_gradients_ms; release_ms: the context's
-// end, released on both workers). The agents keep their defaults otherwise: x, y and the
-// gradients of y and x (256 KiB each) are at direct_copy_min_bytes, so they are lent
-// (the receiver copies them with process_vm_readv).
+// end, which releases it on w0 and sends its release to w1 without waiting for the answer). The
+// agents keep their defaults otherwise: x, y and the gradients of y and x (256 KiB each) are at
+// direct_copy_min_bytes, so they are lent (the receiver copies them with process_vm_readv).
 //
 // Threads: every process uses kThreads intra-op threads (gradwire::set_num_threads in the
 // ranks and for the local steps; torch.set_num_threads + OMP_NUM_THREADS +
@@ -334,7 +334,7 @@ const Register dist_autograd_bench({"dist_autograd.step_ms", "dist_optim.step_ms
       f.params.push_back({"phases",
                           "diagnostic: medians of the timed steps' phases on w0 (context + "
                           "forward rpc_sync; sum + backward; get_gradients; the context's "
-                          "release on both workers)"});
+                          "end: released on w0, its release to w1 sent, not waited for)"});
     }
     f.params.push_back({"target_ratio_to_pytorch_max", 0.5});
     f.params.push_back({"target_ratio_to_local_max", 1.5});
