@@ -24,6 +24,7 @@
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
 #include "support/harness.h"
+#include "support/temp_dir.h"
 #include "support/trace_file.h"
 
 namespace gradwire {
@@ -36,15 +37,6 @@ constexpr double kSlackUs = 0.01;
 
 class DistAutogradTrace : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("gradwire-dist-autograd-trace-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // w0: y = w1.square(x) for a leaf x of 4 float64, backward of sum(y), then the context's
   // release. Each process writes what it recorded to DIR/w<rank>.trace.json at the end;
   // w0 also writes the context id and the names of the nodes of its local graph.
@@ -98,7 +90,8 @@ class DistAutogradTrace : public ::testing::Test {
     return test::read_trace((dir_ / ("w" + std::to_string(rank) + ".trace.json")).string());
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"gradwire-dist-autograd-trace"};
+  fs::path dir_ = tmp_.path();
 };
 
 // The names of the dist_autograd.node spans of `file` in context `id`.

@@ -20,6 +20,7 @@
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
 #include "support/harness.h"
+#include "support/temp_dir.h"
 #include "support/trace_file.h"
 
 namespace gradwire {
@@ -37,15 +38,6 @@ Tensor make_param(int64_t n) {
 
 class DistOptimTrace : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("gradwire-dist-optim-trace-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A trainer (w0) steps parameters owned by w1 (two of them) and w2 (one) once; every
   // process writes what it recorded to DIR/w<rank>.trace.json when its agent is down.
   void run(bool traced) {
@@ -101,7 +93,8 @@ class DistOptimTrace : public ::testing::Test {
     return test::read_trace((dir_ / ("w" + std::to_string(rank) + ".trace.json")).string());
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"gradwire-dist-optim-trace"};
+  fs::path dir_ = tmp_.path();
 };
 
 TEST_F(DistOptimTrace, StepOnTheTrainerAndEachOwnersStepCarryTheContextId) {

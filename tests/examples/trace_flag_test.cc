@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_dir.h"
 #include "support/trace_file.h"
 
 namespace {
@@ -39,19 +40,12 @@ std::string run(const char* program, const std::string& args, int& status) {
 
 class TraceFlag : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("gradwire-trace-flag-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   nlohmann::json file(const std::string& worker) {
     return gradwire::test::read_trace((dir_ / (worker + ".trace.json")).string());
   }
 
-  fs::path dir_;
+  gradwire::test::TempDir tmp_{"gradwire-trace-flag"};
+  fs::path dir_ = tmp_.path();
 };
 
 bool inside(const nlohmann::json& inner, const nlohmann::json& outer) {

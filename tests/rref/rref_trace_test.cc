@@ -19,6 +19,7 @@
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
 #include "support/harness.h"
+#include "support/temp_dir.h"
 #include "support/trace_file.h"
 
 namespace gradwire {
@@ -30,15 +31,6 @@ using rref::RRef;
 
 class RRefTrace : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("gradwire-rref-trace-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Every process writes what it recorded to DIR/w<rank>.trace.json once its agent is
   // down; w0 writes the reference's id to DIR/rref_id.
   void run(bool traced) {
@@ -72,7 +64,8 @@ class RRefTrace : public ::testing::Test {
     return test::read_trace((dir_ / ("w" + std::to_string(rank) + ".trace.json")).string());
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"gradwire-rref-trace"};
+  fs::path dir_ = tmp_.path();
 };
 
 // The spans `name` of `file` with operation `op`.

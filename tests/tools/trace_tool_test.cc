@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "launch.h"
+#include "support/temp_dir.h"
 
 namespace {
 
@@ -37,14 +38,7 @@ Result trace_tool(std::vector<std::string> args) {
 
 class TraceToolTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("gradwire-trace-tool-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "in");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { fs::create_directories(dir_ / "in"); }
 
   void write(const std::string& name, const std::string& text) {
     std::ofstream(dir_ / "in" / name) << text;
@@ -83,7 +77,8 @@ class TraceToolTest : public ::testing::Test {
     return json::parse(in);
   }
 
-  fs::path dir_;
+  gradwire::test::TempDir tmp_{"gradwire-trace-tool"};
+  fs::path dir_ = tmp_.path();
 };
 
 // Two workers whose steady clocks differ by 5 ms: trainer's call at its 10 us, ps's serving
