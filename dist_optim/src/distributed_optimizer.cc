@@ -1,12 +1,20 @@
 #include "gradwire/dist_optim/distributed_optimizer.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <optional>
+#include <type_traits>
 #include <utility>
+
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
 
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
+#include "gradwire/tensor/factory.h"
 
 namespace gradwire::dist_optim {
 
@@ -37,6 +45,83 @@ void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
   }
 }
 
+// A gradient laid out as the transpose of a dense matrix: what a weight used as
+// W.transpose(0, 1) in a matmul gets (the backward makes the product's gradient contiguous
+// and hands W its transposed view). True when `grad` is such a view with `param`'s shape and
+// `param` is contiguous, both CPU tensors of one floating dtype.
+bool transposed_layout(const Tensor& param, const Tensor& grad) {
+  if (!param.defined() || !grad.defined() || grad.dim() != 2 || grad.is_contiguous() ||
+      !param.is_contiguous() || grad.sizes() != param.sizes() || grad.dtype() != param.dtype() ||
+      !grad.device().is_cpu() || !param.device().is_cpu()) {
+    return false;
+  }
+  if (grad.dtype() != kFloat32 && grad.dtype() != kFloat64) return false;
+  return grad.stride(0) == 1 && grad.stride(1) == grad.size(0);
+}
+
+// dst[i * cols + j] = src[j * rows + i], in tiles that stay in cache.
+template <typename T>
+void transpose_tile(const T* src, T* dst, int64_t rows, int64_t cols, int64_t i0, int64_t i1,
+                    int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t i = i0; i < i1; ++i)
+      dst[i * cols + j] = src[j * rows + i];
+  }
+}
+
+template <typename T>
+void transpose_into(const T* src, T* dst, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 32;
+  for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+    const int64_t j1 = std::min(cols, j0 + kTile);
+    for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+      const int64_t i1 = std::min(rows, i0 + kTile);
+      int64_t j = j0;
+#if defined(__SSE__)
+      if constexpr (std::is_same_v<T, float>) {
+        // 4x4 blocks through registers: four loads, a register transpose, four stores.
+        for (; j + 4 <= j1; j += 4) {
+          int64_t i = i0;
+          for (; i + 4 <= i1; i += 4) {
+            __m128 r0 = _mm_loadu_ps(src + (j + 0) * rows + i);
+            __m128 r1 = _mm_loadu_ps(src + (j + 1) * rows + i);
+            __m128 r2 = _mm_loadu_ps(src + (j + 2) * rows + i);
+            __m128 r3 = _mm_loadu_ps(src + (j + 3) * rows + i);
+            _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+            _mm_storeu_ps(dst + (i + 0) * cols + j, r0);
+            _mm_storeu_ps(dst + (i + 1) * cols + j, r1);
+            _mm_storeu_ps(dst + (i + 2) * cols + j, r2);
+            _mm_storeu_ps(dst + (i + 3) * cols + j, r3);
+          }
+          transpose_tile(src, dst, rows, cols, i, i1, j, j + 4);
+        }
+      }
+#endif
+      transpose_tile(src, dst, rows, cols, i0, i1, j, j1);
+    }
+  }
+}
+
+// `grad` in `param`'s (contiguous) layout: a transposed gradient (transposed_layout) is
+// copied into `scratch` (made like `param` the first time, reused after), anything else is
+// returned as it is. The optimizers' fused updates need both contiguous; over transposed
+// strides they take the element-wise path, several times slower than this copy and the
+// fused update together.
+Tensor in_parameter_layout(const Tensor& param, const Tensor& grad, Tensor& scratch) {
+  if (!transposed_layout(param, grad)) return grad;
+  if (!scratch.defined() || scratch.sizes() != param.sizes() || scratch.dtype() != param.dtype())
+    scratch = empty_like(param);
+  const int64_t rows = grad.size(0), cols = grad.size(1);
+  if (grad.dtype() == kFloat32) {
+    transpose_into(static_cast<const float*>(grad.data_ptr()),
+                   static_cast<float*>(scratch.data_ptr()), rows, cols);
+  } else {
+    transpose_into(static_cast<const double*>(grad.data_ptr()),
+                   static_cast<double*>(scratch.data_ptr()), rows, cols);
+  }
+  return scratch;
+}
+
 }  // namespace
 
 namespace detail {
@@ -49,6 +134,7 @@ Shard::Shard(const StateDict& spec, const std::vector<RRef<Tensor>>& params) {
     }
     params_.push_back(*p.local_value());
   }
+  scratch_.resize(params_.size());
   optimizer_ = optim::make_functional_optimizer(spec, params_);
 }
 
@@ -75,6 +161,8 @@ int64_t Shard::step(const rpc::CallContext& ctx, uint64_t context_id) {
   MutexLock mine(mutex_);
   waiting.reset();
   autograd::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    matched[i] = in_parameter_layout(params_[i], matched[i], scratch_[i]);
   optimizer_->step(params_, matched);
   return found;
 }

@@ -18,7 +18,11 @@
 // context holds there, and returns when all have. A parameter the context has no gradient
 // for is skipped, state included, as PyTorch does. Several DistributedOptimizers (one per
 // trainer) may step the same parameters concurrently: the steps on one owner are
-// serialised, so each sees the others' updates whole.
+// serialised, so each sees the others' updates whole. A gradient that reaches the owner as
+// the transposed view of a dense matrix (a weight used as W.transpose(0, 1) in a matmul,
+// as nn::Linear does) is first copied into the parameter's layout, so the update takes
+// optim/'s fused path; each such parameter keeps one buffer of its size on its owner for
+// this. The update is the same, bit for bit.
 //
 // Thread-safety: step, state_dict and load_state_dict may be called from any thread; calls
 // on one optimizer are serialised on each owner.
@@ -59,6 +63,9 @@ class Shard {
  private:
   Mutex mutex_;
   std::vector<Tensor> params_;
+  // Per parameter: where a gradient laid out as a transposed matrix is copied in the
+  // parameter's layout for the fused update (allocated at the first such step, then reused).
+  std::vector<Tensor> scratch_ GRADWIRE_GUARDED_BY(mutex_);
   std::unique_ptr<optim::FunctionalOptimizer> optimizer_ GRADWIRE_GUARDED_BY(mutex_);
 };
 
