@@ -25,6 +25,8 @@ using std::chrono::milliseconds;
 const char* backend_literal(std::string_view backend) {
   if (backend == "gloo") return "gloo";
   if (backend == "nccl") return "nccl";
+  if (backend == "shm") return "shm";
+  if (backend == "shm-hierarchical") return "shm-hierarchical";
   return "other";
 }
 

@@ -8,14 +8,16 @@
 // on the server and each trainer's own dense replica.
 //
 //   gradwire-run --nproc-per-node 3 gradwire-hybrid-train [--epochs N] [--min-accuracy A]
-//       [--ddp-options default|bucket-view|find-unused|static-graph]
+//       [--ddp-options default|bucket-view|find-unused|static-graph] [--backend cpu|shm|gloo]
 // --ddp-options picks the DDP's options: PyTorch's defaults (the default), bucket views
 // (gradient_as_bucket_view), find_unused_parameters, or static_graph. The dense part has a
 // second, "shortcut" linear layer beside the MLP; under find-unused it takes part in
 // every other batch, alternating between the trainers (so at each step one trainer does
 // not use it), and under static-graph on the first trainer only; otherwise always.
-// Rank 0 is the server "ps0"; ranks 1..T are trainers, which form a Gloo group of their
-// own for DDP. The task: bags of 4 token ids out of 40; the label is the class whose
+// Rank 0 is the server "ps0"; ranks 1..T are trainers, which form a process group of their
+// own for DDP: --backend cpu (the default) makes it over shared memory when the trainers
+// share a host and a network namespace and over Gloo otherwise (c10d::make_process_group),
+// shm and gloo force one. The task: bags of 4 token ids out of 40; the label is the class whose
 // hidden per-token scores sum highest (an embedding and a linear layer can learn it). Each
 // trainer prints one line per epoch; at the end the trainers check that their dense
 // replicas are identical and that the held-out accuracy reaches --min-accuracy.
@@ -53,7 +55,8 @@ struct Options {
   int64_t batch = 32;
   double min_accuracy = 0.85;
   DdpMode ddp = DdpMode::kDefault;
-  std::string trace;  // --trace DIR: trace files written there at exit
+  std::string trace;            // --trace DIR: trace files written there at exit
+  std::string backend = "cpu";  // --backend: the trainers' DDP group
 };
 
 DdpMode parse_ddp_mode(const std::string& text) {
@@ -114,7 +117,8 @@ Options parse_args(int argc, char** argv) {
   Options o;
   examples::Args args(argc, argv,
                       "--epochs N, --batch B, --min-accuracy A, "
-                      "--ddp-options default|bucket-view|find-unused|static-graph, --trace DIR");
+                      "--ddp-options default|bucket-view|find-unused|static-graph, --trace DIR, "
+                      "--backend cpu|shm|gloo");
   while (args.next()) {
     if (args.is("--epochs")) {
       o.epochs = static_cast<int>(args.integer(1, 100000));
@@ -127,6 +131,12 @@ Options parse_args(int argc, char** argv) {
     } else if (args.is("--trace")) {
       o.trace = args.value();
       if (o.trace.empty()) throw InvalidArgument("--trace needs a directory, got an empty one");
+    } else if (args.is("--backend")) {
+      o.backend = args.value();
+      if (o.backend != "cpu" && o.backend != "shm" && o.backend != "gloo") {
+        throw InvalidArgument("--backend=\"" + o.backend +
+                              "\" is invalid: expected cpu, shm or gloo");
+      }
     } else {
       args.unknown();
     }
@@ -188,9 +198,13 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
                 int trainers, const Options& opt) {
   const std::string me = agent.worker_info().name;
   // The trainers' own group, for DDP.
-  auto group = c10d::ProcessGroupGloo::create(
-      std::make_shared<c10d::PrefixStore>("hybrid/ddp", store), trainer - 1, trainers,
+  auto group = c10d::make_process_group(
+      opt.backend, std::make_shared<c10d::PrefixStore>("hybrid/ddp", store), trainer - 1, trainers,
       {.timeout = std::chrono::seconds(60), .name = "hybrid-ddp"});
+  if (trainer == 1) {
+    std::printf("%s: DDP among %d trainers over the %s backend\n", me.c_str(), trainers,
+                std::string(group->backend_name()).c_str());
+  }
   Generator init_gen(static_cast<uint64_t>(20 + trainer));  // different on purpose: DDP
   auto dense = std::make_shared<Dense>(&init_gen);          // broadcasts rank 0's
   ddp::DistributedDataParallel model(dense, group, ddp_options(opt.ddp));

@@ -7,7 +7,9 @@
 //
 // Processes (--processes P): P rank processes meet through a FileStore, each holds a copy
 // of the model (same seed, so the same initial parameters) and trains on its shard; after
-// each backward pass one coalesced all_reduce over a Gloo process group sums the gradients,
+// each backward pass one coalesced all_reduce over a process group sums the gradients (--backend
+// cpu, the default: shared memory between ranks of one host, c10d::make_process_group; or
+// shm, or gloo),
 // so every rank takes the same Adam step and the copies stay identical — which the ranks
 // check at the end by gathering a checksum of their parameters.
 //
@@ -22,7 +24,8 @@
 // (category train, argument step: 1, 2, ...) holding train.forward, train.backward (the
 // gradients' all_reduce included, with processes) and train.optimizer.
 //
-//   gradwire-train-mlp [--steps N] [--shards K | --processes P] [--save PATH] [--trace DIR]
+//   gradwire-train-mlp [--steps N] [--shards K | --processes P [--backend cpu|shm|gloo]]
+//                      [--save PATH] [--trace DIR]
 #include <gradwire/core/trace.h>
 #include <gradwire/gradwire.h>
 
@@ -50,14 +53,17 @@ namespace {
 struct Options {
   int steps = 400;
   int shards = 4;
-  int processes = 0;      // 0: threads
-  std::string save_path;  // empty: a temporary file, removed after the round trip
-  std::string trace;      // --trace DIR: trace files written there
+  int processes = 0;            // 0: threads
+  std::string save_path;        // empty: a temporary file, removed after the round trip
+  std::string trace;            // --trace DIR: trace files written there
+  std::string backend = "cpu";  // --backend: the ranks' process group (with --processes)
 };
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  examples::Args args(argc, argv, "--steps N, --shards K, --processes P, --save PATH, --trace DIR");
+  examples::Args args(argc, argv,
+                      "--steps N, --shards K, --processes P, --backend cpu|shm|gloo, --save PATH, "
+                      "--trace DIR");
   while (args.next()) {
     if (args.is("--steps")) {
       o.steps = static_cast<int>(args.integer(1, 1000000));
@@ -70,6 +76,12 @@ Options parse_args(int argc, char** argv) {
     } else if (args.is("--trace")) {
       o.trace = args.value();
       if (o.trace.empty()) throw InvalidArgument("--trace needs a directory, got an empty one");
+    } else if (args.is("--backend")) {
+      o.backend = args.value();
+      if (o.backend != "cpu" && o.backend != "shm" && o.backend != "gloo") {
+        throw InvalidArgument("--backend=\"" + o.backend +
+                              "\" is invalid: expected cpu, shm or gloo");
+      }
     } else {
       args.unknown();
     }
@@ -133,8 +145,8 @@ int train_rank(int rank, const Options& opt, const std::string& store_path) {
   }
   auto store = std::make_shared<c10d::FileStore>(
       c10d::FileStoreOptions{.path = store_path, .num_workers = opt.processes, .timeout = 60s});
-  auto group = c10d::ProcessGroupGloo::create(store, rank, opt.processes,
-                                              {.timeout = 60s, .name = "train-mlp"});
+  auto group = c10d::make_process_group(opt.backend, store, rank, opt.processes,
+                                        {.timeout = 60s, .name = "train-mlp"});
   Generator gen(7);
   auto [train_x, train_y] = spiral(300, gen);
   auto [test_x, test_y] = spiral(100, gen);
@@ -193,7 +205,8 @@ int train_rank(int rank, const Options& opt, const std::string& store_path) {
   std::printf("all %d ranks hold identical parameters (checksum %.6f)\n", opt.processes,
               all[0].item<double>());
   return finish(net, test_x, test_y, opt, seconds,
-                std::to_string(opt.processes) + " processes (gloo all_reduce)");
+                std::to_string(opt.processes) + " processes (" +
+                    std::string(group->backend_name()) + " all_reduce)");
 }
 
 // Forks the ranks (before this process starts any thread) and waits for them.

@@ -25,9 +25,10 @@ std::string run(const std::string& args, int& status) {
   return out;
 }
 
-void expect_identical_replicas(const std::string& options) {
+std::string expect_identical_replicas(const std::string& options, const std::string& more = "") {
   int status = 0;
-  const std::string out = run("--epochs 3 --min-accuracy 0 --ddp-options " + options, status);
+  const std::string out =
+      run("--epochs 3 --min-accuracy 0 --ddp-options " + options + " " + more, status);
   EXPECT_EQ(status, 0) << out;
   EXPECT_EQ(out.find("replicas differ"), std::string::npos) << out;
   for (const char* name : {"trainer1", "trainer2"}) {
@@ -36,6 +37,7 @@ void expect_identical_replicas(const std::string& options) {
         << out;
     EXPECT_NE(out.find("dense replicas identical on 2 trainers"), std::string::npos) << out;
   }
+  return out;
 }
 #endif
 
@@ -43,7 +45,24 @@ TEST(HybridTrain, DefaultDdpOptionsKeepTheReplicasIdentical) {
 #ifndef GRADWIRE_HYBRID_TRAIN_PATH
   GTEST_SKIP() << "the examples are not built";
 #else
-  expect_identical_replicas("default");
+  // The trainers share this host and its network namespace: the default "cpu" backend is
+  // shared memory.
+  const std::string out = expect_identical_replicas("default");
+  EXPECT_NE(out.find("DDP among 2 trainers over the shm backend"), std::string::npos) << out;
+#endif
+}
+
+TEST(HybridTrain, GlooChosenByNameKeepsTheReplicasIdenticalAndABadBackendIsRefused) {
+#ifndef GRADWIRE_HYBRID_TRAIN_PATH
+  GTEST_SKIP() << "the examples are not built";
+#else
+  const std::string out = expect_identical_replicas("default", "--backend gloo");
+  EXPECT_NE(out.find("DDP among 2 trainers over the gloo backend"), std::string::npos) << out;
+  int status = 0;
+  const std::string bad = run("--backend mpi", status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(bad.find("--backend=\"mpi\" is invalid: expected cpu, shm or gloo"), std::string::npos)
+      << bad;
 #endif
 }
 

@@ -37,7 +37,7 @@
 // has run out (join.h); collectives' TimeoutError/NetworkError.
 //
 // Example:
-//   auto group = c10d::ProcessGroupGloo::create(store, rank, world);
+//   auto group = c10d::make_process_group("cpu", store, rank, world);  // shm on one host
 //   auto net = std::make_shared<nn::MLP>(nn::MLPOptions{.sizes = {784, 1024, 10}});
 //   ddp::DistributedDataParallel model(net, group, {.gradient_as_bucket_view = true});
 //   optim::SGD opt(net->parameters(), {.lr = 0.1});   // optim/sgd.h
