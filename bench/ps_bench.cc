@@ -165,11 +165,11 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
   std::vector<double> out;
   if (rank == 0) {
     server_ref.set_value(rref::make_local(*agent, std::make_shared<ParameterServer>(1)));
-    // The server's connections to the trainers are made here, while nothing else is in
-    // flight: an agent that opens its first connection to a peer while requests arrive on
-    // others can deadlock (TensorPipeAgent::connection_to calls context_->connect with its
-    // mutex held, and TensorPipe may run another pipe's read callback inline on that thread,
-    // which takes the same mutex). The trainers start once every connection is up.
+    // The server's connections to the trainers are made here, before the trainers start,
+    // so that no connection is set up inside a timed window. (They were first made here to
+    // avoid an agent deadlock on a first connection made while requests arrived on others,
+    // fixed in the agent since: connect() runs with no lock held, and rpc's first-contact
+    // stress test covers it.)
     for (int k = 1; k <= trainers; ++k)
       expect(agent->rpc_sync<int64_t>("trainer" + std::to_string(k), "ping") == 0, "ping");
     store->set("connected", "1");
