@@ -57,6 +57,23 @@ void orthonormalise(Tensor& p) {
 }  // namespace
 
 Future<Tensor> allreduce_hook(GradBucket& bucket) {
+  if (bucket.divisor == bucket.group->size()) {
+    // The group averages (the shared-memory group divides each rank's slice as it reduces
+    // it), and the bucket's future completes on the group's own thread: no second thread
+    // to wake before the backward pass may finish, and no pass over the whole bucket.
+    c10d::Work work = bucket.group->all_reduce(bucket.buffer, {.op = c10d::ReduceOp::kAvg});
+    Future<Tensor> result;
+    gradwire::detail::on_complete_inline(
+        work.get_future(),
+        [result, out = bucket.buffer](const Future<std::vector<Tensor>>& done) mutable {
+          if (done.has_error()) {
+            result.try_set_error(done.error());
+          } else {
+            result.try_set_value(out);
+          }
+        });
+    return result;
+  }
   c10d::Work work = bucket.group->all_reduce(bucket.buffer);
   Tensor out = bucket.buffer;
   const double divisor = bucket.divisor;

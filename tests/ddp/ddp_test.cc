@@ -24,6 +24,7 @@
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/c10d/process_group_gloo.h"
+#include "gradwire/c10d/process_group_shm.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/ddp/ddp.h"
@@ -38,7 +39,8 @@ namespace {
 using namespace std::chrono_literals;
 using c10d::ProcessGroup;
 
-enum class Mode { kThreads, kProcesses };
+// kShmProcesses: processes over the shared-memory group (ProcessGroupShm).
+enum class Mode { kThreads, kProcesses, kShmProcesses };
 using Body = std::function<void(std::shared_ptr<ProcessGroup> group, int rank)>;
 
 test::RankResults run_group(Mode mode, int world, const Body& body) {
@@ -62,7 +64,11 @@ test::RankResults run_group(Mode mode, int world, const Body& body) {
       [&](int rank) {
         auto store = std::make_shared<c10d::FileStore>(
             c10d::FileStoreOptions{.path = path, .num_workers = world, .timeout = 20s});
-        body(c10d::ProcessGroupGloo::create(store, rank, world, options, gloo), rank);
+        if (mode == Mode::kShmProcesses) {
+          body(c10d::ProcessGroupShm::create(store, rank, world, options, {.gloo = gloo}), rank);
+        } else {
+          body(c10d::ProcessGroupGloo::create(store, rank, world, options, gloo), rank);
+        }
       },
       60s);
 }
@@ -185,11 +191,15 @@ INSTANTIATE_TEST_SUITE_P(Ddp, Equivalence,
                                            EquivalenceCase{Mode::kThreads, 2, true, 0.0001},
                                            EquivalenceCase{Mode::kProcesses, 2, false, 0.0001},
                                            EquivalenceCase{Mode::kProcesses, 2, true, 25.0},
-                                           EquivalenceCase{Mode::kThreads, 4, true, 0.0001}),
+                                           EquivalenceCase{Mode::kThreads, 4, true, 0.0001},
+                                           EquivalenceCase{Mode::kShmProcesses, 2, false, 25.0},
+                                           EquivalenceCase{Mode::kShmProcesses, 3, true, 0.0001}),
                          [](const auto& info) {
                            const EquivalenceCase& c = info.param;
-                           return std::string(c.mode == Mode::kThreads ? "Threads" : "Processes") +
-                                  std::to_string(c.world) +
+                           const char* mode = c.mode == Mode::kThreads     ? "Threads"
+                                              : c.mode == Mode::kProcesses ? "Processes"
+                                                                           : "ShmProcesses";
+                           return std::string(mode) + std::to_string(c.world) +
                                   (c.bucket_view ? "BucketView" : "Copy") +
                                   (c.cap_mb < 1 ? "SmallBuckets" : "OneBucket");
                          });
@@ -593,6 +603,52 @@ TEST(DdpHooks, UserHookIsCalledPerBucketAndItsResultUsed) {
   // The 4 parameters fill 2 buckets at a 105-byte cap ({2.bias, 2.weight}, {0.bias,
   // 0.weight}); 3 steps on 2 ranks.
   EXPECT_EQ(calls.load(), 2 * 3 * 2);
+}
+
+TEST(DdpHooks, DefaultHookAveragesInTheGroupBitForBitAsSumThenDivide) {
+  // The default hook asks the group for kAvg (over shared memory each rank divides its own
+  // slice as it reduces it); the same training with a hook that sums and divides the whole
+  // bucket afterwards must give the same bits. Three ranks: a divisor that is not a power
+  // of two, and slices of uneven length.
+  constexpr int kSteps = 3;
+  constexpr double kLr = 0.1;
+  auto results =
+      run_group(Mode::kShmProcesses, 3, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+        auto train = [&](bool by_hand) {
+          auto net = make_mlp(7);
+          DistributedDataParallel model(net, group,
+                                        {.bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001});
+          if (by_hand) {
+            model.register_comm_hook([](GradBucket& b) {
+              c10d::Work w = b.group->all_reduce(b.buffer);
+              Tensor out = b.buffer;
+              const double d = b.divisor;
+              return w.get_future().then(b.executor,
+                                         [out, d](Future<std::vector<Tensor>> f) mutable {
+                                           f.value();
+                                           out.div_(Scalar(d));
+                                           return out;
+                                         });
+            });
+          }
+          for (int s = 0; s < kSteps; ++s) {
+            Batch b = batch(rank, s);
+            zero(net->parameters());
+            nn::mse_loss(model.forward(b.x), b.y).backward();
+            sgd(net->parameters(), kLr);
+          }
+          return net->parameters();
+        };
+        const std::vector<Tensor> averaged = train(false);
+        const std::vector<Tensor> by_hand = train(true);
+        ASSERT_EQ(averaged.size(), by_hand.size());
+        for (size_t i = 0; i < averaged.size(); ++i) {
+          EXPECT_TRUE(equal(averaged[i], by_hand[i])) << "parameter " << i;
+          // Training moved it (the comparison is not between two untouched copies).
+          EXPECT_FALSE(equal(averaged[i], make_mlp(7)->parameters()[i])) << "parameter " << i;
+        }
+      });
+  EXPECT_ALL_RANKS_OK(results);
 }
 
 TEST(DdpHooks, PowerSgdReproducesLowRankGradientsExactly) {

@@ -395,7 +395,8 @@ int64_t slice_begin(int64_t count, int r, int n) {
 // Order of steps: input 0; then for each chunk k: input k+1, reduced slice k, copy out k,
 // so that the next chunk's copy-in overlaps the peers' reduction of this one. A rank's own
 // slice never goes through its input area (it reads it from the buffer) and its result is
-// copied into the buffer once published: only what the peers need is copied.
+// copied into the buffer once published: only what the peers need is copied. kAvg's
+// division is done here, on each rank's own slice.
 void all_reduce_buffer(ShmExchange& ex, const Tensor& buffer, ReduceOp op) {
   const int n = ex.size();
   const int me = ex.rank();
@@ -447,6 +448,13 @@ void all_reduce_buffer(ShmExchange& ex, const Tensor& buffer, ReduceOp op) {
       kernel(dst, sources[0], sources[1], len / es);
       for (int r = 2; r < n; ++r)
         kernel(dst, dst, sources[static_cast<size_t>(r)], len / es);
+      // kAvg: each rank divides only its own slice, before publishing it (the same
+      // division of the same sums as dividing the whole result afterwards, n times less
+      // work per rank and none left for the caller).
+      if (op == ReduceOp::kAvg) {
+        from_blob(dst, {static_cast<int64_t>(len / es)}, buffer.options())
+            .div_(Scalar(static_cast<double>(n)));
+      }
     }
     ex.done_reading(in);
     ex.publish(out, bytes);
@@ -780,8 +788,7 @@ Work ProcessGroupShm::do_all_reduce(std::vector<Tensor> tensors, ReduceOp op,
       by_dtype[t.dtype()].push_back(t);
     for (auto& [dtype, group] : by_dtype) {
       Tensor buffer = group.size() == 1 ? group[0] : flatten_dense_tensors(group);
-      all_reduce_buffer(ex, buffer, op);
-      divide_for_avg(buffer, op, ex.size());
+      all_reduce_buffer(ex, buffer, op);  // kAvg divided there
       if (group.size() > 1) {
         const std::vector<Tensor> parts = unflatten_dense_tensors(buffer, group);
         for (size_t i = 0; i < group.size(); ++i)
@@ -844,8 +851,7 @@ Work ProcessGroupShm::do_reduce(const Tensor& tensor, int root, ReduceOp op, con
     // Every rank takes part in the same steps; only the root keeps the result.
     const bool is_root = ex.rank() == root;
     Tensor buffer = is_root ? t : t.clone();
-    all_reduce_buffer(ex, buffer, op);
-    if (is_root) divide_for_avg(t, op, ex.size());
+    all_reduce_buffer(ex, buffer, op);  // kAvg divided there
   });
 }
 

@@ -1,7 +1,9 @@
 // Built-in communication hooks (grad_bucket.h says what a hook is and must do).
 //
 //   allreduce_hook        sum across ranks in the bucket's dtype, divide by the divisor
-//                         (the default);
+//                         (the default); when the divisor is the group's size it asks the
+//                         group for ReduceOp::kAvg (the same sums divided by the same
+//                         number) and its future completes on the group's thread;
 //   fp16_compress_hook    divide, cast to float16, all-reduce, cast back: half the bytes on
 //                         the wire, float16's precision (about 3 decimal digits, values up to
 //                         65504 after division);
