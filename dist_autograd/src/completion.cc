@@ -15,12 +15,30 @@ Future<void> Container::watch_part(const std::shared_ptr<ContextState>& state, u
   Future<Value> reply = try_send(to, message, "wait");
   std::weak_ptr<Container> weak_self = weak_from_this();
   std::weak_ptr<ContextState> weak_state = state;
-  reply.add_callback(agent()->executor(), [weak_self, weak_state, pass_id, to,
-                                           result](Future<Value> done) mutable {
-    if (!done.has_error()) {
+  std::shared_ptr<Executor> executor = agent()->executor();
+  // A part that ended well is recorded on the thread that has its answer (the initiator's
+  // wait ends without a hop through the pool); a failure is looked at on the pool.
+  gradwire::detail::on_complete_inline(reply, [executor, weak_self, weak_state, pass_id, to,
+                                               result](const Future<Value>& answered) mutable {
+    if (!answered.has_error()) {
       result.try_set_value();
       return;
     }
+    try {
+      executor->execute([weak_self, weak_state, pass_id, to, result, answered]() mutable {
+        retry_wait(weak_self, weak_state, pass_id, to, result, answered);
+      });
+    } catch (...) {
+      result.try_set_error(answered.error());
+    }
+  });
+  return result;
+}
+
+void Container::retry_wait(const std::weak_ptr<Container>& weak_self,
+                           const std::weak_ptr<ContextState>& weak_state, uint64_t pass_id,
+                           const WorkerInfo& to, Future<void> result, const Future<Value>& done) {
+  {
     std::shared_ptr<Container> self = weak_self.lock();
     std::shared_ptr<ContextState> s = weak_state.lock();
     bool ask_again = false;
@@ -42,8 +60,7 @@ Future<void> Container::watch_part(const std::shared_ptr<ContextState>& state, u
     } catch (...) {
       result.try_set_error(std::current_exception());
     }
-  });
-  return result;
+  }
 }
 
 Future<Value> Container::on_wait(const WorkerInfo& caller, const wire::Wait& w) {
@@ -68,14 +85,21 @@ Future<Value> Container::on_wait(const WorkerInfo& caller, const wire::Wait& w) 
     throw CallRejected("dist_autograd: worker " + self_.describe() + " takes no part in pass " +
                        ctx_text(w.pass_id()));
   }
+  // Answered on the thread that ends this worker's part (no hop through the pool).
   std::weak_ptr<ContextState> weak = state;
   const uint64_t pass_id = w.pass_id();
-  return done->then(agent()->executor(), [weak, pass_id](Future<void> part) {
-    // This worker's part is over and reported.
-    if (auto s = weak.lock()) forget_pass(*s, pass_id);
-    part.value();
-    return Value();
-  });
+  Future<Value> answer;
+  gradwire::detail::on_complete_inline(*done,
+                                       [weak, pass_id, answer](const Future<void>& part) mutable {
+                                         // This worker's part is over and reported.
+                                         if (auto s = weak.lock()) forget_pass(*s, pass_id);
+                                         if (part.has_error()) {
+                                           answer.try_set_error(part.error());
+                                         } else {
+                                           answer.try_set_value(Value());
+                                         }
+                                       });
+  return answer;
 }
 
 void Container::part_over(ContextState& state, uint64_t pass_id, const Future<void>& part) {

@@ -201,6 +201,11 @@ class Container : public rpc::Interceptor,
   // it) and no call outlives the pass by more than rpc_timeout.
   Future<void> watch_part(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
                           const WorkerInfo& to, Future<void> result = {});
+  // A Wait whose call failed (on the pool): asked again after a timeout while the pass goes
+  // on, else `result` fails with the call's error.
+  static void retry_wait(const std::weak_ptr<Container>& weak_self,
+                         const std::weak_ptr<ContextState>& weak_state, uint64_t pass_id,
+                         const WorkerInfo& to, Future<void> result, const Future<Value>& done);
   // A Wait: answer once this worker's part of the pass is over.
   Future<Value> on_wait(const WorkerInfo& caller, const wire::Wait& w);
   // Records how this worker's part of a pass ended: success clears an earlier failure; a

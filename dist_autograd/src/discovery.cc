@@ -25,13 +25,25 @@ std::shared_ptr<autograd::GraphTask> Container::start_part(
   options.sink = pass.sink;
   options.trace_context = state->id;
   pass.task = std::make_shared<autograd::GraphTask>(options);
-  gradwire::detail::forward_completion(pass.task->completion(), pass.outcome);
+  std::shared_ptr<autograd::GraphTask> task = pass.task;
+  Future<void> outcome = pass.outcome;
+  Future<void> done = pass.done;
+  lock.unlock();
+  // The part's end is recorded on the thread that ends it (the last node's, an abort's or
+  // a release's; none holds a lock of this context), not after a hop through the pool: on
+  // a participant the Wait's answer goes out from there, on the initiator backward() wakes.
   std::weak_ptr<ContextState> weak = state;
-  pass.done = pass.outcome.then(agent()->executor(), [weak, pass_id](Future<void> part) {
-    if (auto s = weak.lock()) part_over(*s, pass_id, part);
-    part.value();
-  });
-  return pass.task;
+  gradwire::detail::on_complete_inline(outcome,
+                                       [weak, pass_id, done](const Future<void>& part) mutable {
+                                         if (auto s = weak.lock()) part_over(*s, pass_id, part);
+                                         if (part.has_error()) {
+                                           done.try_set_error(part.error());
+                                         } else {
+                                           done.try_set_value();
+                                         }
+                                       });
+  gradwire::detail::forward_completion(task->completion(), outcome);
+  return task;
 }
 
 Future<std::set<int>> Container::discover(const std::shared_ptr<ContextState>& state,
@@ -110,16 +122,29 @@ Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Disco
     edges.push_back(autograd::Edge(send, 0));
   }
   Future<std::set<int>> found = discover(state, d.pass_id(), edges, d.retain_graph());
-  return found.then(agent()->executor(), [](Future<std::set<int>> done) {
-    const std::set<int>& workers = done.value();
-    // Sized first and assigned in place: moving a Value into a growing vector here made
-    // GCC 12 warn (wrongly) that the variant's inactive members may be used uninitialised.
-    Value::List ids(workers.size());
-    size_t i = 0;
-    for (int w : workers)
-      ids[i++] = Value(int64_t{w});
-    return Value::list(std::move(ids));
+  // The answer is made on the thread that completes the discovery (a list of ints: no
+  // hop through the pool for it).
+  Future<Value> answer;
+  gradwire::detail::on_complete_inline(found, [answer](const Future<std::set<int>>& done) mutable {
+    if (done.has_error()) {
+      answer.try_set_error(done.error());
+      return;
+    }
+    try {
+      const std::set<int>& workers = done.value();
+      // Sized first and assigned in place: moving a Value into a growing vector here made
+      // GCC 12 warn (wrongly) that the variant's inactive members may be used
+      // uninitialised.
+      Value::List ids(workers.size());
+      size_t i = 0;
+      for (int w : workers)
+        ids[i++] = Value(int64_t{w});
+      answer.try_set_value(Value::list(std::move(ids)));
+    } catch (...) {
+      answer.try_set_error(std::current_exception());
+    }
   });
+  return answer;
 }
 
 }  // namespace gradwire::dist_autograd::internal

@@ -136,6 +136,38 @@ TEST_F(DistAutograd, ParametersOnTheRemoteWorkerGetTheirGradientsThere) {
   EXPECT_FALSE(da::get_gradients(w(1), ctx.id()).contains(weights_.at(2)));
 }
 
+// The end of a worker's part and the initiator's record of every part's end happen on the
+// threads that end them, not on the agent's pool: a pass whose initiator has no incoming
+// gradients finishes while every one of the initiator's pool threads is busy.
+TEST_F(DistAutograd, APassEndsWhileTheInitiatorsPoolIsBusy) {
+  da::Context ctx(w(0));
+  Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // no grad: nothing comes back to w0
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);   // 1x2 = x · W on w1
+  const int threads = test::agent_options(reg_).num_worker_threads;
+  test::CountdownLatch started(threads);
+  test::CountdownLatch release(1);
+  for (int i = 0; i < threads; ++i) {
+    w(0).executor()->execute([&] {
+      started.count_down();
+      release.wait(30s);
+    });
+  }
+  ASSERT_TRUE(started.wait(10s)) << "the pool's threads did not all take a task";
+  da::BackwardOptions options;
+  options.timeout = 10s;
+  std::string failure;
+  try {
+    da::backward(w(0), ctx.id(), {sum(y)}, options);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  release.count_down();
+  EXPECT_EQ(failure, "") << "the pass needed the initiator's pool";
+  // d/dW sum(x W) = x^T 1.
+  expect_near(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)),
+              tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
+}
+
 TEST_F(DistAutograd, FanOutNestedCallsAndARing) {
   const std::vector<double> x0{0.5, -1.5, 2.0};
   // a = x^2 (w1), b = (-x)^2 (w2), c = (3x)^2 + x (w1 -> w2), d = 2 (x^2 + x) (w1 -> w2 ->
