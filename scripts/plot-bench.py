@@ -245,6 +245,15 @@ def plot_rpc_cdf(plt, rows, out_dir, written):
     if ping:
         ax.axvline(min(ping), color="gray", linestyle=":", label="raw TCP ping-pong p50")
     ax.set_xscale("log")
+    low = min(min(us for _, us in pts) for pts in curves.values())
+    high = max(max(us for _, us in pts) for pts in curves.values())
+    if ping:
+        low = min(low, min(ping))
+    ticks = [t for t in (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+             if low / 1.5 <= t <= high * 1.5]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t:g}" for t in ticks])
+    ax.minorticks_off()
     ax.set_ylim(0, 1)
     ax.legend(fontsize=9)
     save(plt, fig, out_dir, "rpc_latency_cdf.svg", written)
