@@ -227,7 +227,7 @@ const Register rpc_bench(
           f.params.push_back({"pytorch_over_ours", have_theirs ? theirs[q] / seconds : nan});
           if (q == 0) {
             f.params.push_back({"target_pytorch_over_ours_min", 5.0});
-            f.params.push_back({"target_ratio_to_pingpong_max", 3.0});
+            f.params.push_back({"target_ratio_to_pingpong_max", 2.0});
           }
           emit(f);
         }
