@@ -25,10 +25,12 @@ if [[ $step == all || $step == asan ]]; then
   cmake --build "$root/build-asan" -j "$jobs"
   # The chaos schedules are left to the main job: their invariants include deadlines
   # ("every call ended within its deadline") tuned for optimised builds, which a Debug
-  # build under ASan runs several times slower.
+  # build under ASan runs several times slower. So is the 64-process scale test: 64 ASan
+  # processes on a 2-core machine pass alone in ~13 s, but beside another test they can be
+  # starved past the transport's 10 s handshake deadline.
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     ctest --output-on-failure -j "$jobs" -LE 'build|chaos')
+     ctest --output-on-failure -j "$jobs" -LE 'build|chaos' -E 'TransportScale\.SixtyFour')
 fi
 
 if [[ $step == all || $step == tsan ]]; then
