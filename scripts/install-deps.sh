@@ -2,7 +2,8 @@
 # Installs, with apt-get, exactly the Debian 12 packages gradwire needs that are missing.
 # Idempotent, and silent when everything is already present.
 #   scripts/install-deps.sh            build and test dependencies
-#   scripts/install-deps.sh --bench    also PyTorch 1.13 (python3-torch), the benchmark peer
+#   scripts/install-deps.sh --bench    also PyTorch 1.13 (python3-torch), the benchmark peer, and
+#                                      matplotlib for scripts/plot-bench.py
 #   scripts/install-deps.sh --checks   also clang and its runtimes, for the -Wthread-safety
 #                                      build and the fuzzers (libFuzzer, ASan)
 set -euo pipefail
@@ -17,7 +18,7 @@ packages=(
 )
 for arg in "$@"; do
   case "$arg" in
-    --bench) packages+=(python3 python3-torch) ;;
+    --bench) packages+=(python3 python3-torch python3-matplotlib) ;;
     --checks) packages+=(clang libclang-rt-14-dev) ;;
     *) echo "usage: scripts/install-deps.sh [--bench] [--checks]" >&2; exit 2 ;;
   esac

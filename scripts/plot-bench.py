@@ -19,7 +19,7 @@ as progress on stderr captured with 2>&1, are skipped) and writes, for the metri
                           (params.cdf_percent_us), with the raw TCP ping-pong of the same run
 
 A figure whose metric is absent is skipped (and said so). Needs matplotlib
-(apt-get install python3-matplotlib). The SVGs are written without a date so that the same
+(scripts/install-deps.sh --bench installs it). The SVGs are written without a date so that the same
 input gives the same file.
 """
 
@@ -271,7 +271,7 @@ def main():
         matplotlib.rcParams["svg.hashsalt"] = "gradwire"
         import matplotlib.pyplot as plt
     except ImportError:
-        sys.exit("plot-bench: matplotlib is missing (apt-get install python3-matplotlib)")
+        sys.exit("plot-bench: matplotlib is missing (scripts/install-deps.sh --bench installs it)")
     rows = read_rows(args.inputs)
     if not rows:
         sys.exit("plot-bench: no gradwire-bench rows in " + ", ".join(args.inputs))
