@@ -63,33 +63,36 @@ void Container::retry_wait(const std::weak_ptr<Container>& weak_self,
   }
 }
 
-Future<Value> Container::on_wait(const WorkerInfo& caller, const wire::Wait& w) {
+std::pair<std::shared_ptr<ContextState>, Future<void>> Container::part_for(const WorkerInfo& caller,
+                                                                           uint64_t ctx,
+                                                                           uint64_t pass_id,
+                                                                           const char* what) {
   // Only the pass's initiator (who minted its id) waits for it.
-  if (worker_of(w.pass_id()) != caller.id) {
-    throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a wait for pass " +
-                       ctx_text(w.pass_id()) + " from worker " + caller.describe() +
+  if (worker_of(pass_id) != caller.id) {
+    throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a " + what +
+                       " for pass " + ctx_text(pass_id) + " from worker " + caller.describe() +
                        ", which did not start it");
   }
-  std::shared_ptr<ContextState> state = get_for(w.context_id(), caller, "wait");
-  std::optional<Future<void>> done;
+  std::shared_ptr<ContextState> state = get_for(ctx, caller, what);
   {
     MutexLock lock(state->mutex);
-    auto pass = state->passes.find(w.pass_id());
-    if (pass != state->passes.end() && pass->second.sink != nullptr) {
-      done = pass->second.done;
-    } else if (state->last_pass == w.pass_id()) {
-      done = state->last_done;  // asked again after its answer was lost or late
-    }
+    auto pass = state->passes.find(pass_id);
+    if (pass != state->passes.end() && pass->second.sink != nullptr)
+      return {state, pass->second.done};
+    // Asked again after its answer was lost or late, or asked after the Wait's answer.
+    if (state->last_pass == pass_id) return {state, state->last_done};
   }
-  if (!done) {
-    throw CallRejected("dist_autograd: worker " + self_.describe() + " takes no part in pass " +
-                       ctx_text(w.pass_id()));
-  }
+  throw CallRejected("dist_autograd: worker " + self_.describe() + " takes no part in pass " +
+                     ctx_text(pass_id));
+}
+
+Future<Value> Container::on_wait(const WorkerInfo& caller, const wire::Wait& w) {
+  auto [state, done] = part_for(caller, w.context_id(), w.pass_id(), "wait");
   // Answered on the thread that ends this worker's part (no hop through the pool).
   std::weak_ptr<ContextState> weak = state;
   const uint64_t pass_id = w.pass_id();
   Future<Value> answer;
-  gradwire::detail::on_complete_inline(*done,
+  gradwire::detail::on_complete_inline(done,
                                        [weak, pass_id, answer](const Future<void>& part) mutable {
                                          // This worker's part is over and reported.
                                          if (auto s = weak.lock()) forget_pass(*s, pass_id);

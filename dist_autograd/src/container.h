@@ -206,8 +206,19 @@ class Container : public rpc::Interceptor,
   static void retry_wait(const std::weak_ptr<Container>& weak_self,
                          const std::weak_ptr<ContextState>& weak_state, uint64_t pass_id,
                          const WorkerInfo& to, Future<void> result, const Future<Value>& done);
+  // BackwardOptions::on_last_part: called once every part in `parts` (the other workers' of
+  // `workers`, in order, then this one's) but one has ended well, when that one is another
+  // worker's.
+  void watch_for_last_part(
+      uint64_t pass_id, const std::set<int>& workers, const std::vector<Future<void>>& parts,
+      const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part);
   // A Wait: answer once this worker's part of the pass is over.
   Future<Value> on_wait(const WorkerInfo& caller, const wire::Wait& w);
+  // This worker's part of a pass, for its initiator `caller` (a Wait, or part_done()): the
+  // future that completes when it is over. `what` names the request in errors.
+  std::pair<std::shared_ptr<ContextState>, Future<void>> part_for(const WorkerInfo& caller,
+                                                                  uint64_t ctx, uint64_t pass_id,
+                                                                  const char* what);
   // Records how this worker's part of a pass ended: success clears an earlier failure; a
   // failure (or an abort, even after success) is remembered and takes back the pass's
   // gradients. The task, and with it the graph unless retained, is let go.

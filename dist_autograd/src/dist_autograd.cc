@@ -92,6 +92,14 @@ void release(rpc::RpcAgent& agent, uint64_t context_id) {
   container->get(context_id);
   container->release(context_id, -1).wait(container->agent_wait());
 }
+Future<void> part_done(const rpc::CallContext& call, uint64_t context_id, uint64_t pass_id) {
+  if (call.agent() == nullptr) {
+    throw InvalidArgument("dist_autograd::part_done: the call came through no agent");
+  }
+  return Container::of(*call.agent())
+      ->part_for(call.caller(), context_id, pass_id, "request to wait for its part")
+      .second;
+}
 size_t num_contexts(rpc::RpcAgent& agent) {
   return Container::of(agent)->size();
 }

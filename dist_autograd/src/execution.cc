@@ -68,6 +68,7 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
       MutexLock lock(state->mutex);
       parts.push_back(state->passes[pass_id].done);
     }
+    if (options.on_last_part) watch_for_last_part(pass_id, workers, parts, options.on_last_part);
     Future<void> all = rpc::join_fail_fast(parts);
     for (const auto& r : graph_roots)
       task->add_gradient(r.edge, r.grad);
@@ -105,6 +106,57 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
   }
   end_pass(*state, pass_id);
   span.arg(trace::Arg("error", 0));
+}
+
+void Container::watch_for_last_part(
+    uint64_t pass_id, const std::set<int>& workers, const std::vector<Future<void>>& parts,
+    const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part) {
+  // `parts` holds the other workers' parts in `workers`' order, then this worker's.
+  struct Left {
+    Mutex mutex;
+    std::set<int> running GRADWIRE_GUARDED_BY(mutex);
+    bool over GRADWIRE_GUARDED_BY(mutex) = false;  // a part failed, or the call was made
+  };
+  auto left = std::make_shared<Left>();
+  std::vector<int> order;
+  for (int w : workers) {
+    if (w != self_.id) order.push_back(w);
+  }
+  order.push_back(self_.id);
+  if (order.size() < 2) return;  // this worker alone: nobody else to ask
+  {
+    MutexLock lock(left->mutex);
+    left->running.insert(order.begin(), order.end());
+  }
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  std::weak_ptr<rpc::RpcAgent> weak_agent = agent;
+  const int self_id = self_.id;
+  for (size_t i = 0; i < parts.size() && i < order.size(); ++i) {
+    gradwire::detail::on_complete_inline(
+        parts[i], [left, worker = order[i], self_id, pass_id, weak_agent,
+                   on_last_part](const Future<void>& part) {
+          int last = -1;
+          {
+            MutexLock lock(left->mutex);
+            if (left->over) return;
+            if (part.has_error()) {
+              left->over = true;
+              return;
+            }
+            left->running.erase(worker);
+            if (left->running.size() != 1 || *left->running.begin() == self_id) return;
+            left->over = true;
+            last = *left->running.begin();
+          }
+          try {
+            std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
+            if (agent != nullptr) on_last_part(pass_id, agent->get_worker_info(last));
+          } catch (const std::exception& e) {
+            GRADWIRE_LOG(kWarning) << "dist_autograd: BackwardOptions::on_last_part for pass "
+                                   << ctx_text(pass_id) << " threw: " << e.what();
+          }
+        });
+  }
 }
 
 void Container::propagate(const RecvBackward& recv, std::vector<Tensor>&& grads) {

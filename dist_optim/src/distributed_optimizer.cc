@@ -28,16 +28,21 @@ constexpr const char* kShardClass = "gradwire.dist_optim.Shard";
 // trainers stepping the same parameters never interleave inside one update.
 struct StepLock {
   Mutex mutex;
+  // The agent it belongs to, for a step that runs after its request's handler returned.
+  std::weak_ptr<rpc::RpcAgent> agent;
 };
 
 void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
-  agent->set_attachment(std::make_shared<StepLock>());
+  auto lock = std::make_shared<StepLock>();
+  lock->agent = agent;
+  agent->set_attachment(lock);
   rpc::Registry& registry = agent->registry();
   if (registry.has_class(kShardClass)) return;
   try {
     registry.def_class<detail::Shard>(kShardClass)
         .ctor<StateDict, std::vector<RRef<Tensor>>>()
         .method("step", &detail::Shard::step)
+        .method("step_after", &detail::Shard::step_after)
         .method("state_dict", &detail::Shard::state_dict)
         .method("load_state_dict", &detail::Shard::load_state_dict);
   } catch (const InvalidArgument&) {
@@ -126,58 +131,92 @@ Tensor in_parameter_layout(const Tensor& param, const Tensor& grad, Tensor& scra
 
 namespace detail {
 
-Shard::Shard(const StateDict& spec, const std::vector<RRef<Tensor>>& params) {
+Shard::Shard(const StateDict& spec, const std::vector<RRef<Tensor>>& params)
+    : state_(std::make_shared<State>()) {
   for (const auto& p : params) {
     if (!p.is_owner()) {
       throw InvalidArgument("dist_optim: a shard was given " + p.describe() +
                             ", which its worker does not own");
     }
-    params_.push_back(*p.local_value());
+    state_->params.push_back(*p.local_value());
   }
-  scratch_.resize(params_.size());
-  optimizer_ = optim::make_functional_optimizer(spec, params_);
+  MutexLock lock(state_->mutex);
+  state_->scratch.resize(state_->params.size());
+  state_->optimizer = optim::make_functional_optimizer(spec, state_->params);
 }
 
-int64_t Shard::step(const rpc::CallContext& ctx, uint64_t context_id) {
+int64_t Shard::State::step(rpc::RpcAgent& agent, int caller, uint64_t request_id,
+                           uint64_t context_id) {
   trace::Span span("dist_optim.owner_step", "dist_optim", trace::Arg("context_id", context_id),
-                   trace::Arg("caller", ctx.caller().id),
-                   trace::Arg("request_id", ctx.request_id()),
-                   trace::Arg("params", static_cast<uint64_t>(params_.size())));
-  const dist_autograd::Gradients grads = dist_autograd::get_gradients(*ctx.agent(), context_id);
+                   trace::Arg("caller", caller), trace::Arg("request_id", request_id),
+                   trace::Arg("params", static_cast<uint64_t>(params.size())));
+  const dist_autograd::Gradients grads = dist_autograd::get_gradients(agent, context_id);
   std::vector<Tensor> matched;
   int64_t found = 0;
-  for (const Tensor& p : params_) {
+  for (const Tensor& p : params) {
     // A parameter without a gradient in this context is skipped, state included.
     matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
     found += matched.back().defined() ? 1 : 0;
   }
   span.arg(trace::Arg("with_grad", found));
-  std::shared_ptr<StepLock> lock = ctx.agent()->attachment<StepLock>();
+  std::shared_ptr<StepLock> lock = agent.attachment<StepLock>();
   std::optional<trace::Span> waiting;
   if (trace::enabled()) {
     waiting.emplace("dist_optim.wait_lock", "dist_optim", trace::Arg("context_id", context_id));
   }
   MutexLock serialised(lock->mutex);
-  MutexLock mine(mutex_);
+  MutexLock mine(mutex);
   waiting.reset();
   autograd::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i)
-    matched[i] = in_parameter_layout(params_[i], matched[i], scratch_[i]);
-  optimizer_->step(params_, matched);
+  for (size_t i = 0; i < params.size(); ++i)
+    matched[i] = in_parameter_layout(params[i], matched[i], scratch[i]);
+  optimizer->step(params, matched);
   return found;
 }
 
+int64_t Shard::step(const rpc::CallContext& ctx, uint64_t context_id) {
+  return state_->step(*ctx.agent(), ctx.caller().id, ctx.request_id(), context_id);
+}
+
+Future<int64_t> Shard::step_after(const rpc::CallContext& ctx, uint64_t context_id,
+                                  uint64_t pass_id) {
+  // Refused at once unless the caller started the pass and this worker takes part in it.
+  Future<void> part = dist_autograd::part_done(ctx, context_id, pass_id);
+  std::shared_ptr<StepLock> lock = ctx.agent()->attachment<StepLock>();
+  std::weak_ptr<rpc::RpcAgent> weak_agent = lock->agent;
+  // How long the request waited for the part (dist_optim.wait_part, on the owner).
+  const int64_t arrived_ns = trace::enabled() ? trace::now_ns() : 0;
+  return part.then(
+      ctx.agent()->executor(),
+      [state = state_, weak_agent, caller = ctx.caller().id, request_id = ctx.request_id(),
+       context_id, pass_id, arrived_ns](Future<void> ended) -> int64_t {
+        if (arrived_ns != 0) {
+          trace::complete(
+              "dist_optim.wait_part", "dist_optim", arrived_ns, trace::now_ns(),
+              {trace::Arg("context_id", context_id), trace::Arg("pass_id", pass_id),
+               trace::Arg("caller", caller), trace::Arg("error", ended.has_error() ? 1 : 0)});
+        }
+        ended.value();  // the part's failure: nothing moves
+        std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
+        if (agent == nullptr) {
+          throw Error("dist_optim: the agent stopped before the step in context " +
+                      std::to_string(context_id));
+        }
+        return state->step(*agent, caller, request_id, context_id);
+      });
+}
+
 StateDict Shard::state_dict() {
-  MutexLock lock(mutex_);
+  MutexLock lock(state_->mutex);
   StateDict copy;
-  for (const auto& [key, t] : optimizer_->state_dict())
+  for (const auto& [key, t] : state_->optimizer->state_dict())
     copy.emplace_back(key, t.clone());
   return copy;
 }
 
 void Shard::load_state_dict(const StateDict& state) {
-  MutexLock lock(mutex_);
-  optimizer_->load_state_dict(state, params_);
+  MutexLock lock(state_->mutex);
+  state_->optimizer->load_state_dict(state, state_->params);
 }
 
 bool ensure_registered() {
@@ -195,7 +234,8 @@ const bool kRegisteredHere = ensure_registered();
 }  // namespace detail
 
 DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
-                                           std::vector<RRef<Tensor>> params) {
+                                           std::vector<RRef<Tensor>> params)
+    : agent_(&agent) {
   if (params.empty()) throw InvalidArgument("dist_optim: DistributedOptimizer without parameters");
   std::map<int, std::pair<rpc::WorkerInfo, std::vector<RRef<Tensor>>>> by_owner;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -222,22 +262,111 @@ DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict
   }
 }
 
+namespace {
+
+// Collects the owners' step futures and throws the first error once all have ended.
+void wait_all(std::vector<Future<int64_t>>& steps) {
+  std::exception_ptr first;
+  for (Future<int64_t>& step : steps) {
+    try {
+      step.get();
+    } catch (...) {
+      if (first == nullptr) first = std::current_exception();
+    }
+  }
+  if (first != nullptr) std::rethrow_exception(first);
+}
+
+}  // namespace
+
 void DistributedOptimizer::step(uint64_t context_id) {
   trace::Span span("dist_optim.step", "dist_optim", trace::Arg("context_id", context_id),
                    trace::Arg("owners", static_cast<uint64_t>(shards_.size())));
   std::vector<Future<int64_t>> steps;
   for (auto& shard : shards_)
     steps.push_back(shard.rpc_async<int64_t>("step", context_id));
-  std::exception_ptr first;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    try {
-      steps[i].get();
-    } catch (...) {
-      if (first == nullptr) first = std::current_exception();
+  try {
+    wait_all(steps);
+  } catch (...) {
+    span.arg(trace::Arg("error", 1));
+    throw;
+  }
+  span.arg(trace::Arg("error", 0));
+}
+
+void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vector<Tensor>& roots,
+                                             dist_autograd::BackwardOptions options) {
+  trace::Span span("dist_optim.backward_and_step", "dist_optim",
+                   trace::Arg("context_id", context_id),
+                   trace::Arg("owners", static_cast<uint64_t>(shards_.size())));
+  // The step sent early, to the owner whose part ends last; `closed` once backward() has
+  // returned, so that a late call of the hook sends nothing (that owner steps with the rest).
+  struct Early {
+    Mutex mutex;
+    bool closed GRADWIRE_GUARDED_BY(mutex) = false;
+    size_t owner GRADWIRE_GUARDED_BY(mutex) = 0;
+    std::optional<Future<int64_t>> step GRADWIRE_GUARDED_BY(mutex);
+  };
+  auto early = std::make_shared<Early>();
+  auto by_worker = std::make_shared<std::map<int, std::pair<size_t, RRef<detail::Shard>>>>();
+  for (size_t i = 0; i < shards_.size(); ++i)
+    by_worker->emplace(owners_[i].id, std::make_pair(i, shards_[i]));
+  options.on_last_part = [early, by_worker, context_id, theirs = std::move(options.on_last_part)](
+                             uint64_t pass_id, const rpc::WorkerInfo& last) {
+    if (theirs) theirs(pass_id, last);
+    auto it = by_worker->find(last.id);
+    if (it == by_worker->end()) return;  // the part left is not an owner's
+    MutexLock lock(early->mutex);
+    if (early->closed) return;
+    early->owner = it->second.first;
+    early->step = it->second.second.rpc_async<int64_t>("step_after", context_id, pass_id);
+  };
+  std::exception_ptr failed;
+  try {
+    dist_autograd::backward(*agent_, context_id, roots, options);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  std::optional<Future<int64_t>> early_step;
+  size_t early_owner = 0;
+  {
+    MutexLock lock(early->mutex);
+    early->closed = true;
+    early_step = early->step;
+    early_owner = early->owner;
+  }
+  span.arg(trace::Arg("early", early_step.has_value() ? 1 : 0));
+  if (failed != nullptr) {
+    span.arg(trace::Arg("error", 1));
+    // The early step fails with its owner's part, which the pass's abort ends; waited for so
+    // that nothing of this call goes on after it.
+    if (early_step && early_step->wait(agent_->options().rpc_timeout) && !early_step->has_error()) {
+      // Only a pass that failed at its deadline, after that owner's part had ended.
+      try {
+        std::rethrow_exception(failed);
+      } catch (const std::exception& e) {
+        throw Error("dist_optim: backward_and_step in context " + std::to_string(context_id) +
+                    " failed, but worker " + owners_[early_owner].describe() +
+                    " had finished its part and stepped its parameters: " + e.what());
+      }
+    }
+    std::rethrow_exception(failed);
+  }
+  std::vector<Future<int64_t>> steps;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (early_step && i == early_owner) {
+      steps.push_back(*early_step);
+    } else {
+      steps.push_back(shards_[i].rpc_async<int64_t>("step", context_id));
     }
   }
-  span.arg(trace::Arg("error", first != nullptr ? 1 : 0));
-  if (first != nullptr) std::rethrow_exception(first);
+  try {
+    wait_all(steps);
+  } catch (...) {
+    span.arg(trace::Arg("error", 1));
+    throw;
+  }
+  span.arg(trace::Arg("error", 0));
 }
 
 StateDict DistributedOptimizer::state_dict() {

@@ -15,6 +15,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -134,6 +136,83 @@ TEST_F(DistAutograd, ParametersOnTheRemoteWorkerGetTheirGradientsThere) {
   Tensor gw = da::get_gradients(w(1), ctx.id()).at(weights_.at(1));
   expect_near(gw, tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
   EXPECT_FALSE(da::get_gradients(w(1), ctx.id()).contains(weights_.at(2)));
+}
+
+// BackwardOptions::on_last_part names, once, the worker whose part is the only one left
+// (here w1's: w0's part ends when it has sent w1 the gradient of y, x needing none), and a
+// request sent from there may wait on w1 for that part's end (part_done). Only the pass's
+// initiator may ask, and only for a pass the worker takes part in. A pass whose other part
+// fails, or that has no other part, calls nothing.
+TEST_F(DistAutograd, TheLastPartIsNamedOnceAndItsEndMayBeAwaitedThere) {
+  reg_.def("wait_part", [](const CallContext& ctx, uint64_t context_id, uint64_t pass_id) {
+    return da::part_done(ctx, context_id, pass_id);
+  });
+  struct Seen {
+    std::mutex mutex;
+    int calls = 0;
+    uint64_t pass_id = 0;
+    std::string worker;
+    std::optional<Future<void>> waited;
+  };
+  auto seen = std::make_shared<Seen>();
+  da::BackwardOptions options;
+  RpcAgent* w0 = &w(0);
+  da::Context ctx(w(0));
+  options.on_last_part = [seen, w0, id = ctx.id()](uint64_t pass_id, const rpc::WorkerInfo& last) {
+    std::lock_guard<std::mutex> lock(seen->mutex);
+    ++seen->calls;
+    seen->pass_id = pass_id;
+    seen->worker = last.name;
+    seen->waited = w0->rpc_async<void>(last.name, "wait_part", id, pass_id);
+  };
+  Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // needs no gradient
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);
+  da::backward(w(0), ctx.id(), {sum(y)}, options);
+  std::optional<Future<void>> waited;
+  uint64_t pass_id = 0;
+  {
+    std::lock_guard<std::mutex> lock(seen->mutex);
+    EXPECT_EQ(seen->calls, 1);
+    EXPECT_EQ(seen->worker, "w1");
+    waited = seen->waited;
+    pass_id = seen->pass_id;
+  }
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_NO_THROW(waited->get(10s));
+  // d/dW sum(x W) = x^T 1.
+  expect_near(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)),
+              tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
+  // Asked again after the pass: its end is remembered.
+  EXPECT_NO_THROW(w(0).rpc_sync<void>("w1", "wait_part", ctx.id(), pass_id));
+  try {
+    w(2).rpc_sync<void>("w1", "wait_part", ctx.id(), pass_id);
+    ADD_FAILURE() << "a worker that did not start the pass waited for a part of it";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("from worker 'w2' (rank 2), which did not start it"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    w(0).rpc_sync<void>("w1", "wait_part", ctx.id(), pass_id + 1000);
+    ADD_FAILURE() << "waited for a pass w1 takes no part in";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("takes no part in pass"), std::string::npos) << e.what();
+  }
+  // The other part fails: nothing is called.
+  {
+    da::Context failing(w(0));
+    Tensor z = w(0).rpc_sync<Tensor>("w1", "fails_in_backward", leaf({1.0, 2.0}));
+    EXPECT_THROW(da::backward(w(0), failing.id(), {sum(z)}, options), RemoteError);
+  }
+  // No other part: nothing is called.
+  {
+    da::Context alone(w(0));
+    Tensor a = leaf({2.0});
+    da::backward(w(0), alone.id(), {sum(sq(a))}, options);
+    expect_near(da::get_gradients(w(0), alone.id()).at(a), tensor(std::vector<double>{4.0}));
+  }
+  std::lock_guard<std::mutex> lock(seen->mutex);
+  EXPECT_EQ(seen->calls, 1);
 }
 
 // The end of a worker's part and the initiator's record of every part's end happen on the

@@ -106,21 +106,27 @@ class DistOptim : public ::testing::Test {
   }
   RpcAgent& w(int r) { return *agents_[static_cast<size_t>(r)]; }
 
-  // One training step through remote parameters on w1 and w2, driven by w0.
+  // One training step through remote parameters on w1 and w2, driven by w0: backward() then
+  // step(), or backward_and_step().
   void remote_step(dist_optim::DistributedOptimizer& opt, const RRef<Tensor>& p1,
-                   const RRef<Tensor>& p2) {
+                   const RRef<Tensor>& p2, bool fused = false) {
     da::Context ctx(w(0));
     Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
     Tensor a = w(0).rpc_sync<Tensor>("w1", "scaled", p1, x);
     Tensor b = w(0).rpc_sync<Tensor>("w2", "scaled", p2, x);
-    da::backward(w(0), ctx.id(), {add(sum(mul(a, a)), sum(b))});
-    opt.step(ctx.id());
+    if (fused) {
+      opt.backward_and_step(ctx.id(), {add(sum(mul(a, a)), sum(b))});
+    } else {
+      da::backward(w(0), ctx.id(), {add(sum(mul(a, a)), sum(b))});
+      opt.step(ctx.id());
+    }
   }
 
   // The optimizer `options` make, stepped through a context per step, against PyTorch's
-  // values after every step.
+  // values after every step; with `fused`, each step is one backward_and_step().
   template <typename Options>
-  void check_against_pytorch(const Options& options, const std::string& fixture) {
+  void check_against_pytorch(const Options& options, const std::string& fixture,
+                             bool fused = false) {
     const Fixture want = read_fixture(fixture);
     RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
     RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});
@@ -128,7 +134,7 @@ class DistOptim : public ::testing::Test {
     dist_optim::DistributedOptimizer opt(w(0), options, {p1, p2, p3});
     EXPECT_EQ(opt.num_owners(), 2u);
     for (size_t s = 0; s < want.values.size(); ++s) {
-      remote_step(opt, p1, p2);
+      remote_step(opt, p1, p2, fused);
       const std::vector<RRef<Tensor>> params{p1, p2, p3};
       for (size_t k = 0; k < params.size(); ++k) {
         expect_values(
@@ -216,6 +222,54 @@ TEST_F(DistOptim, TwoTrainersStepTheSameParametersConcurrently) {
 
 // A pass that failed leaves nothing to step: every owner refuses, naming the failure, and
 // no parameter moves; the next context's pass steps as usual.
+// backward_and_step() is backward() then step(): the same values after every step (one of
+// the two owners is stepped early, as its part ends, the other after the pass), for an
+// optimizer with state.
+TEST_F(DistOptim, BackwardAndStepMatchesPyTorchAsBackwardThenStepDoes) {
+  check_against_pytorch(
+      optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true},
+      "sgd_momentum", /*fused=*/true);
+  check_against_pytorch(optim::AdamOptions{.lr = 0.01}, "adam", /*fused=*/true);
+}
+
+// A pass that fails in backward_and_step() moves no parameter, the owner that would have
+// been stepped early (the one whose part fails last) included, and reports the pass's
+// error; the next good step moves them.
+TEST_F(DistOptim, BackwardAndStepAfterAFailedPassMovesNothing) {
+  reg_.def("scaled_then_fails", [](const RRef<Tensor>& p, const Tensor& x) {
+    Tensor y = mul(*p.local_value(), x);
+    y.register_hook([](const Tensor&) -> Tensor { throw std::runtime_error("hook exploded"); });
+    return y;
+  });
+  RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
+  RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});
+  const Tensor start1 = p1.to_here(), start2 = p2.to_here();
+  dist_optim::DistributedOptimizer opt(w(0), optim::SGDOptions{.lr = 0.1}, {p1, p2});
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    da::Context ctx(w(0));
+    Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
+    Tensor a = w(0).rpc_sync<Tensor>("w1", "scaled", p1, x);
+    Tensor b = w(0).rpc_sync<Tensor>("w2", "scaled_then_fails", p2, x);
+    try {
+      opt.backward_and_step(ctx.id(), {add(sum(mul(a, a)), sum(b))});
+      ADD_FAILURE() << "a failed pass stepped";
+    } catch (const RemoteError& e) {
+      EXPECT_EQ(e.worker(), "w2") << e.what();
+      EXPECT_NE(std::string(e.what()).find("hook exploded"), std::string::npos) << e.what();
+    }
+  }
+  expect_values(p1.to_here(), std::vector<double>(start1.data<double>(), start1.data<double>() + 4),
+                "p1");
+  expect_values(p2.to_here(), std::vector<double>(start2.data<double>(), start2.data<double>() + 4),
+                "p2");
+  remote_step(opt, p1, p2, /*fused=*/true);
+  // d/dp2 sum(p2 * x) = x: one SGD step moves p2 by -0.1 x.
+  const double x[] = {1, -2, 3, 0.5};
+  Tensor got = p2.to_here();
+  for (int64_t i = 0; i < 4; ++i)
+    EXPECT_NEAR(got.data<double>()[i], start2.data<double>()[i] - 0.1 * x[i], 1e-12);
+}
+
 TEST_F(DistOptim, AStepAfterAFailedPassThrowsAndMovesNothing) {
   reg_.def("scaled_then_fails", [](const RRef<Tensor>& p, const Tensor& x) {
     Tensor y = mul(*p.local_value(), x);

@@ -40,7 +40,9 @@ class DistOptimTrace : public ::testing::Test {
  protected:
   // A trainer (w0) steps parameters owned by w1 (two of them) and w2 (one) once; every
   // process writes what it recorded to DIR/w<rank>.trace.json when its agent is down.
-  void run(bool traced) {
+  // With `backward_and_step`, the trainer runs DistributedOptimizer::backward_and_step
+  // instead of backward() then step().
+  void run(bool traced, bool backward_and_step = false) {
     rpc::Registry reg;
     reg.def("make_param", [](int64_t n) { return make_param(n); });
     reg.def("scaled",
@@ -65,8 +67,12 @@ class DistOptimTrace : public ::testing::Test {
               loss = loss.defined()
                          ? add(loss, sum(agent.rpc_sync<Tensor>(p.owner().name, "scaled", p, x)))
                          : sum(agent.rpc_sync<Tensor>(p.owner().name, "scaled", p, x));
-            da::backward(agent, ctx.id(), {loss});
-            opt.step(ctx.id());
+            if (backward_and_step) {
+              opt.backward_and_step(ctx.id(), {loss});
+            } else {
+              da::backward(agent, ctx.id(), {loss});
+              opt.step(ctx.id());
+            }
             context_id_file(ctx.id());
             // The step moved the parameters: 1 - 0.1 * x.
             EXPECT_DOUBLE_EQ(params[2].to_here().data<double>()[2], 1 - 0.1 * 3);
@@ -135,6 +141,41 @@ TEST_F(DistOptimTrace, StepOnTheTrainerAndEachOwnersStepCarryTheContextId) {
     ASSERT_EQ(waits.size(), 1u);
     EXPECT_GE(test::trace_begin(waits[0]), test::trace_begin(served[0]));
   }
+}
+
+// backward_and_step: the owner whose part of the pass ends last (w1's and w2's parts run at
+// once, after the trainer's has sent them their gradients) is sent its step while the pass
+// runs and steps once its part is over; the other is stepped after the pass. Each owner
+// steps exactly once, and the parameters move as with backward() then step() (checked in
+// run()).
+TEST_F(DistOptimTrace, BackwardAndStepStepsTheLastOwnerAsItsPartEnds) {
+  run(true, /*backward_and_step=*/true);
+  const uint64_t id = context_id();
+  ASSERT_NE(id, 0u);
+  const nlohmann::json trainer = file(0);
+  const auto calls = test::trace_events(trainer, "dist_optim.backward_and_step");
+  ASSERT_EQ(calls.size(), 1u) << trainer.dump();
+  EXPECT_EQ(calls[0].at("args").at("context_id"), id);
+  EXPECT_EQ(calls[0].at("args").at("owners"), 2);
+  EXPECT_EQ(calls[0].at("args").at("early"), 1);
+  EXPECT_EQ(calls[0].at("args").at("error"), 0);
+  int early = 0;
+  for (int owner = 1; owner <= 2; ++owner) {
+    const nlohmann::json f = file(owner);
+    const auto served = test::trace_events(f, "dist_optim.owner_step");
+    ASSERT_EQ(served.size(), 1u) << f.dump();
+    EXPECT_EQ(served[0].at("args").at("context_id"), id);
+    // The early step's request waited on its owner for the part to end, then stepped.
+    const auto waited = test::trace_events(f, "dist_optim.wait_part");
+    for (const auto& w : waited) {
+      EXPECT_EQ(w.at("args").at("context_id"), id);
+      EXPECT_EQ(w.at("args").at("caller"), 0);
+      EXPECT_EQ(w.at("args").at("error"), 0);
+      EXPECT_LE(test::trace_end(w), test::trace_begin(served[0]) + 0.01);
+    }
+    early += static_cast<int>(waited.size());
+  }
+  EXPECT_EQ(early, 1);
 }
 
 TEST_F(DistOptimTrace, TracingOffRecordsNothing) {

@@ -47,6 +47,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -124,6 +125,14 @@ struct BackwardOptions {
   // The pass's deadline, from the call: discovery, every worker's part and their reports
   // all within it, whatever the agent's rpc_timeout; > 0 (kNoTimeout: none).
   std::chrono::milliseconds timeout{kDefaultBackwardTimeout};
+  // Called at most once during the pass, when every worker's part but one has ended well and
+  // the one left is another worker: with the pass's id and that worker. The pass then
+  // succeeds exactly when that worker's part does, so a request sent to it from here may
+  // wait there, with part_done(), for its part to end and act on the pass's gradients at
+  // once (dist_optim's backward_and_step() sends its step this way, saving a round trip).
+  // Runs on whichever thread ended the other part (an I/O or pool thread): it must not
+  // block; what it throws is logged and otherwise ignored.
+  std::function<void(uint64_t pass_id, const rpc::WorkerInfo& last)> on_last_part = nullptr;
 };
 
 // Runs a backward pass from `roots` (one-element tensors get gradient 1) in context
@@ -146,6 +155,14 @@ Gradients get_gradients(uint64_t context_id);
 // released it (bounded by the agent's rpc_timeout). A Context's end does the same without
 // waiting.
 void release(rpc::RpcAgent& agent, uint64_t context_id);
+
+// For a request that BackwardOptions::on_last_part sent: completes when this worker's part in
+// pass `pass_id` of context `context_id` is over, with the part's error if it failed (or was
+// aborted, or the context released). Only the pass's initiator may ask (`call.caller()`):
+// anyone else gets CallRejected, as does a pass this worker takes no part in (it has no
+// part to end) or a context it does not hold. No timeout of its own: the part ends by the
+// pass's deadline, an abort or the context's release.
+Future<void> part_done(const rpc::CallContext& call, uint64_t context_id, uint64_t pass_id);
 
 // How many contexts this worker holds (for monitoring and tests).
 size_t num_contexts(rpc::RpcAgent& agent);

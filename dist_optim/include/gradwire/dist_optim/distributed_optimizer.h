@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "gradwire/core/mutex.h"
+#include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/optim/functional_optimizer.h"
 #include "gradwire/rref/rref.h"
 #include "gradwire/tensor/state_dict.h"
@@ -57,16 +58,25 @@ class Shard {
   // Steps with the gradients of dist-autograd context `context_id` on this worker; returns
   // how many parameters had one.
   int64_t step(const rpc::CallContext& ctx, uint64_t context_id);
+  // The same, once this worker's part in pass `pass_id` of the context has ended well
+  // (dist_autograd::part_done); the part's error, and no step, when it failed.
+  Future<int64_t> step_after(const rpc::CallContext& ctx, uint64_t context_id, uint64_t pass_id);
   StateDict state_dict();
   void load_state_dict(const StateDict& state);
 
  private:
-  Mutex mutex_;
-  std::vector<Tensor> params_;
-  // Per parameter: where a gradient laid out as a transposed matrix is copied in the
-  // parameter's layout for the fused update (allocated at the first such step, then reused).
-  std::vector<Tensor> scratch_ GRADWIRE_GUARDED_BY(mutex_);
-  std::unique_ptr<optim::FunctionalOptimizer> optimizer_ GRADWIRE_GUARDED_BY(mutex_);
+  // Shared with a step that runs after its request's handler returned.
+  struct State {
+    int64_t step(rpc::RpcAgent& agent, int caller, uint64_t request_id, uint64_t context_id);
+    std::vector<Tensor> params;
+    Mutex mutex;
+    // Per parameter: where a gradient laid out as a transposed matrix is copied in the
+    // parameter's layout for the fused update (allocated at the first such step, then
+    // reused).
+    std::vector<Tensor> scratch GRADWIRE_GUARDED_BY(mutex);
+    std::unique_ptr<optim::FunctionalOptimizer> optimizer GRADWIRE_GUARDED_BY(mutex);
+  };
+  std::shared_ptr<State> state_;
 };
 
 bool ensure_registered();
@@ -90,6 +100,19 @@ class DistributedOptimizer {
   // Steps every owner with context `context_id`'s gradients (see the file comment).
   void step(uint64_t context_id);
 
+  // dist_autograd::backward(agent, context_id, roots, options) then step(context_id), with
+  // the same result bit for bit, one round trip shorter where it can be: once every part of
+  // the pass but one owner's has ended well (BackwardOptions::on_last_part; a hook already in
+  // `options` is still called), that owner is sent its step at once and applies it the
+  // moment its part ends, while the others are stepped as step() does after the pass. In a
+  // parameter-server step (the trainer's part ends when it has sent the server its
+  // gradients) the server's update thus overlaps the pass's end instead of following it.
+  // Errors: backward()'s, unchanged (no owner steps after a failed pass; the one exception,
+  // a pass that fails at its deadline after the early owner's part ended and stepped, is an
+  // Error naming that owner); then step()'s.
+  void backward_and_step(uint64_t context_id, const std::vector<Tensor>& roots,
+                         dist_autograd::BackwardOptions options = {});
+
   // Every owner's optimizer state, keys prefixed with "<owner name>/".
   StateDict state_dict();
   // Loads what state_dict() returned (each owner its own part).
@@ -98,6 +121,7 @@ class DistributedOptimizer {
   size_t num_owners() const { return shards_.size(); }
 
  private:
+  rpc::RpcAgent* agent_;  // the trainer's; it outlives the optimizer, as the RRefs need
   std::vector<rpc::WorkerInfo> owners_;
   std::vector<rref::RRef<detail::Shard>> shards_;
 };
