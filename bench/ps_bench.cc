@@ -9,8 +9,9 @@
 // cycles through kBatches random batches of 64 (randn inputs, random labels of 10
 // classes); one step:
 //   dist_autograd::Context ctx; logits = ps.rpc_sync<Tensor>("forward", x);
-//   loss = nn::cross_entropy(logits, y); dist_autograd::backward; optimizer.step(ctx);
-//   loss.item()
+//   loss = nn::cross_entropy(logits, y); optimizer.backward_and_step(ctx, {loss})
+//   (dist_autograd's backward; the server, whose part ends last, steps as it ends, without a
+//   round trip of its own); loss.item()
 // The server's forward computes with a copy of the parameters taken at its start (the
 // gradient reaches the parameters through the copy; docs/parameter-server.md explains why
 // an asynchronous server needs it), on both sides.
@@ -33,7 +34,8 @@
 //                              (params.off_cost_fraction): no build without tracing exists
 //                              to compare with.
 // Diagnostics in params: the trainers' median step and the medians of its phases
-// (forward_ms, backward_ms, optimizer_ms, release_ms), PyTorch's median step
+// (forward_ms, backward_ms, release_ms), the median step with backward() then step() in
+// the same processes (separate_step_ms, separate_optimizer_ms), PyTorch's median step
 // (pytorch_step_ms), and the same step in one process without RPC (local_step_ms: the
 // computation both sides share).
 // Each trainer checks that its loss went down (the mean over its last kBatches timed
@@ -143,7 +145,25 @@ double now_s() {
 // process here), then the trainers' median step and the medians of its phases (kForward:
 // context + forward call; kBackward: cross-entropy + backward; kOptimizer: the optimizer
 // step; kRelease: the context's end), each the median over the trainers of their medians.
-enum Figures : size_t { kWindow, kStep, kForward, kBackward, kOptimizer, kRelease, kCount };
+// The timed steps use DistributedOptimizer::backward_and_step (kBackward covers it); after the
+// window a single trainer runs kAbBlocks blocks of kAbBlockSteps steps, alternating
+// backward_and_step (kFusedAb: their median step) with backward() then step() (kSeparateStep:
+// their median step; kOptimizer: their step() phase): the A/B of the two in one process
+// (not measured with more trainers).
+enum Figures : size_t {
+  kWindow,
+  kStep,
+  kForward,
+  kBackward,
+  kOptimizer,
+  kRelease,
+  kSeparateStep,
+  kFusedAb,
+  kCount
+};
+// The A/B after the window: blocks of kAbBlockSteps steps, fused and separate alternating.
+constexpr int kAbBlocks = 12;
+constexpr int kAbBlockSteps = 25;
 
 std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int trainers) {
   set_num_threads(kThreads);
@@ -188,13 +208,13 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
       for (size_t k = kStep; k < kCount; ++k) {
         double v = 0;
         is >> v;
-        medians[k].push_back(v);
+        if (v >= 0) medians[k].push_back(v);
       }
     }
     out.assign(kCount, 0);
     out[kWindow] = last - first;
     for (size_t k = kStep; k < kCount; ++k)
-      out[k] = median(medians[k]);
+      out[k] = medians[k].empty() ? -1.0 : median(medians[k]);  // -1: not measured
     keys.clear();
     for (int k = 1; k <= trainers; ++k)
       keys.push_back("idle" + std::to_string(k));
@@ -215,8 +235,10 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
           *agent, optim::SGDOptions{.lr = kLr},
           ps.rpc_sync<std::vector<RRef<Tensor>>>("parameter_rrefs"));
       std::vector<double> times[kCount];
-      bool record = false;
-      auto step = [&](int i) {
+      bool record = false;  // the window
+      bool ab = false;      // the A/B after it
+      // fused: backward_and_step (the timed window); else backward() then step().
+      auto step = [&](int i, bool fused) {
         const size_t b = static_cast<size_t>(i % kBatches);
         const double t0 = now_s();
         double t1 = 0, t2 = 0, t3 = 0;
@@ -226,25 +248,34 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
           const Tensor logits = ps.rpc_sync<Tensor>("forward", xs[b]);
           t1 = now_s();
           loss = nn::cross_entropy(logits, ys[b]);
-          dist_autograd::backward(*agent, ctx.id(), {loss});
-          t2 = now_s();
-          optimizer.step(ctx.id());
-          t3 = now_s();
+          if (fused) {
+            optimizer.backward_and_step(ctx.id(), {loss});
+            t2 = t3 = now_s();
+          } else {
+            dist_autograd::backward(*agent, ctx.id(), {loss});
+            t2 = now_s();
+            optimizer.step(ctx.id());
+            t3 = now_s();
+          }
         }
         const double value = loss.item<double>();
+        const double t4 = now_s();
         if (record) {
-          const double t4 = now_s();
           times[kStep].push_back(t4 - t0);
           times[kForward].push_back(t1 - t0);
           times[kBackward].push_back(t2 - t1);
-          times[kOptimizer].push_back(t3 - t2);
           times[kRelease].push_back(t4 - t3);
+        } else if (ab && fused) {
+          times[kFusedAb].push_back(t4 - t0);
+        } else if (ab) {
+          times[kSeparateStep].push_back(t4 - t0);
+          times[kOptimizer].push_back(t3 - t2);
         }
         return value;
       };
       double first_loss = 0, last_loss = 0;
       for (int i = 0; i < kWarmup; ++i) {
-        const double loss = step(i);
+        const double loss = step(i, /*fused=*/i % 2 == 0);
         if (i < kBatches) first_loss += loss / kBatches;
       }
       if (store->add("ready", 1) == trainers) store->set("go", "1");
@@ -252,10 +283,18 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
       record = true;
       const double start = now_s();
       for (int i = 0; i < kSteps; ++i) {
-        const double loss = step(i);
+        const double loss = step(i, /*fused=*/true);
         if (i >= kSteps - kBatches) last_loss += loss / kBatches;
       }
       const double end = now_s();
+      // With one trainer only: with more, the trainers end their windows at different times,
+      // and steps after a window meet less contention than those inside it.
+      record = false;
+      ab = true;
+      for (int block = 0; trainers == 1 && block < kAbBlocks; ++block) {
+        for (int i = 0; i < kAbBlockSteps; ++i)
+          (void)step(i, /*fused=*/block % 2 == 0);
+      }
       expect(last_loss < first_loss, name + "'s loss did not go down (" +
                                          std::to_string(first_loss) + " -> " +
                                          std::to_string(last_loss) + ")");
@@ -263,7 +302,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
       os.precision(17);
       os << start << ' ' << end;
       for (size_t k = kStep; k < kCount; ++k)
-        os << ' ' << median(times[k]);
+        os << ' ' << (times[k].empty() ? -1.0 : median(times[k]));  // -1: not measured
       store->set("span" + std::to_string(rank), std::string_view(os.str()));
     }
     rref::wait_idle(*agent, 60s);
@@ -395,8 +434,7 @@ std::vector<double> traced_body(std::shared_ptr<c10d::Store> store, int rank) {
           dist_autograd::Context ctx(*agent);
           const Tensor logits = ps.rpc_sync<Tensor>("forward", xs[b]);
           loss = nn::cross_entropy(logits, ys[b]);
-          dist_autograd::backward(*agent, ctx.id(), {loss});
-          optimizer.step(ctx.id());
+          optimizer.backward_and_step(ctx.id(), {loss});
         }
         return loss.item<double>();
       };
@@ -550,7 +588,8 @@ const Register ps_bench({"ps.samples_per_s", "ps.samples_per_s_trainers"}, [](co
         {"step",
          "dist_autograd::Context; logits = ps_rref.rpc_sync<Tensor>(\"forward\", x) (the "
          "server's forward on a copy of its parameters); nn::cross_entropy; "
-         "dist_autograd::backward; DistributedOptimizer(SGD lr 0.01).step(ctx); loss.item()"});
+         "DistributedOptimizer(SGD lr 0.01).backward_and_step(ctx, {loss}) (dist_autograd's "
+         "backward, the server stepped as its part ends); loss.item()"});
     f.params.push_back({"workers", std::to_string(1 + trainers) + " processes on 127.0.0.1: ps + " +
                                        std::to_string(trainers) +
                                        " trainer(s) (TensorPipe agent, 8 pool threads each)"});
@@ -567,12 +606,24 @@ const Register ps_bench({"ps.samples_per_s", "ps.samples_per_s_trainers"}, [](co
     f.params.push_back({"step_ms", mine[kStep] * 1e3});
     f.params.push_back({"forward_ms", mine[kForward] * 1e3});
     f.params.push_back({"backward_ms", mine[kBackward] * 1e3});
-    f.params.push_back({"optimizer_ms", mine[kOptimizer] * 1e3});
     f.params.push_back({"release_ms", mine[kRelease] * 1e3});
     f.params.push_back({"phases",
                         "diagnostic: the trainers' median step and the medians of its phases "
-                        "(context + forward call; cross-entropy + backward; optimizer step; "
-                        "the context's end), median over the trainers, same round"});
+                        "(context + forward call; cross-entropy + backward_and_step; the "
+                        "context's end), median over the trainers, same round"});
+    const bool separate = mine[kSeparateStep] >= 0;
+    f.params.push_back({"separate_step_ms", separate ? mine[kSeparateStep] * 1e3 : nan});
+    f.params.push_back({"separate_optimizer_ms", separate ? mine[kOptimizer] * 1e3 : nan});
+    f.params.push_back({"fused_ab_step_ms", separate ? mine[kFusedAb] * 1e3 : nan});
+    f.params.push_back(
+        {"separate_over_fused", separate ? mine[kSeparateStep] / mine[kFusedAb] : nan});
+    f.params.push_back(
+        {"separate",
+         "diagnostic, one trainer only: after the window, " + std::to_string(kAbBlocks) +
+             " alternating blocks of " + std::to_string(kAbBlockSteps) +
+             " steps, backward_and_step (fused_ab_step_ms) against dist_autograd::backward "
+             "then DistributedOptimizer::step (PyTorch's shape; separate_step_ms, its step() "
+             "phase separate_optimizer_ms), medians"});
     f.params.push_back({"pytorch_step_ms", have_theirs ? theirs_step[c] * 1e3 : nan});
     f.params.push_back({"local_step_ms", local_step * 1e3});
     f.params.push_back({"local_step",
