@@ -148,12 +148,23 @@ void Container::watch_for_last_part(
             left->over = true;
             last = *left->running.begin();
           }
+          // On the pool: what the hook sends is not sent from a transport's thread.
+          auto call = [weak_agent, pass_id, last, on_last_part] {
+            try {
+              std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
+              if (agent != nullptr) on_last_part(pass_id, agent->get_worker_info(last));
+            } catch (const std::exception& e) {
+              GRADWIRE_LOG(kWarning) << "dist_autograd: BackwardOptions::on_last_part for pass "
+                                     << ctx_text(pass_id) << " threw: " << e.what();
+            }
+          };
+          std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
+          if (agent == nullptr) return;
           try {
-            std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
-            if (agent != nullptr) on_last_part(pass_id, agent->get_worker_info(last));
+            agent->executor()->execute(std::move(call));
           } catch (const std::exception& e) {
             GRADWIRE_LOG(kWarning) << "dist_autograd: BackwardOptions::on_last_part for pass "
-                                   << ctx_text(pass_id) << " threw: " << e.what();
+                                   << ctx_text(pass_id) << " not called: " << e.what();
           }
         });
   }

@@ -313,13 +313,15 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
     by_worker->emplace(owners_[i].id, std::make_pair(i, shards_[i]));
   options.on_last_part = [early, by_worker, context_id, theirs = std::move(options.on_last_part)](
                              uint64_t pass_id, const rpc::WorkerInfo& last) {
-    if (theirs) theirs(pass_id, last);
     auto it = by_worker->find(last.id);
-    if (it == by_worker->end()) return;  // the part left is not an owner's
-    MutexLock lock(early->mutex);
-    if (early->closed) return;
-    early->owner = it->second.first;
-    early->step = it->second.second.rpc_async<int64_t>("step_after", context_id, pass_id);
+    if (it != by_worker->end()) {  // else the part left is not an owner's
+      MutexLock lock(early->mutex);
+      if (!early->closed) {
+        early->owner = it->second.first;
+        early->step = it->second.second.rpc_async<int64_t>("step_after", context_id, pass_id);
+      }
+    }
+    if (theirs) theirs(pass_id, last);
   };
   std::exception_ptr failed;
   try {

@@ -153,6 +153,7 @@ TEST_F(DistAutograd, TheLastPartIsNamedOnceAndItsEndMayBeAwaitedThere) {
     uint64_t pass_id = 0;
     std::string worker;
     std::optional<Future<void>> waited;
+    Future<void> called;
   };
   auto seen = std::make_shared<Seen>();
   da::BackwardOptions options;
@@ -164,10 +165,13 @@ TEST_F(DistAutograd, TheLastPartIsNamedOnceAndItsEndMayBeAwaitedThere) {
     seen->pass_id = pass_id;
     seen->worker = last.name;
     seen->waited = w0->rpc_async<void>(last.name, "wait_part", id, pass_id);
+    seen->called.try_set_value();
   };
   Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // needs no gradient
   Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);
   da::backward(w(0), ctx.id(), {sum(y)}, options);
+  // Called on w0's pool, possibly after backward() returned.
+  ASSERT_TRUE(seen->called.wait(10s));
   std::optional<Future<void>> waited;
   uint64_t pass_id = 0;
   {

@@ -23,6 +23,7 @@
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/core/error.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/optim/adagrad.h"
 #include "gradwire/optim/adam.h"
@@ -31,6 +32,8 @@
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
 #include "support/harness.h"
+#include "support/temp_dir.h"
+#include "support/trace_file.h"
 
 namespace gradwire {
 namespace {
@@ -230,6 +233,63 @@ TEST_F(DistOptim, BackwardAndStepMatchesPyTorchAsBackwardThenStepDoes) {
       optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true},
       "sgd_momentum", /*fused=*/true);
   check_against_pytorch(optim::AdamOptions{.lr = 0.01}, "adam", /*fused=*/true);
+}
+
+// backward_and_step() sends the owner whose part is the only one left its step during the
+// pass: here w2's part is held (a hook on its result waits for a gate) until the trainer's
+// own on_last_part hook, which backward_and_step calls after sending that step, opens it. So
+// w2's step request waits on w2 for its part (one dist_optim.wait_part span there, traced in
+// this process), w1 is stepped after the pass, each exactly once, and both move by -lr x.
+TEST_F(DistOptim, BackwardAndStepStepsTheLastOwnerDuringThePass) {
+  Future<void> gate;
+  reg_.def("scaled_held", [gate](const RRef<Tensor>& p, const Tensor& x) {
+    Tensor y = mul(*p.local_value(), x);
+    y.register_hook([gate](const Tensor& g) -> Tensor {
+      if (!gate.wait(10s)) throw std::runtime_error("the gate was never opened");
+      return g;
+    });
+    return y;
+  });
+  RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
+  RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});
+  const Tensor start1 = p1.to_here(), start2 = p2.to_here();
+  dist_optim::DistributedOptimizer opt(w(0), optim::SGDOptions{.lr = 0.1}, {p1, p2});
+  test::TempDir dir("gradwire-dist-optim-early");
+  trace::clear();
+  trace::start(dir.path().string());
+  std::string last_seen;
+  {
+    da::Context ctx(w(0));
+    Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
+    Tensor a = w(0).rpc_sync<Tensor>("w1", "scaled", p1, x);
+    Tensor b = w(0).rpc_sync<Tensor>("w2", "scaled_held", p2, x);
+    da::BackwardOptions options;
+    options.on_last_part = [gate, &last_seen](uint64_t, const rpc::WorkerInfo& last) mutable {
+      last_seen = last.name;
+      gate.try_set_value();
+    };
+    opt.backward_and_step(ctx.id(), {add(sum(a), sum(b))}, options);
+  }
+  trace::stop();
+  const std::string file = (dir.path() / "trace.json").string();
+  trace::write(file);
+  EXPECT_EQ(last_seen, "w2");
+  const nlohmann::json events = test::read_trace(file);
+  const auto waited = test::trace_events(events, "dist_optim.wait_part");
+  ASSERT_EQ(waited.size(), 1u) << events.dump();
+  EXPECT_EQ(waited[0].at("args").at("caller"), 0);
+  EXPECT_EQ(waited[0].at("args").at("error"), 0);
+  EXPECT_EQ(test::trace_events(events, "dist_optim.owner_step").size(), 2u);
+  const auto calls = test::trace_events(events, "dist_optim.backward_and_step");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].at("args").at("early"), 1);
+  // d/dp sum(p * x) = x: one SGD step moves each by -0.1 x.
+  const double x[] = {1, -2, 3, 0.5};
+  Tensor got1 = p1.to_here(), got2 = p2.to_here();
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(got1.data<double>()[i], start1.data<double>()[i] - 0.1 * x[i], 1e-12);
+    EXPECT_NEAR(got2.data<double>()[i], start2.data<double>()[i] - 0.1 * x[i], 1e-12);
+  }
 }
 
 // A pass that fails in backward_and_step() moves no parameter, the owner that would have

@@ -145,9 +145,11 @@ TEST_F(DistOptimTrace, StepOnTheTrainerAndEachOwnersStepCarryTheContextId) {
 
 // backward_and_step: the owner whose part of the pass ends last (w1's and w2's parts run at
 // once, after the trainer's has sent them their gradients) is sent its step while the pass
-// runs and steps once its part is over; the other is stepped after the pass. Each owner
-// steps exactly once, and the parameters move as with backward() then step() (checked in
-// run()).
+// runs and steps once its part is over, the other after the pass; here the parts are so
+// short that the pass may be over before that step is sent, and then both are stepped after
+// it. Either way each owner steps exactly once, the trainer's span says which way it went,
+// and the parameters move as with backward() then step() (checked in run()). That the early
+// step is taken is shown in dist_optim_test (BackwardAndStepStepsTheLastOwnerDuringThePass).
 TEST_F(DistOptimTrace, BackwardAndStepStepsTheLastOwnerAsItsPartEnds) {
   run(true, /*backward_and_step=*/true);
   const uint64_t id = context_id();
@@ -157,7 +159,7 @@ TEST_F(DistOptimTrace, BackwardAndStepStepsTheLastOwnerAsItsPartEnds) {
   ASSERT_EQ(calls.size(), 1u) << trainer.dump();
   EXPECT_EQ(calls[0].at("args").at("context_id"), id);
   EXPECT_EQ(calls[0].at("args").at("owners"), 2);
-  EXPECT_EQ(calls[0].at("args").at("early"), 1);
+  const int sent_early = calls[0].at("args").at("early").get<int>();
   EXPECT_EQ(calls[0].at("args").at("error"), 0);
   int early = 0;
   for (int owner = 1; owner <= 2; ++owner) {
@@ -175,7 +177,7 @@ TEST_F(DistOptimTrace, BackwardAndStepStepsTheLastOwnerAsItsPartEnds) {
     }
     early += static_cast<int>(waited.size());
   }
-  EXPECT_EQ(early, 1);
+  EXPECT_EQ(early, sent_early);
 }
 
 TEST_F(DistOptimTrace, TracingOffRecordsNothing) {

@@ -130,8 +130,8 @@ struct BackwardOptions {
   // succeeds exactly when that worker's part does, so a request sent to it from here may
   // wait there, with part_done(), for its part to end and act on the pass's gradients at
   // once (dist_optim's backward_and_step() sends its step this way, saving a round trip).
-  // Runs on whichever thread ended the other part (an I/O or pool thread): it must not
-  // block; what it throws is logged and otherwise ignored.
+  // Runs on the agent's pool, possibly after backward() has returned; it should not block
+  // for long. What it throws is logged and otherwise ignored.
   std::function<void(uint64_t pass_id, const rpc::WorkerInfo& last)> on_last_part = nullptr;
 };
 

@@ -102,11 +102,13 @@ class DistributedOptimizer {
 
   // dist_autograd::backward(agent, context_id, roots, options) then step(context_id), with
   // the same result bit for bit, one round trip shorter where it can be: once every part of
-  // the pass but one owner's has ended well (BackwardOptions::on_last_part; a hook already in
-  // `options` is still called), that owner is sent its step at once and applies it the
-  // moment its part ends, while the others are stepped as step() does after the pass. In a
-  // parameter-server step (the trainer's part ends when it has sent the server its
-  // gradients) the server's update thus overlaps the pass's end instead of following it.
+  // the pass but one owner's has ended well (BackwardOptions::on_last_part), that owner is
+  // sent its step at once and applies it the moment its part ends, while the others are
+  // stepped as step() does after the pass. (A hook already in `options` is still called,
+  // after that step is sent.) In a parameter-server step (the trainer's part ends when it
+  // has sent the server its gradients) the server's update thus follows its part at once
+  // instead of waiting for a round trip through the trainer. If the hook comes only after
+  // the pass (it runs on the pool), every owner is stepped after the pass.
   // Errors: backward()'s, unchanged (no owner steps after a failed pass; the one exception,
   // a pass that fails at its deadline after the early owner's part ended and stepped, is an
   // Error naming that owner); then step()'s.
