@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -173,8 +174,60 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
   return out;
 }
 
+// What shm_rank_body returns: the median step, CPU seconds per step, the median all_reduce
+// of every gradient at once, then (two ranks only, else -1) the A/B of ab_steps.
+constexpr size_t kShmFigures = 9;
+constexpr int kAbRounds = 8;
+constexpr int kAbBlock = 8;
+
+// Where a step's time goes over shared memory, as an A/B in the same processes: blocks of
+// kAbBlock steps of each variant, alternating, kAbRounds times; medians into out[0..4]:
+// the DDP step as measured (`step`), the same with gradient_as_bucket_view (no copies between
+// gradients and buckets), the step under no_sync (no all-reduce), and a no_sync step followed
+// by a barrier and one all_reduce of every gradient at once (nothing overlapped); out[4..5]:
+// the barrier's part of that (the ranks waiting for each other) and the all_reduce's.
+template <typename Step>
+void ab_steps(const std::shared_ptr<c10d::ProcessGroup>& group, ddp::DistributedDataParallel& model,
+              Step& step, const std::pair<Tensor, Tensor>& data, double* out) {
+  auto net = make_mlp();
+  ddp::DistributedDataParallel view(
+      net, group, {.bucket_cap_mb = kMainBucketMb, .gradient_as_bucket_view = true});
+  optim::SGD view_sgd(net->parameters(), optim::SGDOptions{.lr = 0.01});
+  auto view_step = [&] {
+    view_sgd.zero_grad();
+    nn::cross_entropy(view.forward(data.first), data.second).backward();
+    view_sgd.step();
+  };
+  auto no_sync_step = [&] {
+    const ddp::NoSyncGuard guard = model.no_sync();
+    step();
+  };
+  int64_t numel = 0;
+  for (const Tensor& p : net->parameters())
+    numel += p.numel();
+  Tensor flat = full({numel}, Scalar(1), kFloat32);
+  std::vector<double> t[6];
+  auto then_all_reduce = [&] {
+    no_sync_step();
+    t[4].push_back(time_once([&] { group->barrier().wait(); }));
+    t[5].push_back(time_once([&] { group->all_reduce(flat).wait(); }));
+  };
+  std::vector<std::function<void()>> variants = {step, view_step, no_sync_step, then_all_reduce};
+  for (auto& v : variants)
+    v();
+  for (int round = 0; round < kAbRounds; ++round) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      group->barrier().wait();
+      for (int i = 0; i < kAbBlock; ++i)
+        t[k].push_back(time_once(variants[k]));
+    }
+  }
+  for (size_t k = 0; k < 6; ++k)
+    out[k] = median(t[k]);
+}
+
 // One run of `world` ranks over shared memory, bucket_cap_mb kMainBucketMb: rank 0's median
-// step, CPU seconds per step and median all_reduce of every gradient at once.
+// step, CPU seconds per step and median all_reduce of every gradient at once, and the A/B.
 std::vector<double> shm_rank_body(std::shared_ptr<c10d::Store> store, int rank, int world) {
   set_num_threads(kThreads);
   auto group = c10d::ProcessGroupShm::create(
@@ -190,8 +243,9 @@ std::vector<double> shm_rank_body(std::shared_ptr<c10d::Store> store, int rank, 
     nn::cross_entropy(model.forward(data.first), data.second).backward();
     sgd.step();
   };
-  std::vector<double> out(3);
+  std::vector<double> out(kShmFigures, -1.0);
   out[0] = median_step(step, barrier, &out[1]);
+  if (world == kWorld) ab_steps(group, model, step, data, &out[3]);
   int64_t numel = 0;
   for (const Tensor& p : net->parameters())
     numel += p.numel();
@@ -238,7 +292,12 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
   std::string why, version;
   bool have_theirs = true;
   // Per kShmWorlds entry: best median step, its CPU per step, best all_reduce.
-  std::vector<std::vector<double>> shm(kShmWorlds.size(), {inf, nan, inf});
+  std::vector<std::vector<double>> shm(kShmWorlds.size(), std::vector<double>(kShmFigures, -1.0));
+  for (auto& figures : shm) {
+    figures[0] = inf;
+    figures[1] = nan;
+    figures[2] = inf;
+  }
   const std::string n = std::to_string(kThreads);
   for (int r = 0; r < kRounds; ++r) {
     const std::vector<double> mine = run_rank_processes(
@@ -264,12 +323,13 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
             return shm_rank_body(store, rank, world);
           },
           "ddp shm");
-      if (got.size() != 3)
+      if (got.size() != kShmFigures)
         throw std::runtime_error("ddp bench: the shm ranks returned " + std::to_string(got.size()) +
                                  " figures");
       if (got[0] < shm[w][0]) {
-        shm[w][0] = got[0];
-        shm[w][1] = got[1];
+        const double all_reduce = shm[w][2];
+        shm[w] = got;  // the A/B of the best round with it
+        shm[w][2] = all_reduce;
       }
       shm[w][2] = std::min(shm[w][2], got[2]);
     }
@@ -382,6 +442,22 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
     g.params.push_back({"ratio_to_gloo", shm_ms / ours_ms});
     g.params.push_back({"cpu_ms_per_step", shm[w][1] * 1e3});
     g.params.push_back({"allreduce_ms", shm[w][2] * 1e3});
+    if (world == kWorld) {
+      const char* names[] = {"ab_step_ms",    "ab_bucket_view_ms",
+                             "ab_no_sync_ms", "ab_no_sync_then_allreduce_ms",
+                             "ab_barrier_ms", "ab_allreduce_ms"};
+      for (size_t k = 0; k < 6; ++k)
+        g.params.push_back({names[k], shm[w][3 + k] >= 0 ? shm[w][3 + k] * 1e3 : nan});
+      g.params.push_back(
+          {"ab", "diagnostic, same processes, the best round's: " + std::to_string(kAbRounds) +
+                     " rounds of alternating blocks of " + std::to_string(kAbBlock) +
+                     " steps each, medians: the step as measured (ab_step_ms), with "
+                     "gradient_as_bucket_view (ab_bucket_view_ms), under no_sync "
+                     "(ab_no_sync_ms), and a no_sync step then a barrier (ab_barrier_ms: the "
+                     "ranks waiting for each other) and one all_reduce of every gradient "
+                     "(ab_allreduce_ms), nothing overlapped (ab_no_sync_then_allreduce_ms: the "
+                     "three together)"});
+    }
     emit(g);
   }
 
