@@ -264,8 +264,9 @@ DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict
 
 namespace {
 
-// Collects the owners' step futures and throws the first error once all have ended.
-void wait_all(std::vector<Future<int64_t>>& steps) {
+// Collects the owners' step futures and throws the first error once all have ended; the
+// outcome goes into `span`'s "error" argument.
+void wait_all(std::vector<Future<int64_t>>& steps, trace::Span& span) {
   std::exception_ptr first;
   for (Future<int64_t>& step : steps) {
     try {
@@ -274,6 +275,7 @@ void wait_all(std::vector<Future<int64_t>>& steps) {
       if (first == nullptr) first = std::current_exception();
     }
   }
+  span.arg(trace::Arg("error", first != nullptr ? 1 : 0));
   if (first != nullptr) std::rethrow_exception(first);
 }
 
@@ -285,13 +287,7 @@ void DistributedOptimizer::step(uint64_t context_id) {
   std::vector<Future<int64_t>> steps;
   for (auto& shard : shards_)
     steps.push_back(shard.rpc_async<int64_t>("step", context_id));
-  try {
-    wait_all(steps);
-  } catch (...) {
-    span.arg(trace::Arg("error", 1));
-    throw;
-  }
-  span.arg(trace::Arg("error", 0));
+  wait_all(steps, span);
 }
 
 void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vector<Tensor>& roots,
@@ -362,13 +358,7 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
       steps.push_back(shards_[i].rpc_async<int64_t>("step", context_id));
     }
   }
-  try {
-    wait_all(steps);
-  } catch (...) {
-    span.arg(trace::Arg("error", 1));
-    throw;
-  }
-  span.arg(trace::Arg("error", 0));
+  wait_all(steps, span);
 }
 
 StateDict DistributedOptimizer::state_dict() {

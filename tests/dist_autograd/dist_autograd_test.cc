@@ -227,15 +227,21 @@ TEST_F(DistAutograd, APassEndsWhileTheInitiatorsPoolIsBusy) {
   Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // no grad: nothing comes back to w0
   Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);   // 1x2 = x · W on w1
   const int threads = test::agent_options(reg_).num_worker_threads;
-  test::CountdownLatch started(threads);
-  test::CountdownLatch release(1);
+  // Shared with the tasks, and opened on every way out of the test, so that no task is
+  // left waiting on it when the agents stop.
+  auto started = std::make_shared<test::CountdownLatch>(threads);
+  auto release = std::make_shared<test::CountdownLatch>(1);
+  struct Open {
+    std::shared_ptr<test::CountdownLatch> latch;
+    ~Open() { latch->count_down(); }
+  } open{release};
   for (int i = 0; i < threads; ++i) {
-    w(0).executor()->execute([&] {
-      started.count_down();
-      release.wait(30s);
+    w(0).executor()->execute([started, release] {
+      started->count_down();
+      release->wait(30s);
     });
   }
-  ASSERT_TRUE(started.wait(10s)) << "the pool's threads did not all take a task";
+  ASSERT_TRUE(started->wait(10s)) << "the pool's threads did not all take a task";
   da::BackwardOptions options;
   options.timeout = 10s;
   std::string failure;
@@ -244,7 +250,7 @@ TEST_F(DistAutograd, APassEndsWhileTheInitiatorsPoolIsBusy) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  release.count_down();
+  release->count_down();
   EXPECT_EQ(failure, "") << "the pass needed the initiator's pool";
   // d/dW sum(x W) = x^T 1.
   expect_near(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)),

@@ -102,6 +102,12 @@ class DistOptim : public ::testing::Test {
     });
     reg_.def("scaled",
              [](const RRef<Tensor>& p, const Tensor& x) { return mul(*p.local_value(), x); });
+    // The same, with a backward that fails on the owner.
+    reg_.def("scaled_then_fails", [](const RRef<Tensor>& p, const Tensor& x) {
+      Tensor y = mul(*p.local_value(), x);
+      y.register_hook([](const Tensor&) -> Tensor { throw std::runtime_error("hook exploded"); });
+      return y;
+    });
     agents_ = test::start_agents(3, test::agent_options(reg_));
   }
   void TearDown() override {
@@ -144,6 +150,16 @@ class DistOptim : public ::testing::Test {
             params[k].to_here(), want.values[s][k],
             fixture + ": p" + std::to_string(k + 1) + " after step " + std::to_string(s + 1));
       }
+    }
+  }
+
+  // `p` now holds `start` moved by one SGD step of lr 0.1 on the gradient x of sum(p * x).
+  static void expect_one_step(const RRef<Tensor>& p, const Tensor& start, const std::string& what) {
+    const double x[] = {1, -2, 3, 0.5};
+    Tensor got = p.to_here();
+    for (int64_t i = 0; i < 4; ++i) {
+      EXPECT_NEAR(got.data<double>()[i], start.data<double>()[i] - 0.1 * x[i], 1e-12)
+          << what << ", element " << i;
     }
   }
 
@@ -284,23 +300,14 @@ TEST_F(DistOptim, BackwardAndStepStepsTheLastOwnerDuringThePass) {
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].at("args").at("early"), 1);
   // d/dp sum(p * x) = x: one SGD step moves each by -0.1 x.
-  const double x[] = {1, -2, 3, 0.5};
-  Tensor got1 = p1.to_here(), got2 = p2.to_here();
-  for (int64_t i = 0; i < 4; ++i) {
-    EXPECT_NEAR(got1.data<double>()[i], start1.data<double>()[i] - 0.1 * x[i], 1e-12);
-    EXPECT_NEAR(got2.data<double>()[i], start2.data<double>()[i] - 0.1 * x[i], 1e-12);
-  }
+  expect_one_step(p1, start1, "p1");
+  expect_one_step(p2, start2, "p2");
 }
 
 // A pass that fails in backward_and_step() moves no parameter, the owner that would have
 // been stepped early (the one whose part fails last) included, and reports the pass's
 // error; the next good step moves them.
 TEST_F(DistOptim, BackwardAndStepAfterAFailedPassMovesNothing) {
-  reg_.def("scaled_then_fails", [](const RRef<Tensor>& p, const Tensor& x) {
-    Tensor y = mul(*p.local_value(), x);
-    y.register_hook([](const Tensor&) -> Tensor { throw std::runtime_error("hook exploded"); });
-    return y;
-  });
   RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
   RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});
   const Tensor start1 = p1.to_here(), start2 = p2.to_here();
@@ -324,18 +331,10 @@ TEST_F(DistOptim, BackwardAndStepAfterAFailedPassMovesNothing) {
                 "p2");
   remote_step(opt, p1, p2, /*fused=*/true);
   // d/dp2 sum(p2 * x) = x: one SGD step moves p2 by -0.1 x.
-  const double x[] = {1, -2, 3, 0.5};
-  Tensor got = p2.to_here();
-  for (int64_t i = 0; i < 4; ++i)
-    EXPECT_NEAR(got.data<double>()[i], start2.data<double>()[i] - 0.1 * x[i], 1e-12);
+  expect_one_step(p2, start2, "p2");
 }
 
 TEST_F(DistOptim, AStepAfterAFailedPassThrowsAndMovesNothing) {
-  reg_.def("scaled_then_fails", [](const RRef<Tensor>& p, const Tensor& x) {
-    Tensor y = mul(*p.local_value(), x);
-    y.register_hook([](const Tensor&) -> Tensor { throw std::runtime_error("hook exploded"); });
-    return y;
-  });
   RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
   RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});
   const Tensor start1 = p1.to_here(), start2 = p2.to_here();
@@ -360,10 +359,7 @@ TEST_F(DistOptim, AStepAfterAFailedPassThrowsAndMovesNothing) {
                 "p2");
   remote_step(opt, p1, p2);
   // d/dp2 sum(p2 * x) = x: one SGD step moves p2 by -0.1 x.
-  const double x[] = {1, -2, 3, 0.5};
-  Tensor got = p2.to_here();
-  for (int64_t i = 0; i < 4; ++i)
-    EXPECT_NEAR(got.data<double>()[i], start2.data<double>()[i] - 0.1 * x[i], 1e-12);
+  expect_one_step(p2, start2, "p2");
 }
 
 // A weight used as W.transpose(0, 1) in a matmul (as nn::Linear does) gets its gradient in
