@@ -27,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -131,6 +132,10 @@ class Container : public rpc::Interceptor,
   // worker: a request in it from `by` still on its way (it timed out there) is refused.
   // Only `by`'s own requests: a worker speaks for itself alone.
   void remember_released_by(uint64_t id, int by);
+  // Remembers why context `ctx` was released here when a worker was lost, for its members
+  // (`touched` and its creator).
+  void remember_lost(uint64_t ctx, const std::set<int>& touched, const std::string& lost)
+      GRADWIRE_EXCLUDES(mutex_);
   // Remembers that `id` was released here (the newest kReleasedMemory ids).
   void remember_released(uint64_t id) GRADWIRE_REQUIRES(mutex_);
   size_t size() const;
@@ -278,6 +283,17 @@ class Container : public rpc::Interceptor,
   // kReleasedMemory).
   std::set<std::pair<uint64_t, int>> released_by_ GRADWIRE_GUARDED_BY(mutex_);
   std::deque<std::pair<uint64_t, int>> released_by_order_ GRADWIRE_GUARDED_BY(mutex_);
+  // Why a context was released here when a worker was lost (the newest kLostMemory): a
+  // later request in it (the initiator's Wait, say) gets that cause, as a NetworkError,
+  // instead of "unknown, or already released".
+  static constexpr size_t kLostMemory = 1024;
+  // Only the context's members hear it (its creator and the workers it reached from here).
+  struct LostWhy {
+    std::string why;
+    std::set<int> members;
+  };
+  std::unordered_map<uint64_t, LostWhy> lost_why_ GRADWIRE_GUARDED_BY(mutex_);
+  std::deque<uint64_t> lost_why_order_ GRADWIRE_GUARDED_BY(mutex_);
   // Contexts whose release here still waits for the workers it told: completes with it.
   std::map<uint64_t, Future<void>> releasing_ GRADWIRE_GUARDED_BY(mutex_);
 

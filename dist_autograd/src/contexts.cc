@@ -139,6 +139,17 @@ bool Container::participant(const std::shared_ptr<ContextState>& state, int w) {
 
 std::shared_ptr<ContextState> Container::get_for(uint64_t id, const WorkerInfo& caller,
                                                  const char* what) const {
+  std::string lost;
+  {
+    MutexLock lock(mutex_);
+    auto why = lost_why_.find(id);
+    if (contexts_.count(id) == 0 && why != lost_why_.end() &&
+        why->second.members.count(caller.id) != 0) {
+      lost = why->second.why;
+    }
+  }
+  // Released here because a worker was lost: what a member asking after it must hear.
+  if (!lost.empty()) throw NetworkError(lost);
   std::shared_ptr<ContextState> state = get(id);
   if (!participant(state, caller.id)) {
     throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a " + what +

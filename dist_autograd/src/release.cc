@@ -34,6 +34,7 @@ Future<void> Container::release(uint64_t ctx, int from, const std::string& lost)
     for (const auto& [id, pass] : state->passes)
       parts.push_back(pass.outcome);
   }
+  if (!lost.empty()) remember_lost(ctx, touched, lost);
   // Parts still running end here, so that their Waits are answered.
   const std::string what = "dist_autograd: context " + ctx_text(ctx) + " was released on worker " +
                            self_.describe() + " during the pass";
@@ -145,6 +146,20 @@ Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Releas
   return release(id, caller.id, lost).then(agent()->executor(), [](Future<void>) {
     return Value();
   });
+}
+
+void Container::remember_lost(uint64_t ctx, const std::set<int>& touched, const std::string& lost) {
+  LostWhy entry{"dist_autograd: context " + ctx_text(ctx) + " was released on worker " +
+                    self_.describe() + ": " + lost,
+                touched};
+  entry.members.insert(worker_of(ctx));
+  MutexLock lock(mutex_);
+  if (!lost_why_.emplace(ctx, std::move(entry)).second) return;
+  lost_why_order_.push_back(ctx);
+  if (lost_why_order_.size() > kLostMemory) {
+    lost_why_.erase(lost_why_order_.front());
+    lost_why_order_.pop_front();
+  }
 }
 
 void Container::on_worker_lost(const WorkerInfo& worker, const std::string& reason) {

@@ -520,5 +520,31 @@ TEST_F(DistAutogradFaults, AContextReleasedBeforeItsFirstRequestArrivesIsNeverMa
   }
 }
 
+// A context that a worker released because it lost the worker that brought it there is
+// not "unknown" to its creator afterwards: a request in it from the creator (a Wait, as from
+// a pass already running when the link went) hears why, as a NetworkError naming the lost
+// worker. Before, it got "has no context (unknown, or already released)", and that became
+// the pass's error.
+TEST_F(DistAutogradFaults, ARequestInAContextReleasedForALostWorkerHearsWhy) {
+  reg_.def("ping", [] { return 1; });
+  Future<void> cut = faults_->add({.action = FaultAction::kCut,
+                                   .from = "w1",
+                                   .to = "w2",
+                                   .kind = MessageKind::kRequest,
+                                   .function = "ping"});
+  da::Context ctx(w(0));
+  (void)w(0).rpc_sync<Tensor>("w1", "nested", leaf({1.0, 2.0}));  // w0 -> w1 -> w2
+  ASSERT_EQ(da::num_contexts(w(2)), 1u);
+  (void)w(1).rpc_async<int>("w2", "ping");  // the connection between w1 and w2 goes
+  ASSERT_EQ(contexts_left(w(2)), 0u) << "w2 kept the context it had through w1";
+  EXPECT_TRUE(cut.completed());
+  const std::string told = send_raw(w(0), "w2", message(kWait, {{1, ctx.id()}, {2, ctx.id() + 9}}));
+  EXPECT_TRUE(contains(told, "NetworkError")) << told;
+  EXPECT_TRUE(contains(told,
+                       "was released on worker 'w2' (rank 2): worker 'w2' (rank 2) lost "
+                       "worker 'w1' (rank 1)"))
+      << told;
+}
+
 }  // namespace
 }  // namespace gradwire
