@@ -89,6 +89,26 @@ std::pair<Tensor, Tensor> batch(int rank) {
   return {x, y};
 }
 
+// How many values the model's parameters hold (every gradient together).
+int64_t parameter_count(const nn::MLP& net) {
+  int64_t numel = 0;
+  for (const Tensor& p : net.parameters())
+    numel += p.numel();
+  return numel;
+}
+
+// Median seconds of kAllReduceCalls all_reduce calls of `numel` float32 values at once (every
+// gradient in one call), after one untimed call and a barrier.
+double median_all_reduce(c10d::ProcessGroup& group, int64_t numel, int rank) {
+  Tensor flat = full({numel}, Scalar(rank + 1), kFloat32);
+  group.all_reduce(flat).wait();
+  group.barrier().wait();
+  std::vector<double> times;
+  for (int i = 0; i < kAllReduceCalls; ++i)
+    times.push_back(time_once([&] { group.all_reduce(flat).wait(); }));
+  return median(times);
+}
+
 // Median seconds of kSteps calls of `step` after kWarmup untimed ones; `sync` runs between
 // the two (a barrier for the ranks). With `cpu`, also this process's CPU seconds (user +
 // system, every thread) per timed step.
@@ -158,17 +178,9 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
     const size_t at = RankFigures::kPerBucketSize * i;
     out[at] = median_step(step, barrier, &out[at + 2]);
     out[at + 1] = static_cast<double>(model.reducer().bucket_indices().size());
-    numel = 0;
-    for (const Tensor& p : net->parameters())
-      numel += p.numel();
+    numel = parameter_count(*net);
   }
-  Tensor flat = full({numel}, Scalar(rank + 1), kFloat32);
-  group->all_reduce(flat).wait();
-  barrier();
-  std::vector<double> times;
-  for (int i = 0; i < kAllReduceCalls; ++i)
-    times.push_back(time_once([&] { group->all_reduce(flat).wait(); }));
-  out[RankFigures::all_reduce()] = median(times);
+  out[RankFigures::all_reduce()] = median_all_reduce(*group, numel, rank);
   out[RankFigures::numel()] = static_cast<double>(numel);
   barrier();
   return out;
@@ -202,10 +214,7 @@ void ab_steps(const std::shared_ptr<c10d::ProcessGroup>& group, ddp::Distributed
     const ddp::NoSyncGuard guard = model.no_sync();
     step();
   };
-  int64_t numel = 0;
-  for (const Tensor& p : net->parameters())
-    numel += p.numel();
-  Tensor flat = full({numel}, Scalar(1), kFloat32);
+  Tensor flat = full({parameter_count(*net)}, Scalar(1), kFloat32);
   std::vector<double> t[6];
   auto then_all_reduce = [&] {
     no_sync_step();
@@ -246,16 +255,7 @@ std::vector<double> shm_rank_body(std::shared_ptr<c10d::Store> store, int rank, 
   std::vector<double> out(kShmFigures, -1.0);
   out[0] = median_step(step, barrier, &out[1]);
   if (world == kWorld) ab_steps(group, model, step, data, &out[3]);
-  int64_t numel = 0;
-  for (const Tensor& p : net->parameters())
-    numel += p.numel();
-  Tensor flat = full({numel}, Scalar(rank + 1), kFloat32);
-  group->all_reduce(flat).wait();
-  barrier();
-  std::vector<double> times;
-  for (int i = 0; i < kAllReduceCalls; ++i)
-    times.push_back(time_once([&] { group->all_reduce(flat).wait(); }));
-  out[2] = median(times);
+  out[2] = median_all_reduce(*group, parameter_count(*net), rank);
   barrier();
   return out;
 }

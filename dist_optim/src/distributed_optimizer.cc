@@ -304,17 +304,25 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
     std::optional<Future<int64_t>> step GRADWIRE_GUARDED_BY(mutex);
   };
   auto early = std::make_shared<Early>();
+  // The early step waits on its owner for the owner's part, which may take as long as the
+  // pass (bounded by its own deadline, not by rpc_timeout), and then for the step itself.
+  const std::chrono::milliseconds pass = options.timeout, call = agent_->options().rpc_timeout;
+  const std::chrono::milliseconds early_timeout =
+      pass == kNoTimeout || call == kNoTimeout || pass > kNoTimeout - call ? kNoTimeout
+                                                                           : pass + call;
   auto by_worker = std::make_shared<std::map<int, std::pair<size_t, RRef<detail::Shard>>>>();
   for (size_t i = 0; i < shards_.size(); ++i)
     by_worker->emplace(owners_[i].id, std::make_pair(i, shards_[i]));
-  options.on_last_part = [early, by_worker, context_id, theirs = std::move(options.on_last_part)](
-                             uint64_t pass_id, const rpc::WorkerInfo& last) {
+  options.on_last_part = [early, by_worker, context_id, early_timeout,
+                          theirs = std::move(options.on_last_part)](uint64_t pass_id,
+                                                                    const rpc::WorkerInfo& last) {
     auto it = by_worker->find(last.id);
     if (it != by_worker->end()) {  // else the part left is not an owner's
       MutexLock lock(early->mutex);
       if (!early->closed) {
         early->owner = it->second.first;
-        early->step = it->second.second.rpc_async<int64_t>("step_after", context_id, pass_id);
+        early->step = it->second.second.rpc_async<int64_t>(
+            "step_after", rpc::CallOptions{.timeout = early_timeout}, context_id, pass_id);
       }
     }
     if (theirs) theirs(pass_id, last);

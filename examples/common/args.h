@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "gradwire/core/env.h"
@@ -39,6 +40,25 @@ class Args {
   }
   int64_t integer(int64_t min, int64_t max) { return parse_int(flag_, value(), min, max); }
   double number(double min, double max) { return parse_double(flag_, value(), min, max); }
+  // A value that must not be empty; `what` says what it names ("a directory").
+  std::string non_empty(const char* what) {
+    std::string v = value();
+    if (v.empty()) throw InvalidArgument(flag_ + " needs " + what + ", got an empty one");
+    return v;
+  }
+  // One of `choices`, whose list the error gives: --backend="mpi" is invalid: expected
+  // cpu, shm or gloo.
+  std::string one_of(std::initializer_list<const char*> choices) {
+    std::string v = value();
+    std::string listed;
+    size_t i = 0;
+    for (const char* c : choices) {
+      if (v == c) return v;
+      listed += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + std::string(c);
+      ++i;
+    }
+    throw InvalidArgument(flag_ + "=\"" + v + "\" is invalid: expected " + listed);
+  }
 
   [[noreturn]] void unknown() const {
     throw InvalidArgument("unknown argument '" + flag_ + "' (expected " + expected_ + ")");

@@ -129,14 +129,9 @@ Options parse_args(int argc, char** argv) {
     } else if (args.is("--ddp-options")) {
       o.ddp = parse_ddp_mode(args.value());
     } else if (args.is("--trace")) {
-      o.trace = args.value();
-      if (o.trace.empty()) throw InvalidArgument("--trace needs a directory, got an empty one");
+      o.trace = args.non_empty("a directory");
     } else if (args.is("--backend")) {
-      o.backend = args.value();
-      if (o.backend != "cpu" && o.backend != "shm" && o.backend != "gloo") {
-        throw InvalidArgument("--backend=\"" + o.backend +
-                              "\" is invalid: expected cpu, shm or gloo");
-      }
+      o.backend = args.one_of({"cpu", "shm", "gloo"});
     } else {
       args.unknown();
     }

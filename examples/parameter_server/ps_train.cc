@@ -99,8 +99,7 @@ Options parse_args(int argc, char** argv) {
     } else if (args.is("--kill-trainer-after")) {
       o.kill_after = args.integer(1, int64_t{1} << 40);
     } else if (args.is("--trace")) {
-      o.trace = args.value();
-      if (o.trace.empty()) throw InvalidArgument("--trace needs a directory, got an empty one");
+      o.trace = args.non_empty("a directory");
     } else {
       args.unknown();
     }

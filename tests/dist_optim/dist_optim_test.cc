@@ -334,6 +334,43 @@ TEST_F(DistOptim, BackwardAndStepAfterAFailedPassMovesNothing) {
   expect_one_step(p2, start2, "p2");
 }
 
+// The early step waits on its owner for the owner's part, and a part may outlast the
+// agents' rpc_timeout (a pass is bounded by its own deadline): the step's call is bounded by
+// the pass's deadline instead, so it neither times out while the part computes nor moves
+// the parameter after the trainer was told it failed. Here w1's part computes for three
+// times the agents' 400 ms rpc_timeout.
+TEST(DistOptimShortRpcTimeout, AnEarlyStepWaitsForAPartLongerThanRpcTimeout) {
+  Registry reg;
+  reg.def("make_param", [](int64_t seed) { return make_param(seed); });
+  reg.def("scaled_slow", [](const RRef<Tensor>& p, const Tensor& x) {
+    Tensor y = mul(*p.local_value(), x);
+    y.register_hook([](const Tensor& g) {
+      std::this_thread::sleep_for(1200ms);  // a node that computes for a while
+      return g;
+    });
+    return y;
+  });
+  rpc::AgentOptions options = test::agent_options(reg);
+  options.rpc_timeout = 400ms;
+  test::Agents agents = test::start_agents(2, options);
+  RpcAgent& w0 = *agents[0];
+  RRef<Tensor> p = rref::remote<Tensor>(w0, "w1", "make_param", int64_t{1});
+  const Tensor start = p.to_here();
+  dist_optim::DistributedOptimizer opt(w0, optim::SGDOptions{.lr = 0.1}, {p});
+  {
+    da::Context ctx(w0);
+    const Tensor x = tensor(std::vector<double>{1, -2, 3, 0.5});
+    Tensor a = w0.rpc_sync<Tensor>("w1", "scaled_slow", p, x);
+    EXPECT_NO_THROW(opt.backward_and_step(ctx.id(), {sum(a)}, da::BackwardOptions{.timeout = 20s}));
+  }
+  // d/dp sum(p * x) = x: one SGD step of lr 0.1, once.
+  const double x[] = {1, -2, 3, 0.5};
+  Tensor got = p.to_here();
+  for (int64_t i = 0; i < 4; ++i)
+    EXPECT_NEAR(got.data<double>()[i], start.data<double>()[i] - 0.1 * x[i], 1e-12) << i;
+  test::shutdown_agents(agents);
+}
+
 TEST_F(DistOptim, AStepAfterAFailedPassThrowsAndMovesNothing) {
   RRef<Tensor> p1 = rref::remote<Tensor>(w(0), "w1", "make_param", int64_t{1});
   RRef<Tensor> p2 = rref::remote<Tensor>(w(0), "w2", "make_param", int64_t{2});

@@ -7,22 +7,17 @@
 // table at its own moment.)
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <string>
+
+#include "support/command.h"
 
 namespace {
 
 #ifdef GRADWIRE_HYBRID_TRAIN_PATH
 std::string run(const std::string& args, int& status) {
   const std::string command = std::string(GRADWIRE_RUN_PATH) + " --nproc-per-node 3 " +
-                              GRADWIRE_HYBRID_TRAIN_PATH + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe != nullptr && std::fgets(buf, sizeof(buf), pipe) != nullptr)
-    out += buf;
-  status = pipe == nullptr ? -1 : ::pclose(pipe);
-  return out;
+                              GRADWIRE_HYBRID_TRAIN_PATH + " " + args;
+  return gradwire::test::run_command(command, status);
 }
 
 std::string expect_identical_replicas(const std::string& options, const std::string& more = "") {

@@ -4,9 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <string>
+
+#include "support/command.h"
 
 namespace {
 
@@ -15,15 +16,9 @@ namespace {
 // status in `status`.
 std::string run(const std::string& args, int& status,
                 const std::string& launcher = "--nproc-per-node 2") {
-  const std::string command = std::string(GRADWIRE_RUN_PATH) + " " + launcher + " " +
-                              GRADWIRE_PS_TRAIN_PATH + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe != nullptr && std::fgets(buf, sizeof(buf), pipe) != nullptr)
-    out += buf;
-  status = pipe == nullptr ? -1 : ::pclose(pipe);
-  return out;
+  const std::string command =
+      std::string(GRADWIRE_RUN_PATH) + " " + launcher + " " + GRADWIRE_PS_TRAIN_PATH + " " + args;
+  return gradwire::test::run_command(command, status);
 }
 
 std::string checksum_of(const std::string& out) {

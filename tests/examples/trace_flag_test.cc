@@ -6,13 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "support/command.h"
 #include "support/temp_dir.h"
 #include "support/trace_file.h"
 
@@ -28,14 +28,8 @@ constexpr double kSlackUs = 0.01;
 // exit status in `status`.
 std::string run(const char* program, const std::string& args, int& status) {
   const std::string command =
-      std::string(GRADWIRE_RUN_PATH) + " --nproc-per-node 3 " + program + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (pipe != nullptr && std::fgets(buf, sizeof(buf), pipe) != nullptr)
-    out += buf;
-  status = pipe == nullptr ? -1 : ::pclose(pipe);
-  return out;
+      std::string(GRADWIRE_RUN_PATH) + " --nproc-per-node 3 " + program + " " + args;
+  return gradwire::test::run_command(command, status);
 }
 
 class TraceFlag : public ::testing::Test {

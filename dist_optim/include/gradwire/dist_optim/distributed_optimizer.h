@@ -108,7 +108,9 @@ class DistributedOptimizer {
   // after that step is sent.) In a parameter-server step (the trainer's part ends when it
   // has sent the server its gradients) the server's update thus follows its part at once
   // instead of waiting for a round trip through the trainer. If the hook comes only after
-  // the pass (it runs on the pool), every owner is stepped after the pass.
+  // the pass (it runs on the pool), every owner is stepped after the pass. The early step's
+  // call waits out the owner's part, so it is bounded by `options.timeout` plus the agent's
+  // rpc_timeout rather than by rpc_timeout alone (a pass may outlast rpc_timeout).
   // Errors: backward()'s, unchanged (no owner steps after a failed pass; the one exception,
   // a pass that fails at its deadline after the early owner's part ended and stepped, is an
   // Error naming that owner); then step()'s.
