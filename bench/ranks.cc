@@ -10,6 +10,7 @@
 
 #include "gradwire/c10d/prefix_store.h"
 #include "gradwire/c10d/tcp_store.h"
+#include "gradwire/core/trace.h"
 
 namespace gradwire::bench {
 
@@ -37,6 +38,16 @@ std::vector<double> run_rank_processes(uint16_t store_port, const std::string& p
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s bench rank %d: %s\n", what.c_str(), rank, e.what());
         code = 1;
+      }
+      // _exit skips the exit-time trace write: under GRADWIRE_TRACE each rank writes its
+      // timeline here (named after its rpc worker, or "pid<N>").
+      if (trace::enabled() && !trace::directory().empty()) {
+        try {
+          trace::flush();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "%s bench rank %d: trace not written: %s\n", what.c_str(), rank,
+                       e.what());
+        }
       }
       std::fflush(nullptr);
       ::_exit(code);

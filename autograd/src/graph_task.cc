@@ -118,6 +118,9 @@ struct GraphTask::Impl {
   bool finishing GRADWIRE_GUARDED_BY(mutex) = false;  // callbacks started
   bool completed GRADWIRE_GUARDED_BY(mutex) = false;  // callbacks done, no error
   bool released GRADWIRE_GUARDED_BY(mutex) = false;
+  bool holding GRADWIRE_GUARDED_BY(mutex) = false;  // hold(): may not finish
+  bool hold_ended GRADWIRE_GUARDED_BY(mutex) = false;
+  std::unordered_set<const Node*> held GRADWIRE_GUARDED_BY(mutex);
   std::exception_ptr error GRADWIRE_GUARDED_BY(mutex);
   std::vector<Tensor> captured GRADWIRE_GUARDED_BY(mutex);
   std::deque<std::function<void()>> callbacks GRADWIRE_GUARDED_BY(mutex);
@@ -173,7 +176,8 @@ struct GraphTask::Impl {
   }
 
   void push_if_ready(Node* node, NodeState& s) GRADWIRE_REQUIRES(mutex) {
-    if (sealed && s.useful && s.phase == Phase::kWaiting && s.dependencies == 0 && !s.queued) {
+    if (sealed && s.useful && s.phase == Phase::kWaiting && s.dependencies == 0 && !s.queued &&
+        held.count(node) == 0) {
       s.queued = true;
       ready.push(node);
     }
@@ -337,6 +341,11 @@ void GraphTask::expect(const Edge& edge, int count) {
   s.expected += count;
 }
 
+void GraphTask::check_gradient(const Edge& edge, const Tensor& grad) {
+  GRADWIRE_CHECK_ARG(edge.is_valid()) << "GraphTask::check_gradient: the edge has no function";
+  check_external_gradient(edge, grad);
+}
+
 void GraphTask::add_gradient(const Edge& edge, Tensor grad) {
   GRADWIRE_CHECK_ARG(edge.is_valid()) << "GraphTask::add_gradient: the edge has no function";
   check_external_gradient(edge, grad);
@@ -375,7 +384,8 @@ size_t GraphTask::run_ready() {
         d.ready.pop();
         NodeState& s = d.states.at(top);
         s.queued = false;
-        if (s.dependencies > 0) continue;  // expect() added gradients after it was queued
+        if (s.dependencies > 0) continue;      // expect() added gradients after it was queued
+        if (d.held.count(top) != 0) continue;  // held after it was queued
         node = top;
         s.phase = Phase::kRunning;
         inputs = std::move(s.buffer);
@@ -384,7 +394,7 @@ size_t GraphTask::run_ready() {
         ++d.running;
       }
       if (node == nullptr) {
-        if (d.pending == 0 && d.running == 0 && !d.finishing) {
+        if (d.pending == 0 && d.running == 0 && !d.finishing && !d.holding) {
           d.finishing = true;
           finish = true;
         }
@@ -438,6 +448,36 @@ Future<void> GraphTask::completion() const {
 std::vector<Tensor> GraphTask::captured() const {
   MutexLock lock(impl_->mutex);
   return impl_->captured;
+}
+
+void GraphTask::hold(std::unordered_set<const Node*> nodes) {
+  Impl& d = *impl_;
+  MutexLock lock(d.mutex);
+  if (d.hold_ended || d.released) return;
+  d.holding = true;
+  std::vector<const Node*> freed;
+  for (const Node* n : d.held) {
+    if (nodes.count(n) == 0) freed.push_back(n);
+  }
+  d.held = std::move(nodes);
+  for (const Node* n : freed) {
+    auto it = d.states.find(const_cast<Node*>(n));
+    if (it != d.states.end()) d.push_if_ready(it->first, it->second);
+  }
+}
+
+void GraphTask::release_hold() {
+  Impl& d = *impl_;
+  MutexLock lock(d.mutex);
+  if (d.hold_ended) return;
+  d.hold_ended = true;
+  d.holding = false;
+  std::unordered_set<const Node*> freed = std::move(d.held);
+  d.held.clear();
+  for (const Node* n : freed) {
+    auto it = d.states.find(const_cast<Node*>(n));
+    if (it != d.states.end()) d.push_if_ready(it->first, it->second);
+  }
 }
 
 void GraphTask::queue_callback(std::function<void()> callback) {

@@ -88,6 +88,17 @@ std::pair<std::shared_ptr<ContextState>, Future<void>> Container::part_for(const
 
 Future<Value> Container::on_wait(const WorkerInfo& caller, const wire::Wait& w) {
   auto [state, done] = part_for(caller, w.context_id(), w.pass_id(), "wait");
+  // The initiator asks only once discovery is over everywhere: nothing here is held any
+  // more, and what that made ready runs on the pool.
+  if (std::shared_ptr<autograd::GraphTask> task = end_discovery(state, w.pass_id())) {
+    agent()->executor()->execute([task] {
+      try {
+        task->run_ready();
+      } catch (...) {
+        // The task holds the error: this worker's part fails with it.
+      }
+    });
+  }
   // Answered on the thread that ends this worker's part (no hop through the pool).
   std::weak_ptr<ContextState> weak = state;
   const uint64_t pass_id = w.pass_id();
@@ -150,7 +161,12 @@ void Container::forget_pass(ContextState& state, uint64_t pass_id) {
   state.last_sink = std::move(it->second.sink);
   state.last_done = it->second.done;
   state.passes.erase(it);
+  std::vector<EarlyGradients> early = drop_early(state, pass_id);
   lock.unlock();
+  refuse_early(std::move(early),
+               std::make_exception_ptr(CallRejected(
+                   "dist_autograd: gradients for pass " + ctx_text(pass_id) + " of context " +
+                   ctx_text(state.id) + " came after this worker's part of it was over")));
 }
 
 void Container::end_pass(ContextState& state, uint64_t pass_id) {
@@ -164,6 +180,7 @@ Future<void> Container::abort(const std::shared_ptr<ContextState>& state, uint64
   Future<void> outcome;
   std::shared_ptr<PassSink> sink;
   std::set<int> touched;
+  std::vector<EarlyGradients> early;
   {
     MutexLock lock(state->mutex);
     if (!state->aborted.insert(pass_id).second) return make_ready_future();
@@ -174,11 +191,18 @@ Future<void> Container::abort(const std::shared_ptr<ContextState>& state, uint64
     } else if (state->last_pass == pass_id) {
       sink = state->last_sink;
     } else {
-      return make_ready_future();  // never took part: nothing to take back or forward
+      // Never took part: nothing to take back or forward, but gradients that came early
+      // for it are refused.
+      early = drop_early(*state, pass_id);
+      lock.unlock();
+      refuse_early(std::move(early), std::make_exception_ptr(CallRejected(reason)));
+      return make_ready_future();
     }
     state->failure.emplace(pass_id, reason);
     touched = state->touched;
+    early = drop_early(*state, pass_id);
   }
+  refuse_early(std::move(early), std::make_exception_ptr(CallRejected(reason)));
   outcome.try_set_error(std::make_exception_ptr(Error(reason)));
   if (sink != nullptr) sink->finish(/*take_back=*/true);
   std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();

@@ -184,8 +184,29 @@ class Container : public rpc::Interceptor,
   Future<std::set<int>> discover(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
                                  const std::vector<autograd::Edge>& edges, bool retain_graph);
   // A Discover: count the gradients the listed sends will get, walk on from them, and
-  // answer with the workers reached.
+  // answer with the workers reached. Gradients that came for those sends ahead of it are
+  // then taken.
   Future<Value> on_discover(const WorkerInfo& caller, const wire::Discover& d);
+  // The nodes below the sends recorded here that pass `pass` has not named: what a Discover
+  // still to come could add gradients to.
+  static std::unordered_set<const autograd::Node*> unnamed_reach(const ContextState& state,
+                                                                 const Pass& pass)
+      GRADWIRE_REQUIRES(state.mutex);
+  // Holds back, in the pass's task, what unnamed_reach gives (nothing once discovery is over).
+  static void update_hold(ContextState& state, uint64_t pass_id) GRADWIRE_REQUIRES(state.mutex);
+  // Takes the early gradients of pass `pass_id` whose send has been named: each is added to
+  // the task and its Propagate answered; what they made ready runs on the pool.
+  void take_early(const std::shared_ptr<ContextState>& state, uint64_t pass_id);
+  // Discovery of pass `pass_id` is over (everywhere): nothing more is held, and early
+  // gradients whose send was never named are refused. Returns the task (null when this
+  // worker's part is already over); the caller runs what became ready.
+  std::shared_ptr<autograd::GraphTask> end_discovery(const std::shared_ptr<ContextState>& state,
+                                                     uint64_t pass_id);
+  // Answers early gradients that will never be taken with `error`.
+  static void refuse_early(std::vector<EarlyGradients> early, const std::exception_ptr& error);
+  // Removes the early gradients of pass `pass_id` (every pass: 0) from `state`.
+  static std::vector<EarlyGradients> drop_early(ContextState& state, uint64_t pass_id)
+      GRADWIRE_REQUIRES(state.mutex);
 
   // ---- execution (execution.cc)
   void backward(uint64_t ctx, const std::vector<Tensor>& roots, const BackwardOptions& options);

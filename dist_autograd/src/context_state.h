@@ -72,6 +72,24 @@ struct Pass {
   // The outcome, once the context has recorded it (what Wait answers and backward awaits).
   Future<void> done;
   std::set<const autograd::Node*> notified;  // recv functions whose sender was told
+  // The sends recorded here that a Discover of this pass has named (each gets its
+  // gradients in this pass). Until discovery is over, the nodes below the sends not yet
+  // named are held in the task (their counts may still grow); the rest run as gradients
+  // come.
+  std::set<uint64_t> named;
+  // Discovery is over everywhere (the initiator's own discovery finished, or its Wait came):
+  // no send will be named any more, and nothing is held.
+  bool discovered = false;
+};
+
+// Gradients for a send that arrived before a Discover named that send in their pass: they
+// wait here (bounded) until it does, and are refused once discovery is over without it,
+// or when the pass ends or the context does. The sender's Propagate is answered then.
+struct EarlyGradients {
+  uint64_t message_id = 0;
+  std::shared_ptr<SendBackward> send;
+  std::vector<Tensor> grads;  // undefined: no gradient for that input
+  Future<Value> answer;
 };
 
 // The gradients of this worker's leaves in one context: in first-arrival order, indexed by
@@ -149,6 +167,13 @@ struct ContextState {
   Future<void> last_done GRADWIRE_GUARDED_BY(mutex);  // for a Wait asked again
   // Passes aborted here: their later messages are refused.
   std::set<uint64_t> aborted GRADWIRE_GUARDED_BY(mutex);
+  // Gradients that came ahead of their Discover, per pass (at most kMaxEarly in all).
+  std::map<uint64_t, std::vector<EarlyGradients>> early GRADWIRE_GUARDED_BY(mutex);
+  size_t early_count GRADWIRE_GUARDED_BY(mutex) = 0;
+  static constexpr size_t kMaxEarly = 256;
+  // Per initiator, the newest pass this worker took part in: gradients for an older pass
+  // that is not running here come too late, and are refused at once.
+  std::map<int, uint64_t> newest_pass GRADWIRE_GUARDED_BY(mutex);
   // Why the last pass failed here, until one succeeds here (get_gradients throws it).
   std::optional<std::pair<uint64_t, std::string>> failure GRADWIRE_GUARDED_BY(mutex);
 };

@@ -25,6 +25,10 @@ std::shared_ptr<autograd::GraphTask> Container::start_part(
   options.sink = pass.sink;
   options.trace_context = state->id;
   pass.task = std::make_shared<autograd::GraphTask>(options);
+  uint64_t& newest = state->newest_pass[worker_of(pass_id)];
+  newest = std::max(newest, pass_id);
+  // Until a Discover names them, every send here may still get gradients in this pass.
+  update_hold(*state, pass_id);
   std::shared_ptr<autograd::GraphTask> task = pass.task;
   Future<void> outcome = pass.outcome;
   Future<void> done = pass.done;
@@ -121,7 +125,17 @@ Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Disco
     }
     edges.push_back(autograd::Edge(send, 0));
   }
+  {
+    // Counted: what lies below only these sends may run as soon as its gradients are in.
+    MutexLock lock(state->mutex);
+    auto pass = state->passes.find(d.pass_id());
+    if (pass != state->passes.end()) {
+      pass->second.named.insert(d.message_ids().begin(), d.message_ids().end());
+      update_hold(*state, d.pass_id());
+    }
+  }
   Future<std::set<int>> found = discover(state, d.pass_id(), edges, d.retain_graph());
+  take_early(state, d.pass_id());
   // The answer is made on the thread that completes the discovery (a list of ints: no
   // hop through the pool for it).
   Future<Value> answer;
@@ -145,6 +159,122 @@ Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Disco
     }
   });
   return answer;
+}
+
+std::unordered_set<const autograd::Node*> Container::unnamed_reach(const ContextState& state,
+                                                                   const Pass& pass) {
+  std::unordered_set<const autograd::Node*> seen;
+  std::vector<const autograd::Node*> stack;
+  for (const auto& [m, send] : state.sends) {
+    if (pass.named.count(m) == 0) stack.push_back(send.get());
+  }
+  while (!stack.empty()) {
+    const autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const auto& next : node->next_edges()) {
+      if (next.is_valid() && seen.count(next.function.get()) == 0)
+        stack.push_back(next.function.get());
+    }
+  }
+  return seen;
+}
+
+void Container::update_hold(ContextState& state, uint64_t pass_id) {
+  auto it = state.passes.find(pass_id);
+  if (it == state.passes.end() || it->second.task == nullptr || it->second.discovered) return;
+  // Under the context's lock (taken before the task's, never after): two Discovers
+  // updating at once cannot leave the older, larger set in place.
+  it->second.task->hold(unnamed_reach(state, it->second));
+}
+
+std::vector<EarlyGradients> Container::drop_early(ContextState& state, uint64_t pass_id) {
+  std::vector<EarlyGradients> dropped;
+  for (auto it = state.early.begin(); it != state.early.end();) {
+    if (pass_id != 0 && it->first != pass_id) {
+      ++it;
+      continue;
+    }
+    for (EarlyGradients& e : it->second)
+      dropped.push_back(std::move(e));
+    it = state.early.erase(it);
+  }
+  state.early_count -= std::min(state.early_count, dropped.size());
+  return dropped;
+}
+
+void Container::refuse_early(std::vector<EarlyGradients> early, const std::exception_ptr& error) {
+  for (EarlyGradients& e : early)
+    e.answer.try_set_error(error);
+}
+
+void Container::take_early(const std::shared_ptr<ContextState>& state, uint64_t pass_id) {
+  std::vector<EarlyGradients> taken;
+  std::shared_ptr<autograd::GraphTask> task;
+  {
+    MutexLock lock(state->mutex);
+    auto pass = state->passes.find(pass_id);
+    auto early = state->early.find(pass_id);
+    if (pass == state->passes.end() || pass->second.task == nullptr ||
+        early == state->early.end()) {
+      return;
+    }
+    task = pass->second.task;
+    std::vector<EarlyGradients>& waiting = early->second;
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      if (pass->second.named.count(it->message_id) == 0) {
+        ++it;
+        continue;
+      }
+      taken.push_back(std::move(*it));
+      it = waiting.erase(it);
+    }
+    state->early_count -= std::min(state->early_count, taken.size());
+    if (waiting.empty()) state->early.erase(early);
+  }
+  if (taken.empty()) return;
+  for (EarlyGradients& e : taken) {
+    try {
+      for (uint32_t i = 0; i < e.grads.size(); ++i)
+        task->add_gradient(autograd::Edge(e.send, i), std::move(e.grads[i]));
+      e.answer.try_set_value(Value());
+    } catch (...) {
+      e.answer.try_set_error(std::current_exception());
+    }
+  }
+  agent()->executor()->execute([task] {
+    try {
+      task->run_ready();
+    } catch (...) {
+      // The task holds the error: this worker's part fails with it.
+    }
+  });
+}
+
+std::shared_ptr<autograd::GraphTask> Container::end_discovery(
+    const std::shared_ptr<ContextState>& state, uint64_t pass_id) {
+  std::shared_ptr<autograd::GraphTask> task;
+  std::vector<EarlyGradients> unnamed;
+  {
+    MutexLock lock(state->mutex);
+    auto pass = state->passes.find(pass_id);
+    if (pass == state->passes.end() || pass->second.discovered) return nullptr;
+    pass->second.discovered = true;
+    task = pass->second.task;
+    unnamed = drop_early(*state, pass_id);
+  }
+  if (!unnamed.empty()) {
+    std::string ids;
+    for (const EarlyGradients& e : unnamed)
+      ids += (ids.empty() ? "" : ", ") + ctx_text(e.message_id);
+    refuse_early(std::move(unnamed),
+                 std::make_exception_ptr(CallRejected(
+                     "dist_autograd: worker " + self_.describe() +
+                     " expects no gradients for send " + ids + " in pass " + ctx_text(pass_id) +
+                     " of context " + ctx_text(state->id) + " (no Discover named it)")));
+  }
+  if (task != nullptr) task->release_hold();
+  return task;
 }
 
 }  // namespace gradwire::dist_autograd::internal

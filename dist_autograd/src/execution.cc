@@ -52,7 +52,29 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     };
     const int64_t discovery_ns = trace::enabled() ? trace::now_ns() : 0;
     Future<std::set<int>> found = discover(state, pass_id, edges, options.retain_graph);
+    // The backward starts while discovery goes on: what lies below only the roots runs now
+    // (gradients it sends on wait at their receivers for the Discover that names their
+    // send); what lies below a send here waits until a Discover names the send, or until
+    // discovery is over.
+    for (const auto& r : graph_roots)
+      task->add_gradient(r.edge, r.grad);
+    try {
+      task->run_ready();
+    } catch (...) {
+      // The task holds the error; the wait below reports it.
+    }
     if (!found.wait(time_left(deadline))) throw timed_out();
+    if (found.has_error()) {
+      // This worker's part may have failed first (gradients it sent on were refused), and
+      // a Discover that reached it afterwards was refused for that: the cause is the part's.
+      Future<void> own;
+      {
+        MutexLock lock(state->mutex);
+        auto pass = state->passes.find(pass_id);
+        if (pass != state->passes.end()) own = pass->second.outcome;
+      }
+      if (own.completed() && own.has_error()) own.get();
+    }
     const std::set<int> workers = found.value();
     if (discovery_ns != 0) {
       trace::complete("dist_autograd.discovery", "dist_autograd", discovery_ns, trace::now_ns(),
@@ -70,12 +92,14 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     }
     if (options.on_last_part) watch_for_last_part(pass_id, workers, parts, options.on_last_part);
     Future<void> all = rpc::join_fail_fast(parts);
-    for (const auto& r : graph_roots)
-      task->add_gradient(r.edge, r.grad);
-    try {
-      task->run_ready();
-    } catch (...) {
-      // The task holds the error; the wait below reports it.
+    // Discovery is over everywhere (every Discover was answered, so every one sent here was
+    // taken): nothing is held any more.
+    if (std::shared_ptr<autograd::GraphTask> open = end_discovery(state, pass_id)) {
+      try {
+        open->run_ready();
+      } catch (...) {
+        // The task holds the error; the wait below reports it.
+      }
     }
     {
       // The initiator waits for every worker's part (its own included) to end.
@@ -255,23 +279,59 @@ Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Prop
   }
   std::shared_ptr<ContextState> state = get_for(p.context_id(), caller, "gradient");
   std::shared_ptr<SendBackward> send = send_from(*state, p.message_id(), caller, "gradient");
-  std::shared_ptr<autograd::GraphTask> task;
-  {
-    MutexLock lock(state->mutex);
-    auto pass = state->passes.find(p.pass_id());
-    if (pass != state->passes.end() && state->aborted.count(p.pass_id()) == 0)
-      task = pass->second.task;
-  }
-  if (task == nullptr) {
-    throw CallRejected("dist_autograd: worker " + self_.describe() +
-                       " expects no gradients for send " + ctx_text(p.message_id()) + " in pass " +
-                       ctx_text(p.pass_id()) + " of context " + ctx_text(p.context_id()) +
-                       " (not discovered, over, or aborted)");
-  }
   if (args.size() != send->num_inputs()) {
     throw CallRejected("dist_autograd: send " + ctx_text(p.message_id()) + " takes " +
                        std::to_string(send->num_inputs()) + " gradients, got " +
                        std::to_string(args.size()));
+  }
+  auto refused = [&](const char* why) {
+    return CallRejected("dist_autograd: worker " + self_.describe() +
+                        " expects no gradients for send " + ctx_text(p.message_id()) + " in pass " +
+                        ctx_text(p.pass_id()) + " of context " + ctx_text(p.context_id()) + " (" +
+                        why + ")");
+  };
+  std::shared_ptr<autograd::GraphTask> task;
+  {
+    MutexLock lock(state->mutex);
+    if (state->aborted.count(p.pass_id()) != 0) throw refused("aborted");
+    auto pass = state->passes.find(p.pass_id());
+    if (pass == state->passes.end()) {
+      auto newest = state->newest_pass.find(worker_of(p.pass_id()));
+      if (state->last_pass == p.pass_id() ||
+          (newest != state->newest_pass.end() && p.pass_id() <= newest->second)) {
+        throw refused("over");
+      }
+    } else if (pass->second.task == nullptr) {
+      throw refused("over");
+    } else if (pass->second.named.count(p.message_id()) != 0) {
+      task = pass->second.task;
+    } else if (pass->second.discovered) {
+      throw refused("not discovered");
+    }
+    if (task == nullptr) {
+      // Ahead of the Discover that names this send (discovery overlaps the backward): kept
+      // until it comes, answered then.
+      if (state->early_count >= ContextState::kMaxEarly) {
+        throw CallRejected("dist_autograd: worker " + self_.describe() + " already holds " +
+                           std::to_string(ContextState::kMaxEarly) +
+                           " gradients that came ahead of their discovery in context " +
+                           ctx_text(p.context_id()) + "; refused those for send " +
+                           ctx_text(p.message_id()));
+      }
+      EarlyGradients early;
+      early.message_id = p.message_id();
+      early.send = send;
+      for (uint32_t i = 0; i < send->num_inputs(); ++i) {
+        early.grads.push_back(args[i].is_none() ? Tensor() : args[i].as_tensor());
+        // Refused now, as they would be when taken.
+        autograd::GraphTask::check_gradient(autograd::Edge(send, i), early.grads.back());
+      }
+      Future<Value> answer = early.answer;
+      state->early[p.pass_id()].push_back(std::move(early));
+      ++state->early_count;
+      span.arg(trace::Arg("early", 1));
+      return answer;
+    }
   }
   for (uint32_t i = 0; i < send->num_inputs(); ++i) {
     const Value& g = args[i];

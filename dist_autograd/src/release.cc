@@ -28,11 +28,13 @@ Future<void> Container::release(uint64_t ctx, int from, const std::string& lost)
   }
   std::set<int> touched;
   std::vector<Future<void>> parts;
+  std::vector<EarlyGradients> early;
   {
     MutexLock lock(state->mutex);
     touched = state->touched;
     for (const auto& [id, pass] : state->passes)
       parts.push_back(pass.outcome);
+    early = drop_early(*state, 0);
   }
   if (!lost.empty()) remember_lost(ctx, touched, lost);
   // Parts still running end here, so that their Waits are answered.
@@ -43,6 +45,9 @@ Future<void> Container::release(uint64_t ctx, int from, const std::string& lost)
     part.try_set_error(lost.empty() ? std::make_exception_ptr(Error(what))
                                     : std::make_exception_ptr(NetworkError(what + ": " + lost)));
   }
+  refuse_early(std::move(early), lost.empty()
+                                     ? std::make_exception_ptr(CallRejected(what))
+                                     : std::make_exception_ptr(NetworkError(what + ": " + lost)));
   std::weak_ptr<Container> weak_self = weak_from_this();
   auto settle = [weak_self, ctx, released](const Future<void>&) mutable {
     if (auto self = weak_self.lock()) {

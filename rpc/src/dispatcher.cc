@@ -112,7 +112,7 @@ bool Dispatcher::serving_on_this_thread() const {
 }
 
 void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> from, Request request,
-                       size_t tensor_bytes) {
+                       size_t tensor_bytes, bool on_executor) {
   std::shared_ptr<const Handlers> handlers = handlers_.load(std::memory_order_acquire);
   auto it = handlers->find(request.handler);
   const HandlerEntry* entry = it == handlers->end() ? nullptr : &it->second;
@@ -127,8 +127,9 @@ void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> fr
                                ? function->execution() == Execution::kInline
                                : entry != nullptr && entry->execution == Execution::kInline;
   // Functions and handlers that asked for it run right here, on the thread that received
-  // the request (an I/O thread, or the executor when tensors had to be copied first).
-  if (runs_inline) {
+  // the request (an I/O thread, or the executor when tensors had to be copied first); so
+  // does everything else when that thread is already the executor's.
+  if (runs_inline || on_executor) {
     run(agent, from, request, handlers, entry, function, tensor_bytes, timing);
     return;
   }

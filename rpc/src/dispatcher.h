@@ -82,8 +82,11 @@ class Dispatcher {
   // served_stats() (tensor_bytes as its bytes in) and, while tracing is on, recorded as an
   // "rpc.queue" span (arrival to start) and an "rpc.serve" span (start to the reply handed
   // to the transport), both with the request id, the caller's id and the function.
+  // `on_executor`: this thread is one of the executor's (the request's tensors were first
+  // copied here, off the I/O thread), so a request that would be handed to the executor
+  // runs right here instead of waiting for a second thread.
   void serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> from, Request request,
-             size_t tensor_bytes);
+             size_t tensor_bytes, bool on_executor = false);
   // Whether this thread is running a request this dispatcher serves (a graceful shutdown
   // from there would wait for itself).
   bool serving_on_this_thread() const;

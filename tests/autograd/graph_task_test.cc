@@ -3,6 +3,8 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <unordered_set>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -200,6 +202,88 @@ TEST(GraphTaskFeeding, CountsToldFromOutsideHoldTheNodeBack) {
   EXPECT_EQ(task.run_ready(), 2u);  // MulBackward, AccumulateGrad
   EXPECT_TRUE(task.completed());
   EXPECT_EQ(vec(a.grad()), (std::vector<double>{6, 16}));  // (1+2, 1+3) * 2a
+}
+
+// What a distributed engine does while discovery goes on: the nodes a gradient it has not
+// yet been told of could reach are held; the rest runs as gradients come.
+TEST(GraphTaskHold, HeldNodesWaitAndTheTaskDoesNotFinishUntilTheHoldEnds) {
+  SharedGraph reference;
+  autograd::backward(reference.outputs, reference.grads);
+
+  SharedGraph fed;
+  auto task = std::make_shared<GraphTask>();
+  std::vector<Edge> edges;
+  for (const Tensor& out : fed.outputs)
+    edges.push_back(autograd::gradient_edge(out));
+  // Told of the first two pieces only; the third (sum(mid * shared)) reaches both shared
+  // nodes and the leaves, so those are held until it is told.
+  task->expect(edges[0]);
+  task->expect(edges[1]);
+  std::unordered_set<const autograd::Node*> below_third;
+  std::vector<const autograd::Node*> stack{edges[2].function.get()};
+  while (!stack.empty()) {
+    const autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (!below_third.insert(n).second) continue;
+    for (const Edge& e : n->next_edges()) {
+      if (e.is_valid()) stack.push_back(e.function.get());
+    }
+  }
+  task->hold(below_third);
+  task->add_gradient(edges[0], fed.grads[0]);
+  task->add_gradient(edges[1], fed.grads[1]);
+  EXPECT_EQ(task->run_ready(), 2u);  // the two pieces' own nodes (mid * 3, mid * mid)
+  EXPECT_FALSE(task->completed());
+  EXPECT_FALSE(fed.x.grad().defined()) << "a held node ran";
+  // Told of the third now: its count grows, which it could not have after running.
+  task->expect(edges[2]);
+  task->add_gradient(edges[2], fed.grads[2]);
+  EXPECT_EQ(task->run_ready(), 0u) << "still held";
+  task->hold({});  // nothing is held, but the task may not finish yet
+  EXPECT_GT(task->run_ready(), 0u);
+  EXPECT_FALSE(task->completed()) << "finished while holding";
+  task->release_hold();
+  EXPECT_EQ(task->run_ready(), 0u);  // nothing left to run: it finishes
+  EXPECT_TRUE(task->completed());
+  task->completion().get(std::chrono::seconds(5));
+  EXPECT_EQ(vec(fed.x.grad()), vec(reference.x.grad()));
+  EXPECT_EQ(vec(fed.w.grad()), vec(reference.w.grad()));
+  EXPECT_EQ(vec(fed.x.grad()), (std::vector<double>{231, 125, 350}));
+  // After the hold has ended for good, hold() does nothing.
+  task->hold(below_third);
+  EXPECT_TRUE(task->completed());
+}
+
+TEST(GraphTaskHold, AHoldThatShrinksQueuesWhatLeftItAndReleasingFinishesAnEmptyTask) {
+  Tensor a = leaf({1, 2});
+  Tensor y = a * a;
+  Edge e = autograd::gradient_edge(y);
+  GraphTask task;
+  task.expect(e);
+  task.hold({e.function.get()});
+  task.add_gradient(e, tensor<double>({1, 1}));
+  EXPECT_EQ(task.run_ready(), 0u);
+  task.hold({});
+  EXPECT_EQ(task.run_ready(), 2u);  // MulBackward, AccumulateGrad
+  EXPECT_FALSE(task.completed());
+  task.release_hold();
+  task.run_ready();
+  EXPECT_TRUE(task.completed());
+  EXPECT_EQ(vec(a.grad()), (std::vector<double>{2, 4}));
+  // A task told of nothing, held, finishes once released.
+  GraphTask empty;
+  empty.hold({});
+  EXPECT_EQ(empty.run_ready(), 0u);
+  EXPECT_FALSE(empty.completed());
+  empty.release_hold();
+  empty.run_ready();
+  EXPECT_TRUE(empty.completed());
+  // check_gradient refuses what add_gradient would, without a task.
+  EXPECT_CONTAINS(error_of([&] {
+                    GraphTask::check_gradient(e, tensor<double>({1, 2, 3}));
+                  }),
+                  "has shape [3] but the input has shape [2]");
+  EXPECT_NO_THROW(GraphTask::check_gradient(e, Tensor()));
 }
 
 TEST(GraphTaskFeeding, MisuseIsRefusedWithTypedErrors) {

@@ -135,11 +135,14 @@ TEST_F(DistAutogradFaults, GradientsThatCannotBeDeliveredEndThePassAtOnceNamingT
     ADD_FAILURE() << "the pass succeeded without w2's part";
   } catch (const RemoteError& e) {
     // The cut is seen at both of its ends, and whichever account reaches w0 first is the
-    // pass's error: w1's (its send did not reach w2) or w2's (it lost w1, and with it the
-    // context w1 had brought it). Either names both ends of the lost link.
+    // pass's error: w1's (its gradients did not reach w2, or, since gradients flow while
+    // discovery goes on, its Discover to w2 was lost with the same connection) or w2's (it
+    // lost w1, and with it the context w1 had brought it). Each names both ends of the link.
     EXPECT_EQ(e.remote_type(), "NetworkError") << e.what();
     if (e.worker() == "w1") {
-      EXPECT_TRUE(contains(e.what(), "did not reach worker 'w2'")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "did not reach worker 'w2'") ||
+                  contains(e.what(), "discover to worker 'w2'"))
+          << e.what();
     } else {
       EXPECT_EQ(e.worker(), "w2") << e.what();
       EXPECT_TRUE(contains(e.what(), "lost worker 'w1'")) << e.what();
@@ -484,6 +487,97 @@ TEST_F(DistAutogradFaults, OnlyTheWorkerASendWentToMayDiscoverOrFeedIt) {
   // Nothing was disturbed: the real pass is exact (d/dx sum(x^2) = 2x).
   da::backward(w(0), id, {sum(y)});
   expect_values(da::get_gradients(w(0), id).at(x), {4.0});
+}
+
+// Gradients flow while discovery goes on. Here the Discover w1 sends back to w0 (naming x's
+// send) is held up for 1.5 s: w0 has already sent y's gradient, w1 runs its part at once
+// (its hook fires long before the Discover arrives), and the gradient w1 sends on waits at w0
+// until the Discover names its send. The pass is exact. Before, no gradient moved until
+// every worker had been discovered.
+TEST_F(DistAutogradFaults, GradientsFlowWhileDiscoveryGoesOnAndWaitForTheirDiscover) {
+  auto ran = std::make_shared<Future<void>>();
+  reg_.def("square_noted", [ran](const Tensor& x) {
+    Tensor y = mul(x, x);
+    y.register_hook([ran](const Tensor& g) {
+      ran->try_set_value();
+      return g;
+    });
+    return y;
+  });
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, -2.0, 3.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square_noted", x);
+  faults_->add({.action = FaultAction::kDelay,
+                .from = "w1",
+                .to = "w0",
+                .handler = kHandler,
+                .function = "discover",
+                .delay = 1500ms});
+  const auto start = Clock::now();
+  std::thread pass([&] { da::backward(w(0), ctx.id(), {sum(y)}); });
+  const bool early = ran->wait(1000ms);
+  pass.join();
+  EXPECT_TRUE(early) << "w1's part waited for discovery to end";
+  EXPECT_GE(Clock::now() - start, 1500ms) << "the pass ended before w0 was discovered";
+  expect_values(da::get_gradients(w(0), ctx.id()).at(x), {2.0, -4.0, 6.0});  // 2x
+}
+
+// Gradients that come ahead of their Discover are kept, within a bound, until it comes; a
+// member that sends gradients for a pass that never reaches the worker gets them refused when
+// the context ends, at the latest, and gradients for a pass the worker is past are refused at
+// once. None of it disturbs a real pass.
+TEST_F(DistAutogradFaults, EarlyGradientsAreBoundedAndRefusedWhenTheirPassCannotCome) {
+  da::Context ctx(w(0));
+  const uint64_t id = ctx.id();
+  Tensor x = leaf({2.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+  const uint64_t send_to_w1 = id + 1;  // the request's send: w0's next id after the context's
+  auto propagate = [&](uint64_t pass) {
+    rpc::Request request;
+    request.handler = kHandler;
+    request.function = "raw";
+    const std::string payload = message(kPropagate, {{1, id}, {2, pass}, {3, send_to_w1}});
+    request.payload.assign(payload.begin(), payload.end());
+    request.args = {rpc::Value(tensor(std::vector<double>{1.0}))};
+    return w(1).send("w0", std::move(request));
+  };
+  // A pass w0 has not started (ids w0 would mint later): kept, up to the bound. Of 257 sent
+  // at once (served in any order), one is refused and the rest wait.
+  std::vector<Future<rpc::Value>> sent;
+  Future<void> first_answer;
+  for (uint64_t i = 0; i < 257; ++i) {
+    sent.push_back(propagate(id + 1000 + i));
+    gradwire::detail::on_complete_inline(
+        sent.back(),
+        [first_answer](const Future<rpc::Value>&) mutable { first_answer.try_set_value(); });
+  }
+  ASSERT_TRUE(first_answer.wait(10s));
+  std::vector<Future<rpc::Value>> kept;
+  for (auto& f : sent) {
+    if (!f.completed()) {
+      kept.push_back(f);
+      continue;
+    }
+    const std::string over_bound = error_of([&] { f.get(0ms); });
+    EXPECT_TRUE(contains(over_bound,
+                         "already holds 256 gradients that came ahead of their "
+                         "discovery"))
+        << over_bound;
+  }
+  EXPECT_EQ(kept.size(), 256u);
+  // A real pass goes through meanwhile, exact (d/dx x^2 = 2x).
+  da::backward(w(0), id, {sum(y)});
+  expect_values(da::get_gradients(w(0), id).at(x), {4.0});
+  // A pass older than one w0 has run: past, refused at once.
+  const std::string past = error_of([&] { propagate(id + 2).get(10s); });
+  EXPECT_TRUE(contains(past, "expects no gradients for send")) << past;
+  EXPECT_TRUE(contains(past, "(over)")) << past;
+  // The context ends: what was kept is refused, naming the release.
+  da::release(w(0), id);
+  for (auto& f : kept) {
+    const std::string text = error_of([&] { f.get(10s); });
+    EXPECT_TRUE(contains(text, "was released on worker 'w0'")) << text;
+  }
 }
 
 // A request whose context its creator released while the request was on its way (here:

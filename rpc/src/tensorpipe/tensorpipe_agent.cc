@@ -1174,7 +1174,7 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
   const bool to_device =
       std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
   const bool has_loans = !lent.empty();
-  auto process = [self = shared_from_this(), conn, parsed = std::move(parsed),
+  auto process = [self = shared_from_this(), conn, to_device, has_loans, parsed = std::move(parsed),
                   metadata = std::move(metadata), tensors = std::move(tensors),
                   lent = std::move(lent), held]() mutable {
     if (!lent.empty()) {
@@ -1201,7 +1201,9 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
       }
       // The request's tensors are the handler's until its reply is written; request_done
       // returns what it holds of the budget.
-      self->dispatcher_.serve(self, conn, std::move(*request), held.bytes);
+      // Here on the pool when tensors were copied first: the request runs on, no second hop.
+      self->dispatcher_.serve(self, conn, std::move(*request), held.bytes,
+                              /*on_executor=*/to_device || has_loans);
       return;
     }
     self->release_inflight(*conn, held);
@@ -1326,6 +1328,15 @@ void TensorPipeAgent::return_loans(const std::vector<Loan>& taken, uint64_t conn
 std::string TensorPipeAgent::copy_lent(const std::shared_ptr<Connection>& conn,
                                        const std::vector<detail::LoanCopy>& lent) {
   const int peer = conn->peer.id;
+  // The copy out of the lender's memory, before the message is handled.
+  trace::Span span("rpc.copy_in", "rpc", trace::Arg("peer", peer),
+                   trace::Arg("tensors", static_cast<uint64_t>(lent.size())));
+  if (span.active()) {
+    uint64_t bytes = 0;
+    for (const detail::LoanCopy& c : lent)
+      bytes += c.nbytes;
+    span.arg(trace::Arg("bytes", bytes));
+  }
   std::string why;
   const std::optional<detail::LoanTableAddress>& table = group_.readable(peer);
   if (!table) {

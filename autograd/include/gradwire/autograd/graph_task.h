@@ -15,6 +15,9 @@
 //   - runs what is ready: run_ready() runs, on the calling thread, every node whose
 //     gradients have all arrived, highest sequence number first (AccumulateGrad first), as
 //     long as any is ready; threads may call it concurrently, each running other nodes;
+//   - may hold nodes back (hold()): a held node does not start and the task does not
+//     finish until the hold ends, for an engine that runs gradients as they arrive while
+//     other workers still tell it what more to expect;
 //   - completes when every node has run: run_ready() then runs the end-of-pass callbacks
 //     (queue_callback) in order on the thread that finished the last node, and completes
 //     completion(). A failure (a node, hook or callback throwing) fails the task: the first
@@ -53,6 +56,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "gradwire/autograd/gradient_sink.h"
@@ -93,6 +97,11 @@ class GraphTask {
   // expectation is met and nothing is added). Checked against the node's input metadata.
   void add_gradient(const Edge& edge, Tensor grad);
 
+  // Checks a gradient from outside the graph against the input it enters, as add_gradient
+  // does (an undefined one passes): InvalidArgument naming the node, the input and both
+  // values otherwise.
+  static void check_gradient(const Edge& edge, const Tensor& grad);
+
   // Runs every ready node on this thread; returns how many ran. Finishes the task (its
   // callbacks, then completion()) when the last node has run. Rethrows the task's error.
   size_t run_ready();
@@ -105,6 +114,18 @@ class GraphTask {
   // The gradients captured for options.capture (undefined where none arrived); complete
   // once the task is.
   std::vector<Tensor> captured() const;
+
+  // Holds `nodes` back: none of them starts, even once its gradients have all arrived, and
+  // the task does not finish, until a later hold() leaves it out or release_hold() is
+  // called. A distributed engine that runs what has arrived before it knows every gradient
+  // to come holds the nodes that gradients it has not yet been told of could still reach
+  // (expect() may add to their counts). Each call replaces the held set; a node that leaves
+  // it and is ready is queued for the next run_ready(). Nodes already running or run are
+  // unaffected. After release_hold(), hold() does nothing.
+  void hold(std::unordered_set<const Node*> nodes);
+  // Ends the hold for good: held nodes that are ready are queued, and the task may finish.
+  // Call run_ready() afterwards (it runs them, or finishes a task with nothing left).
+  void release_hold();
 
   // Queues `callback` to run when the task finishes (see the header comment).
   void queue_callback(std::function<void()> callback);
