@@ -44,6 +44,7 @@ bool CallTable::add(PendingCall& call) {
       }
     }
     pending_.emplace(id, std::move(entry));
+    count_->store(pending_.size(), std::memory_order_relaxed);
   }
   // Outside the lock: the woken timer would otherwise wait for it at once.
   if (wake_timer) timer_cv_.notify_one();
@@ -58,6 +59,7 @@ std::optional<PendingCall> CallTable::take_locked(uint64_t id, uint64_t connecti
   if (it->second.deadline) deadlines_.erase(*it->second.deadline);
   PendingCall call = std::move(it->second.call);
   pending_.erase(it);
+  count_->store(pending_.size(), std::memory_order_relaxed);
   // Whoever removes the last pending call wakes a graceful shutdown waiting for it.
   if (pending_.empty()) idle_cv_.notify_all();
   return call;
@@ -217,6 +219,7 @@ void CallTable::close(const std::function<std::exception_ptr(const PendingCall&)
       for (auto& [id, entry] : pending_)
         abandoned.push_back(std::move(entry.call));
       pending_.clear();
+      count_->store(0, std::memory_order_relaxed);
       deadlines_.clear();
       late_.clear();
       late_order_.clear();

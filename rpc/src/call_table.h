@@ -110,6 +110,10 @@ class CallTable {
   void finish(PendingCall& call, Value value, std::exception_ptr error, CallOutcome outcome) const;
 
   size_t size() const;
+  // Whether any call awaits its reply (no lock: for a polling loop's "keep polling").
+  bool any_pending() const { return count_->load(std::memory_order_relaxed) != 0; }
+  // The same count, shared: a loop that may outlive this table reads it safely.
+  std::shared_ptr<const std::atomic<size_t>> pending_count() const { return count_; }
   // Waits until no call is pending; false when `deadline` passed first.
   bool wait_until_idle(Clock::time_point deadline);
 
@@ -138,6 +142,8 @@ class CallTable {
   std::condition_variable idle_cv_;
   bool closed_ GRADWIRE_GUARDED_BY(mutex_) = false;
   std::unordered_map<uint64_t, Entry> pending_ GRADWIRE_GUARDED_BY(mutex_);
+  // pending_.size(), written under mutex_.
+  const std::shared_ptr<std::atomic<size_t>> count_ = std::make_shared<std::atomic<size_t>>(0);
   Deadlines deadlines_ GRADWIRE_GUARDED_BY(mutex_);
   // When the timer thread wakes next (max: it waits until notified). add() notifies it only
   // for an earlier deadline.

@@ -759,6 +759,60 @@ TEST(TransportIdle, ConnectedAgentsUseNoCpuWhileIdle) {
   test::shutdown_agents(g.agents);
 }
 
+// A caller whose call is being served for a long time polls its transports for
+// transport_spin_awaiting after the last traffic, then sleeps: waiting costs no CPU either.
+TEST(TransportIdle, ACallerWaitingOnALongCallPollsBrieflyThenSleeps) {
+  Registry reg;
+  register_basics(reg);
+  auto release = std::make_shared<Future<void>>();
+  reg.def("held", [release] {
+    release->wait(10s);
+    return 1;
+  });
+  const auto before = thread_ticks();
+  rpc::AgentOptions options = options_for(reg);
+  options.transport_spin_awaiting = 3ms;
+  Group g = start_group(2, options);
+  expect_serving(g);
+  Future<int> pending = g.agents[1]->rpc_async<int>("w0", "held");
+  const auto ticks0 = thread_ticks();
+  std::this_thread::sleep_for(1s);
+  long used = 0;
+  std::string busy;
+  for (const auto& [thread, ticks] : thread_ticks()) {
+    if (before.count(thread) != 0) continue;
+    auto it = ticks0.find(thread);
+    const long delta = ticks - (it == ticks0.end() ? 0 : it->second);
+    used += delta;
+    if (delta > 0) busy += " " + thread + ":" + std::to_string(delta);
+  }
+  EXPECT_FALSE(pending.completed());
+  // Polling for the whole second would be about 100 ticks.
+  EXPECT_LE(used, 3) << "ticks used by the agents' threads while a call waited:" << busy;
+  release->try_set_value();
+  EXPECT_EQ(std::move(pending).get(10s), 1);
+  test::shutdown_agents(g.agents);
+}
+
+TEST(TransportIdle, SpinOptionsOutOfRangeAreRefused) {
+  Registry reg;
+  for (auto spin : {std::chrono::microseconds(-1), std::chrono::microseconds(1'000'001)}) {
+    rpc::AgentOptions options = options_for(reg);
+    options.transport_spin_awaiting = spin;
+    try {
+      Group g = start_group(1, options);
+      ADD_FAILURE() << "transport_spin_awaiting " << spin.count() << " us was taken";
+      test::shutdown_agents(g.agents);
+    } catch (const std::exception& e) {  // start_group names the rank that failed
+      EXPECT_NE(std::string(e.what()).find("AgentOptions::transport_spin_awaiting must be in "
+                                           "[0, 1 s], got " +
+                                           std::to_string(spin.count()) + " us"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // ---- hostile connections to a "local" listener (rings)
 
 int raw_local_connect(const std::string& name) {

@@ -386,6 +386,11 @@ void TensorPipeAgent::validate_options() const {
     throw InvalidArgument(who + "AgentOptions::transport_spin must be in [0, 1 s], got " +
                           std::to_string(options_.transport_spin.count()) + " us");
   }
+  if (options_.transport_spin_awaiting.count() < 0 ||
+      options_.transport_spin_awaiting > std::chrono::seconds(1)) {
+    throw InvalidArgument(who + "AgentOptions::transport_spin_awaiting must be in [0, 1 s], got " +
+                          std::to_string(options_.transport_spin_awaiting.count()) + " us");
+  }
   if (options_.handshake_timeout.count() <= 0) {
     throw InvalidArgument(who + "AgentOptions::handshake_timeout must be > 0, got " +
                           ms_text(options_.handshake_timeout));
@@ -439,6 +444,10 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   o.secret = secret_;
   o.handshake_timeout = options_.handshake_timeout;
   o.spin = options_.transport_spin;
+  o.spin_awaiting = options_.transport_spin_awaiting;
+  o.awaiting = [count = calls_.pending_count()] {
+    return count->load(std::memory_order_relaxed) != 0;
+  };
   // TensorPipe's control frames carry a message's payload plus its tensors' descriptions.
   o.max_frame_bytes = options_.limits.max_payload_bytes + (size_t{16} << 20);
   o.stats = family == transport::StreamOptions::Family::kTcp ? transport_stats_ : local_stats_;

@@ -17,8 +17,12 @@ namespace {
 constexpr uint64_t kWakeToken = 0;
 }
 
-Reactor::Reactor(std::string name, std::chrono::microseconds spin)
-    : name_(std::move(name)), spin_(spin) {
+Reactor::Reactor(std::string name, std::chrono::microseconds spin,
+                 std::chrono::microseconds spin_awaiting, std::function<bool()> awaiting)
+    : name_(std::move(name)),
+      spin_(spin),
+      spin_awaiting_(awaiting ? spin_awaiting : std::chrono::microseconds(0)),
+      awaiting_(std::move(awaiting)) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) {
     throw NetworkError("transport " + name_ + ": epoll_create1 failed: " + std::strerror(errno));
@@ -209,19 +213,25 @@ void Reactor::run() {
   // "gw-tcp w0": what ps and /proc show (15 characters at most).
   ::pthread_setname_np(::pthread_self(), ("gw-" + name_).substr(0, 15).c_str());
   std::vector<epoll_event> events(128);
-  Clock::time_point spin_until = Clock::now() + spin_;
+  Clock::time_point last_work = Clock::now();
+  // Polling goes on this long after the last activity (longer while an answer is awaited).
+  auto polling = [&] {
+    const Clock::time_point now = Clock::now();
+    if (spin_.count() > 0 && now < last_work + spin_) return true;
+    return spin_awaiting_ > spin_ && now < last_work + spin_awaiting_ && awaiting_();
+  };
   while (!stopping_.load(std::memory_order_relaxed)) {
     bool worked = run_deferred();
     if (stopping_.load(std::memory_order_relaxed)) break;
     if (run_pollers(false)) worked = true;
-    if (worked) spin_until = Clock::now() + spin_;
+    if (worked) last_work = Clock::now();
     int timeout = next_timeout_ms();
     bool sleeping = false;
     {
       MutexLock lock(mutex_);
       if (!deferred_.empty()) {
         timeout = 0;
-      } else if (spin_.count() > 0 && Clock::now() < spin_until) {
+      } else if (polling()) {
         timeout = 0;
         spinning_ = true;
       } else {
@@ -234,7 +244,7 @@ void Reactor::run() {
     if (sleeping && run_pollers(true)) timeout = 0;
     const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
     if (n > 0) {
-      spin_until = Clock::now() + spin_;
+      last_work = Clock::now();
     } else if (n == 0 && timeout == 0) {
       // Polling with nothing to do: let another runnable thread have this core (with more
       // busy threads than cores, a spinning loop would otherwise delay the very peer whose

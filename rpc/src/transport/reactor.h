@@ -31,8 +31,12 @@ class Reactor {
 
   // `spin`: after any activity the loop keeps polling (without sleeping) this long before
   // it blocks, so that a reply that follows a request closely is picked up without a
-  // wake-up; an idle loop sleeps. 0: never spin.
-  explicit Reactor(std::string name, std::chrono::microseconds spin = std::chrono::microseconds(0));
+  // wake-up; an idle loop sleeps. 0: never spin. While `awaiting` (asked from the loop, so it
+  // must be cheap and never block) says that an answer is awaited, the loop keeps polling up
+  // to `spin_awaiting` after the last activity instead (when that is longer than `spin`).
+  explicit Reactor(std::string name, std::chrono::microseconds spin = std::chrono::microseconds(0),
+                   std::chrono::microseconds spin_awaiting = std::chrono::microseconds(0),
+                   std::function<bool()> awaiting = {});
   ~Reactor();
   Reactor(const Reactor&) = delete;
   Reactor& operator=(const Reactor&) = delete;
@@ -79,6 +83,8 @@ class Reactor {
 
   const std::string name_;
   const std::chrono::microseconds spin_;
+  const std::chrono::microseconds spin_awaiting_;
+  const std::function<bool()> awaiting_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;

@@ -71,7 +71,8 @@ class ListenerImpl;
 struct Core : std::enable_shared_from_this<Core> {
   explicit Core(StreamOptions o)
       : options(std::move(o)),
-        reactor(std::string(family_name(options.family)) + " " + options.name, options.spin) {
+        reactor(std::string(family_name(options.family)) + " " + options.name, options.spin,
+                options.spin_awaiting, options.awaiting) {
     if (!options.stats) options.stats = std::make_shared<TransportStats>();
   }
 

@@ -60,6 +60,10 @@ struct StreamOptions {
   // How long the loop keeps polling after activity before it sleeps (Reactor): trades a
   // little CPU right after traffic for wake-up latency. 0: always sleep at once.
   std::chrono::microseconds spin{500};
+  // While `awaiting` says an answer is awaited, the loop polls up to this long after activity
+  // (Reactor). `awaiting` is asked on the loop thread on every turn: cheap, never blocking.
+  std::chrono::microseconds spin_awaiting{0};
+  std::function<bool()> awaiting;
   // The largest frame whose size TensorPipe does not know in advance (its control messages).
   size_t max_frame_bytes{size_t{80} << 20};
   // Incoming connections still in their handshake at once; more are refused at once.

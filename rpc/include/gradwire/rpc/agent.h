@@ -162,6 +162,12 @@ struct AgentOptions {
   // latency), at the cost of that much CPU after each burst; an idle worker spends none.
   // In [0, 1 s]; 0 sleeps at once.
   std::chrono::microseconds transport_spin{500};
+  // While one of this worker's calls awaits its reply, the transports keep polling up to
+  // this long after the last traffic instead (when longer than transport_spin): a reply
+  // that comes after a few milliseconds of work on the callee (a forward, a backward part)
+  // is then picked up without a wake-up, at the cost of a polling thread while the caller
+  // waits. In [0, 1 s]; 0 (or not above transport_spin): transport_spin alone.
+  std::chrono::microseconds transport_spin_awaiting{3000};
   // Lanes (TCP connections) of the mpt and mpt_uv channels; in [1, 64].
   int mpt_lanes{4};
   // Direct copies between processes of one host. A CPU tensor of at least
