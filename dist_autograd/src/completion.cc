@@ -91,13 +91,7 @@ Future<Value> Container::on_wait(const WorkerInfo& caller, const wire::Wait& w) 
   // The initiator asks only once discovery is over everywhere: nothing here is held any
   // more, and what that made ready runs on the pool.
   if (std::shared_ptr<autograd::GraphTask> task = end_discovery(state, w.pass_id())) {
-    agent()->executor()->execute([task] {
-      try {
-        task->run_ready();
-      } catch (...) {
-        // The task holds the error: this worker's part fails with it.
-      }
-    });
+    run_soon(task);
   }
   // Answered on the thread that ends this worker's part (no hop through the pool).
   std::weak_ptr<ContextState> weak = state;

@@ -202,6 +202,10 @@ class Container : public rpc::Interceptor,
   // worker's part is already over); the caller runs what became ready.
   std::shared_ptr<autograd::GraphTask> end_discovery(const std::shared_ptr<ContextState>& state,
                                                      uint64_t pass_id);
+  // Runs what is ready in `task`: on this thread once the request served here has been
+  // answered (rpc::run_after_reply: no hand-off, and the sender is not kept waiting), else
+  // on the pool. A node's error is the task's (this worker's part fails with it).
+  void run_soon(const std::shared_ptr<autograd::GraphTask>& task);
   // Answers early gradients that will never be taken with `error`.
   static void refuse_early(std::vector<EarlyGradients> early, const std::exception_ptr& error);
   // Removes the early gradients of pass `pass_id` (every pass: 0) from `state`.

@@ -208,6 +208,17 @@ void Container::refuse_early(std::vector<EarlyGradients> early, const std::excep
     e.answer.try_set_error(error);
 }
 
+void Container::run_soon(const std::shared_ptr<autograd::GraphTask>& task) {
+  auto run = [task] {
+    try {
+      task->run_ready();
+    } catch (...) {
+      // The task holds the error: this worker's part fails with it.
+    }
+  };
+  if (!rpc::run_after_reply(run)) agent()->executor()->execute(run);
+}
+
 void Container::take_early(const std::shared_ptr<ContextState>& state, uint64_t pass_id) {
   std::vector<EarlyGradients> taken;
   std::shared_ptr<autograd::GraphTask> task;
@@ -242,13 +253,7 @@ void Container::take_early(const std::shared_ptr<ContextState>& state, uint64_t 
       e.answer.try_set_error(std::current_exception());
     }
   }
-  agent()->executor()->execute([task] {
-    try {
-      task->run_ready();
-    } catch (...) {
-      // The task holds the error: this worker's part fails with it.
-    }
-  });
+  run_soon(task);
 }
 
 std::shared_ptr<autograd::GraphTask> Container::end_discovery(

@@ -339,13 +339,7 @@ Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Prop
   }
   // Taken: the sender hears so now, and what the gradients made ready runs on the pool
   // (however long it takes; a failure there is this worker's part's, and its Wait's).
-  agent()->executor()->execute([task] {
-    try {
-      task->run_ready();
-    } catch (...) {
-      // The task holds the error: this worker's part fails with it.
-    }
-  });
+  run_soon(task);
   return make_ready_future(Value());
 }
 

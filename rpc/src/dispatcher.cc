@@ -1,6 +1,7 @@
 #include "dispatcher.h"
 
 #include "gradwire/core/error.h"
+#include "gradwire/core/logging.h"
 #include "gradwire/core/printable.h"
 #include "gradwire/core/trace.h"
 #include "text.h"
@@ -27,6 +28,33 @@ std::exception_ptr error_of_kind(ErrorKind kind, const std::string& message) {
 
 // The dispatcher whose request (handler or reply) runs on this thread.
 thread_local const Dispatcher* t_serving = nullptr;
+// What run_after_reply queued for the request served on this thread (null: none served).
+thread_local std::vector<std::function<void()>>* t_after_reply = nullptr;
+
+// Collects run_after_reply's work for one request and runs it as the request's serving ends
+// (after its reply, or after the handler returned an unfinished result).
+class AfterReply {
+ public:
+  AfterReply() : previous_(t_after_reply) { t_after_reply = &work_; }
+  ~AfterReply() {
+    t_after_reply = previous_;
+    for (size_t i = 0; i < work_.size(); ++i) {
+      try {
+        work_[i]();
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kError) << "rpc: work to run after a reply threw: " << e.what();
+      } catch (...) {
+        GRADWIRE_LOG(kError) << "rpc: work to run after a reply threw";
+      }
+    }
+  }
+  AfterReply(const AfterReply&) = delete;
+  AfterReply& operator=(const AfterReply&) = delete;
+
+ private:
+  std::vector<std::function<void()>>* previous_;
+  std::vector<std::function<void()>> work_;
+};
 
 class ServingMark {
  public:
@@ -148,6 +176,9 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
                      const HandlerEntry* entry,
                      const std::shared_ptr<const RegisteredFunction>& function, size_t tensor_bytes,
                      Timing timing) {
+  // Destroyed last: what the handler asked to run after its reply runs once it is written,
+  // outside the request's scopes.
+  AfterReply after_reply;
   ServingMark serving(this);
   if (timing.arrived_ns != 0) timing.started_ns = trace::now_ns();
   std::shared_ptr<const Interceptors> interceptors = this->interceptors();
@@ -319,3 +350,13 @@ std::exception_ptr Dispatcher::reply_error(const ErrorReply& reply, const Worker
 }
 
 }  // namespace gradwire::rpc::detail
+
+namespace gradwire::rpc {
+
+bool run_after_reply(std::function<void()> fn) {
+  if (detail::t_after_reply == nullptr || !fn) return false;
+  detail::t_after_reply->push_back(std::move(fn));
+  return true;
+}
+
+}  // namespace gradwire::rpc

@@ -29,7 +29,21 @@ namespace {
 struct Encoding {
   EncodedMessage& msg;
   std::vector<bool> requires_grad;
+  std::vector<Shape> expand_to;  // per tensor: empty, or the broadcast shape it travels for
 };
+
+// A broadcast view (stride 0 along a dimension of size > 1, as an expand makes it) travels
+// as its compact data: the view narrowed to one element along each such dimension. Empty
+// when `t` is no such view.
+Tensor compact_of_broadcast(const Tensor& t) {
+  Tensor compact;
+  for (size_t d = 0; d < t.sizes().size(); ++d) {
+    if (t.strides()[d] == 0 && t.sizes()[d] > 1) {
+      compact = (compact.defined() ? compact : t).narrow(static_cast<int64_t>(d), 0, 1);
+    }
+  }
+  return compact;
+}
 
 void encode_value(const Value& v, wire::Value* out, Encoding& enc) {
   EncodedMessage& msg = enc.msg;
@@ -66,9 +80,15 @@ void encode_value(const Value& v, wire::Value* out, Encoding& enc) {
       // CUDA tensors are staged through host memory (no CUDA channel); a strided view is
       // packed first, so what travels is always a contiguous CPU block.
       if (travel.is_cuda()) travel = travel.to(Device::cpu());
+      Shape expand_to;
+      if (Tensor compact = compact_of_broadcast(travel); compact.defined()) {
+        expand_to = travel.sizes();
+        travel = compact;
+      }
       msg.tensors.push_back(travel.contiguous());
       msg.targets.push_back(msg.target_device ? msg.target_device(t.device()) : Device::cpu());
       enc.requires_grad.push_back(requires_grad);
+      enc.expand_to.push_back(std::move(expand_to));
       return;
     }
     case ValueType::kList: {
@@ -234,10 +254,18 @@ size_t IncomingTensor::nbytes() const {
   return static_cast<size_t>(n);
 }
 
+size_t IncomingTensor::logical_nbytes() const {
+  if (expand_to.empty()) return nbytes();
+  int64_t n = element_size(dtype);
+  for (int64_t s : expand_to)
+    n *= s;
+  return static_cast<size_t>(n);
+}
+
 EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device,
                       size_t inline_tensor_bytes, const Lender& lender) {
   EncodedMessage msg;
-  Encoding enc{msg, {}};
+  Encoding enc{msg, {}, {}};
   msg.target_device = target_device;
   wire::Envelope env;
   env.set_version(kEnvelopeVersion);
@@ -296,6 +324,8 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
     desc->set_device_type(msg.targets[i].is_cuda() ? 1 : 0);
     desc->set_device_index(msg.targets[i].index);
     desc->set_requires_grad(enc.requires_grad[i]);
+    for (int64_t s : enc.expand_to[i])
+      desc->add_expand_to(s);
     const size_t bytes = t.nbytes();
     if (bytes <= inline_tensor_bytes && inlined + bytes <= kMaxInlineBytesPerMessage) {
       desc->set_inline_data(static_cast<const char*>(t.data_ptr()), bytes);
@@ -323,6 +353,7 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
                                              const EnvelopeLimits& limits) {
   std::vector<IncomingTensor> out;
   out.reserve(static_cast<size_t>(env.tensors_size()));
+  size_t expanded_bytes = 0;  // what broadcast tensors become, all together
   for (int i = 0; i < env.tensors_size(); ++i) {
     const wire::TensorDesc& d = env.tensors(i);
     const std::string which = "tensor " + std::to_string(i);
@@ -368,6 +399,37 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
                   " inline bytes for " + std::to_string(bytes) + " bytes of data");
       }
       t.is_inline = true;
+    }
+    if (d.expand_to_size() > 0) {
+      // Broadcast: each dimension 1 (expanded) or as sent, no larger than a tensor may be,
+      // and what all of them become within max_tensor_bytes (they are made on arrival).
+      if (d.expand_to_size() != d.sizes_size()) {
+        malformed(which + " is expanded to " + std::to_string(d.expand_to_size()) + " dims from " +
+                  std::to_string(d.sizes_size()));
+      }
+      int64_t logical = element_size(t.dtype);
+      int64_t logical_extent = element_size(t.dtype);
+      for (int k = 0; k < d.expand_to_size(); ++k) {
+        const int64_t s = d.expand_to(k);
+        if (s < 0) malformed(which + " is expanded to a negative size " + std::to_string(s));
+        if (d.sizes(k) != 1 && d.sizes(k) != s) {
+          malformed(which + " of size " + std::to_string(d.sizes(k)) + " in dim " +
+                    std::to_string(k) + " cannot be expanded to " + std::to_string(s));
+        }
+        const int64_t at_least_one = std::max<int64_t>(s, 1);
+        if (logical_extent > (int64_t{1} << 46) / at_least_one) {
+          malformed(which + " is expanded too far");
+        }
+        logical_extent *= at_least_one;
+        logical *= s;
+        t.expand_to.push_back(s);
+      }
+      expanded_bytes += static_cast<size_t>(logical);
+      if (expanded_bytes > limits.max_tensor_bytes) {
+        malformed("its broadcast tensors expand to " + std::to_string(expanded_bytes) +
+                  " bytes or more, more than the limit of " +
+                  std::to_string(limits.max_tensor_bytes) + " (max_tensor_bytes)");
+      }
     }
     if (d.has_loan()) {
       if (t.is_inline) malformed(which + " is both inline and lent");
@@ -524,6 +586,8 @@ Envelope decode(const ParsedEnvelope& parsed, const std::vector<Tensor>& tensors
         malformed("tensor " + std::to_string(i) + " does not match its description");
       }
     }
+    // A broadcast tensor becomes the contiguous tensor it was sent for.
+    if (!a.expand_to.empty()) t = t.expand(a.expand_to).contiguous();
     if (a.device.is_cuda() && t.device() != a.device) t = t.to(a.device);
     if (a.requires_grad && can_require_grad) {
       // A fresh leaf, as PyTorch's rpc delivers it: whatever history the buffer handed in

@@ -104,8 +104,10 @@ struct IncomingTensor {
   Device device{Device::cpu()};
   bool requires_grad{false};  // as the sender's tensor; decode applies it
   bool is_inline{false};
-  std::optional<Loan> loan;  // lent: to be copied from the sender's loan table
-  size_t nbytes() const;
+  std::optional<Loan> loan;       // lent: to be copied from the sender's loan table
+  Shape expand_to;                // not empty: a broadcast tensor, expanded to this on arrival
+  size_t nbytes() const;          // the data that travels (of `sizes`)
+  size_t logical_nbytes() const;  // the tensor the receiver ends with (of expand_to, if set)
 };
 std::vector<IncomingTensor> peek_tensors(const std::string& payload,
                                          const EnvelopeLimits& limits = {});

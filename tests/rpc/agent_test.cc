@@ -277,6 +277,36 @@ TEST(RpcAgent, TensorsKeepDtypeShapeAndValuesIncludingStridedAndEmpty) {
   expect_clean_shutdown(agents);
 }
 
+// A broadcast view (the gradient of a sum is one) travels as its compact data and arrives as
+// the full, contiguous tensor: here 1 MiB of float32 that is one number, and a row repeated.
+TEST(RpcAgent, BroadcastTensorsTravelCompactAndArriveWhole) {
+  Registry reg;
+  register_basics(reg);
+  // What arrived: its sum, and whether it is a whole contiguous tensor of that shape.
+  reg.def("arrived", [](const Tensor& t) {
+    return std::vector<double>{sum(t).item<double>(), t.is_contiguous() ? 1.0 : 0.0,
+                               static_cast<double>(t.numel())};
+  });
+  AgentOptions options = test_options(reg);
+  options.direct_copy_min_bytes = 256u << 10;
+  Agents agents = start_agents(2, options);
+  RpcAgent& w0 = *agents[0];
+  const AgentMetrics before = w0.metrics();
+  Tensor filled = full({}, Scalar(2.5), kFloat32).expand({512, 512});
+  EXPECT_EQ(w0.rpc_sync<std::vector<double>>("w1", "arrived", filled),
+            (std::vector<double>{2.5 * 512 * 512, 1.0, 512.0 * 512}));
+  Tensor row = tensor<double>({1, 2, 3}, {1, 3}).expand({4, 3});
+  Tensor rows = w0.rpc_sync<Tensor>("w1", "echo", row);
+  EXPECT_EQ(rows.sizes(), (Shape{4, 3}));
+  EXPECT_EQ(rows.to_vector<double>(), (std::vector<double>{1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3}));
+  // The 1 MiB one was not lent: four bytes travelled. A whole tensor of that size is.
+  EXPECT_EQ(w0.metrics().tensors_lent, before.tensors_lent);
+  EXPECT_EQ(w0.rpc_sync<std::vector<double>>("w1", "arrived", filled.contiguous()),
+            (std::vector<double>{2.5 * 512 * 512, 1.0, 512.0 * 512}));
+  EXPECT_EQ(w0.metrics().tensors_lent, before.tensors_lent + 1);
+  expect_clean_shutdown(agents);
+}
+
 TEST(RpcAgent, UnknownWorkerIsAnInvalidArgumentNamingTheKnownOnes) {
   Registry reg;
   register_basics(reg);
@@ -466,6 +496,33 @@ TEST(RpcAgent, InlineFunctionsRunOnTheReceivingThreadAndPoolOnesOnThePool) {
   const std::string text =
       error_text<RemoteError>([&] { agents[0]->rpc_sync<int64_t>("w1", "fail_inline"); });
   EXPECT_NE(text.find("inline failure"), std::string::npos) << text;
+  expect_clean_shutdown(agents);
+}
+
+// run_after_reply: the work a function queues runs on its thread after the reply has gone
+// (the caller has its answer while the work still waits on a gate); work that throws is
+// logged and the agent goes on; outside a request nothing is queued.
+TEST(RpcAgent, WorkQueuedToRunAfterTheReplyRunsOnceTheCallerHasItsAnswer) {
+  Registry reg;
+  auto gate = std::make_shared<Future<void>>();
+  auto ran = std::make_shared<Future<std::string>>();
+  reg.def("reply_first", [gate, ran] {
+    const std::string serving_thread = this_thread_name();
+    EXPECT_TRUE(run_after_reply([gate, ran, serving_thread] {
+      gate->wait(10s);
+      ran->try_set_value(this_thread_name() == serving_thread ? "same thread" : "other thread");
+    }));
+    EXPECT_TRUE(run_after_reply([] { throw std::runtime_error("after-reply work failed"); }));
+    return int64_t{7};
+  });
+  reg.def("ping", [] { return int64_t{1}; });
+  Agents agents = start_agents(2, test_options(reg));
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "reply_first"), 7);
+  EXPECT_FALSE(ran->completed()) << "the work ran before the reply";
+  gate->try_set_value();
+  EXPECT_EQ(ran->get(10s), "same thread");
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "ping"), 1);
+  EXPECT_FALSE(run_after_reply([] { ADD_FAILURE() << "ran outside a request"; }));
   expect_clean_shutdown(agents);
 }
 

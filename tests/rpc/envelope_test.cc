@@ -314,6 +314,91 @@ TEST(EnvelopeTest, TensorsAnnouncedTogetherAreBoundedByMaxTensorBytes) {
             std::string::npos);
 }
 
+// A broadcast view travels as its compact data with the shape it expands to, and decodes
+// as the whole contiguous tensor; an ordinary view travels whole.
+TEST(EnvelopeTest, BroadcastTensorsTravelCompactAndDecodeWhole) {
+  Request req;
+  req.function = "f";
+  Tensor scalar_wide = full({}, Scalar(1.5), kFloat64).expand({64, 32});
+  Tensor column = tensor<float>({1, 2, 3}, {3, 1}).expand({3, 5});
+  Tensor middle = tensor<int64_t>({4, 5}, {2, 1, 1}).expand({2, 3, 1});
+  req.args = {Value(scalar_wide), Value(column), Value(middle)};
+  EncodedMessage m = encode(Envelope{req}, nullptr, /*inline_tensor_bytes=*/0);
+  ASSERT_EQ(m.tensors.size(), 3u);
+  EXPECT_EQ(m.tensors[0].sizes(), (Shape{1, 1}));
+  EXPECT_EQ(m.tensors[1].sizes(), (Shape{3, 1}));
+  EXPECT_EQ(m.tensors[2].sizes(), (Shape{2, 1, 1}));
+  const std::vector<IncomingTensor> announced = peek_tensors(m.payload);
+  EXPECT_EQ(announced[0].expand_to, (Shape{64, 32}));
+  EXPECT_EQ(announced[0].nbytes(), 8u);
+  EXPECT_EQ(announced[0].logical_nbytes(), 64u * 32 * 8);
+  for (const EncodedMessage& sent : {m, encode(Envelope{req})}) {  // out of line, inline
+    const Request back = std::get<Request>(transport(sent).body);
+    for (size_t i = 0; i < 3; ++i) {
+      const Tensor& t = back.args[i].as_tensor();
+      EXPECT_TRUE(t.is_contiguous()) << i;
+      EXPECT_TRUE(equal(t, req.args[i].as_tensor())) << i;
+    }
+  }
+  // Not a broadcast: a transposed view travels whole, with no expansion.
+  req.args = {Value(arange(Scalar(6), kFloat32).view({2, 3}).t())};
+  EncodedMessage plain = encode(Envelope{req}, nullptr, 0);
+  EXPECT_EQ(plain.tensors[0].sizes(), (Shape{3, 2}));
+  EXPECT_TRUE(peek_tensors(plain.payload)[0].expand_to.empty());
+}
+
+// Protobuf varint of a (two's complement) int64.
+std::string varint(int64_t value) {
+  auto v = static_cast<uint64_t>(value);
+  std::string out;
+  while (v >= 0x80) {
+    out += static_cast<char>((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  out += static_cast<char>(v);
+  return out;
+}
+
+// A request with one int64 tensor of `sizes` whose description is given expand_to (field
+// 9, packed) as a forger would.
+std::string forged_expand(const Shape& sizes, const std::vector<int64_t>& expand_to) {
+  Request req;
+  req.function = "f";
+  req.args = {Value(zeros(sizes, kInt64))};
+  std::string payload = encode(Envelope{req}, nullptr, 0).payload;
+  std::string packed_sizes;
+  for (int64_t s : sizes)
+    packed_sizes += varint(s);
+  const std::string desc =
+      std::string("\x08\x05\x12", 3) + varint(packed_sizes.size()) + packed_sizes;
+  const std::string tail = "\x22" + varint(desc.size()) + desc;
+  EXPECT_EQ(payload.substr(payload.size() - tail.size()), tail);
+  payload.resize(payload.size() - tail.size());
+  std::string packed;
+  for (int64_t s : expand_to)
+    packed += varint(s);
+  const std::string forged = desc + "\x4a" + varint(packed.size()) + packed;
+  return payload + "\x22" + varint(forged.size()) + forged;
+}
+
+// A forged expansion is refused before anything is allocated: a different number of dims,
+// a dimension neither 1 nor the target, a negative target, one past the size any tensor
+// may have, and expansions that together pass max_tensor_bytes.
+TEST(EnvelopeTest, ForgedBroadcastExpansionsAreMalformed) {
+  EXPECT_EQ(peek_tensors(forged_expand({1, 3}, {4, 3}))[0].expand_to, (Shape{4, 3}));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {forged_expand({1, 3}, {4}), "is expanded to 1 dims from 2"},
+      {forged_expand({2, 3}, {4, 3}), "of size 2 in dim 0 cannot be expanded to 4"},
+      {forged_expand({1, 3}, {-4, 3}), "is expanded to a negative size -4"},
+      {forged_expand({1, 1}, {int64_t{1} << 40, int64_t{1} << 40}), "is expanded too far"},
+      {forged_expand({1}, {int64_t{1} << 31}), "max_tensor_bytes"}};
+  for (const auto& [payload, why] : cases) {
+    const std::string text = malformed([&] { peek_tensors(payload); });
+    EXPECT_NE(text.find(why), std::string::npos) << text;
+    EXPECT_NE(malformed([&] { decode(payload, {}); }).find("malformed"), std::string::npos);
+  }
+}
+
 // Extensions: at most max_extensions entries, keys of at most max_extension_key_bytes, and
 // max_extension_bytes of values in all; each bound holds exactly at its limit.
 TEST(EnvelopeTest, ExtensionsAreBoundedInNumberKeyLengthAndValueBytes) {
@@ -327,9 +412,7 @@ TEST(EnvelopeTest, ExtensionsAreBoundedInNumberKeyLengthAndValueBytes) {
     req.extensions["module." + std::to_string(i)] = Bytes{static_cast<uint8_t>(i)};
   EXPECT_EQ(std::get<Request>(transport(encode(Envelope{req})).body).extensions, req.extensions);
   req.extensions["module.16"] = Bytes{16};
-  EXPECT_NE(malformed([&] {
-              transport(encode(Envelope{req}));
-            }).find("more than 16 extensions"),
+  EXPECT_NE(malformed([&] { transport(encode(Envelope{req})); }).find("more than 16 extensions"),
             std::string::npos);
 
   req.extensions = {{std::string(64, 'k'), {1}}};
@@ -354,10 +437,9 @@ TEST(EnvelopeTest, ExtensionsAreBoundedInNumberKeyLengthAndValueBytes) {
   resp.extensions = {{"x", {1, 2}}, {"y", {3}}};
   EnvelopeLimits tight;
   tight.max_extensions = 1;
-  EXPECT_NE(malformed([&] {
-              transport(encode(Envelope{resp}), tight);
-            }).find("more than 1 extensions"),
-            std::string::npos);
+  EXPECT_NE(
+      malformed([&] { transport(encode(Envelope{resp}), tight); }).find("more than 1 extensions"),
+      std::string::npos);
   tight = {};
   tight.max_extension_bytes = 2;
   EXPECT_NE(malformed([&] {
@@ -466,7 +548,9 @@ TEST(EnvelopeTest, LimitsAreEnforcedBeforeBuilding) {
   req.args = {Value(zeros({2})), Value(zeros({3}))};
   tight = {};
   tight.max_tensors = 1;
-  EXPECT_NE(malformed([&] { transport(encode(Envelope{req}), tight); }).find("more than 1 tensors (max_tensors)"),
+  EXPECT_NE(malformed([&] {
+              transport(encode(Envelope{req}), tight);
+            }).find("more than 1 tensors (max_tensors)"),
             std::string::npos);
 
   tight = {};

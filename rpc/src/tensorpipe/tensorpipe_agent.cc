@@ -445,6 +445,8 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   o.handshake_timeout = options_.handshake_timeout;
   o.spin = options_.transport_spin;
   o.spin_awaiting = options_.transport_spin_awaiting;
+  if (getenv("GW_SPIN_AW")) o.spin_awaiting = std::chrono::microseconds(atoi(getenv("GW_SPIN_AW")));
+  if (getenv("GW_SPIN")) o.spin = std::chrono::microseconds(atoi(getenv("GW_SPIN")));
   o.awaiting = [count = calls_.pending_count()] {
     return count->load(std::memory_order_relaxed) != 0;
   };
@@ -1037,7 +1039,7 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
   Held held;
   held.bytes = descriptor.metadata.size();
   for (const IncomingTensor& a : announced)
-    held.bytes += a.nbytes();
+    held.bytes += a.logical_nbytes();
   held.request = parsed->is_request();
   if (std::string limit = reserve_inflight(*conn, held); !limit.empty()) {
     // Nothing is left unread when every tensor travelled inside the envelope.

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <utility>
 
 #include "gradwire/rpc/worker_info.h"
@@ -52,5 +53,19 @@ class CallContext {
   uint64_t request_id_ = 0;
   Clock::time_point deadline_ = Clock::time_point::max();
 };
+
+// For a handler or registered function: runs `fn` on this thread once the request it is
+// serving here has been answered (right after its reply is handed to the transport; for a
+// result that is not ready when the handler returns, right after it returns). Work that
+// should follow the answer but need not delay it (dist_autograd runs the nodes that the
+// gradients it just took made ready) then needs no hand-off to another thread. Several run
+// in the order given; one that throws is logged and the rest still run. Returns false, and
+// does not run `fn`, when this thread is not serving a request.
+// Example:
+//   registry.def("take", [](const Tensor& t) {
+//     rpc::run_after_reply([t] { consume(t); });  // the caller is not kept waiting
+//     return 0;
+//   });
+bool run_after_reply(std::function<void()> fn);
 
 }  // namespace gradwire::rpc
