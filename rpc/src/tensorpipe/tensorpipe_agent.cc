@@ -445,8 +445,6 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   o.handshake_timeout = options_.handshake_timeout;
   o.spin = options_.transport_spin;
   o.spin_awaiting = options_.transport_spin_awaiting;
-  if (getenv("GW_SPIN_AW")) o.spin_awaiting = std::chrono::microseconds(atoi(getenv("GW_SPIN_AW")));
-  if (getenv("GW_SPIN")) o.spin = std::chrono::microseconds(atoi(getenv("GW_SPIN")));
   o.awaiting = [count = calls_.pending_count()] {
     return count->load(std::memory_order_relaxed) != 0;
   };
