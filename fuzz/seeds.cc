@@ -54,6 +54,12 @@ std::vector<std::string> envelopes() {
   tensors.args = {Value(arange(Scalar(6), kFloat32).view({2, 3})), Value(),
                   Value::list({Value(ones({2}, kInt64))}), Value(RRefDescriptor{1, 2, 3, "PS"})};
   out.push_back(encode(Envelope{tensors}).payload);
+  Request broadcast;  // a broadcast tensor travels compact, with expand_to
+  broadcast.id = 10;
+  broadcast.function = "broadcast";
+  broadcast.args = {Value(full({}, Scalar(1.5), kFloat32).expand({4, 3})),
+                    Value(tensor<double>({1, 2}, {2, 1}).expand({2, 5}))};
+  out.push_back(encode(Envelope{broadcast}).payload);
   Response ok;
   ok.id = 7;
   ok.result = Value("done");
