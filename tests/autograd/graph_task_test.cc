@@ -126,6 +126,13 @@ struct SharedGraph {
   std::vector<Tensor> outputs{mid * 3.0, mid* mid, sum(mid* shared)};
   std::vector<Tensor> grads{tensor<double>({1, -1, 2}, {3, 1}), tensor<double>({2, 0, 1}, {3, 1}),
                             tensor<double>(std::vector<double>{1}, {})};
+  // Where each output's gradient enters the graph.
+  std::vector<Edge> edges() const {
+    std::vector<Edge> out;
+    for (const Tensor& o : outputs)
+      out.push_back(autograd::gradient_edge(o));
+    return out;
+  }
 };
 
 TEST(GraphTaskFeeding, ThreePiecesMeetingInSharedNodesEqualOnePass) {
@@ -134,9 +141,7 @@ TEST(GraphTaskFeeding, ThreePiecesMeetingInSharedNodesEqualOnePass) {
 
   SharedGraph fed;
   auto task = std::make_shared<GraphTask>();
-  std::vector<Edge> edges;
-  for (const Tensor& out : fed.outputs)
-    edges.push_back(autograd::gradient_edge(out));
+  const std::vector<Edge> edges = fed.edges();
   for (const Edge& e : edges)
     task->expect(e);  // what a distributed engine learns up front
 
@@ -212,9 +217,7 @@ TEST(GraphTaskHold, HeldNodesWaitAndTheTaskDoesNotFinishUntilTheHoldEnds) {
 
   SharedGraph fed;
   auto task = std::make_shared<GraphTask>();
-  std::vector<Edge> edges;
-  for (const Tensor& out : fed.outputs)
-    edges.push_back(autograd::gradient_edge(out));
+  const std::vector<Edge> edges = fed.edges();
   // Told of the first two pieces only; the third (sum(mid * shared)) reaches both shared
   // nodes and the leaves, so those are held until it is told.
   task->expect(edges[0]);

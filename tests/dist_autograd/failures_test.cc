@@ -490,7 +490,7 @@ TEST_F(DistAutogradFaults, OnlyTheWorkerASendWentToMayDiscoverOrFeedIt) {
 }
 
 // Gradients flow while discovery goes on. Here the Discover w1 sends back to w0 (naming x's
-// send) is held up for 1.5 s: w0 has already sent y's gradient, w1 runs its part at once
+// send) is held up for 2.5 s: w0 has already sent y's gradient, w1 runs its part at once
 // (its hook fires long before the Discover arrives), and the gradient w1 sends on waits at w0
 // until the Discover names its send. The pass is exact. Before, no gradient moved until
 // every worker had been discovered.
@@ -512,13 +512,13 @@ TEST_F(DistAutogradFaults, GradientsFlowWhileDiscoveryGoesOnAndWaitForTheirDisco
                 .to = "w0",
                 .handler = kHandler,
                 .function = "discover",
-                .delay = 1500ms});
+                .delay = 2500ms});
   const auto start = Clock::now();
   std::thread pass([&] { da::backward(w(0), ctx.id(), {sum(y)}); });
-  const bool early = ran->wait(1000ms);
+  const bool early = ran->wait(2000ms);
   pass.join();
   EXPECT_TRUE(early) << "w1's part waited for discovery to end";
-  EXPECT_GE(Clock::now() - start, 1500ms) << "the pass ended before w0 was discovered";
+  EXPECT_GE(Clock::now() - start, 2500ms) << "the pass ended before w0 was discovered";
   expect_values(da::get_gradients(w(0), ctx.id()).at(x), {2.0, -4.0, 6.0});  // 2x
 }
 

@@ -732,6 +732,26 @@ std::map<std::string, long> thread_ticks() {
   return out;
 }
 
+// The CPU ticks that threads not in `before` (those that appeared since) use over the next
+// second, and which of them used any ("name/tid:ticks ...").
+struct CpuUse {
+  long ticks = 0;
+  std::string busy;
+};
+CpuUse cpu_over_a_second(const std::map<std::string, long>& before) {
+  const auto ticks0 = thread_ticks();
+  std::this_thread::sleep_for(1s);  // the measured stretch itself, not a wait for an event
+  CpuUse use;
+  for (const auto& [thread, ticks] : thread_ticks()) {
+    if (before.count(thread) != 0) continue;
+    auto it = ticks0.find(thread);
+    const long delta = ticks - (it == ticks0.end() ? 0 : it->second);
+    use.ticks += delta;
+    if (delta > 0) use.busy += " " + thread + ":" + std::to_string(delta);
+  }
+  return use;
+}
+
 TEST(TransportIdle, ConnectedAgentsUseNoCpuWhileIdle) {
   Registry reg;
   register_basics(reg);
@@ -743,19 +763,9 @@ TEST(TransportIdle, ConnectedAgentsUseNoCpuWhileIdle) {
             "xy");
   // The measurement itself is an idle stretch: two agents, connected both ways, doing
   // nothing for a second. Busy-polling transports burn about a core per agent here.
-  const auto ticks0 = thread_ticks();
-  std::this_thread::sleep_for(1s);
-  long used = 0;
-  std::string busy;  // the threads that used CPU meanwhile, for the failure message
-  for (const auto& [thread, ticks] : thread_ticks()) {
-    if (before.count(thread) != 0) continue;
-    auto it = ticks0.find(thread);
-    const long delta = ticks - (it == ticks0.end() ? 0 : it->second);
-    used += delta;
-    if (delta > 0) busy += " " + thread + ":" + std::to_string(delta);
-  }
+  const CpuUse use = cpu_over_a_second(before);
   // Clock ticks are 10 ms: 2 ticks in a second is 1% of a core per agent.
-  EXPECT_LE(used, 2) << "ticks used by the agents' threads over an idle second:" << busy;
+  EXPECT_LE(use.ticks, 2) << "ticks used by the agents' threads over an idle second:" << use.busy;
   test::shutdown_agents(g.agents);
 }
 
@@ -775,20 +785,10 @@ TEST(TransportIdle, ACallerWaitingOnALongCallPollsBrieflyThenSleeps) {
   Group g = start_group(2, options);
   expect_serving(g);
   Future<int> pending = g.agents[1]->rpc_async<int>("w0", "held");
-  const auto ticks0 = thread_ticks();
-  std::this_thread::sleep_for(1s);
-  long used = 0;
-  std::string busy;
-  for (const auto& [thread, ticks] : thread_ticks()) {
-    if (before.count(thread) != 0) continue;
-    auto it = ticks0.find(thread);
-    const long delta = ticks - (it == ticks0.end() ? 0 : it->second);
-    used += delta;
-    if (delta > 0) busy += " " + thread + ":" + std::to_string(delta);
-  }
+  const CpuUse use = cpu_over_a_second(before);
   EXPECT_FALSE(pending.completed());
   // Polling for the whole second would be about 100 ticks.
-  EXPECT_LE(used, 3) << "ticks used by the agents' threads while a call waited:" << busy;
+  EXPECT_LE(use.ticks, 3) << "ticks used by the agents' threads while a call waited:" << use.busy;
   release->try_set_value();
   EXPECT_EQ(std::move(pending).get(10s), 1);
   test::shutdown_agents(g.agents);
