@@ -410,7 +410,7 @@ TEST(DistAutogradLoss, TheContextsOfALostWorkerAreReleasedWhereverTheyReached) {
   auto c1 = std::make_unique<da::Context>(*agents[1]);
   (void)agents[1]->rpc_sync<Tensor>("w0", "square", leaf({1.0, 2.0}));
   (void)agents[1]->rpc_sync<Tensor>("w2", "square", leaf({3.0}));
-  da::Context theirs(*agents[2]);
+  auto theirs = std::make_unique<da::Context>(*agents[2]);
   (void)agents[2]->rpc_sync<Tensor>("w0", "square", leaf({5.0}));
   EXPECT_EQ(da::num_contexts(*agents[0]), 2u);  // c1's and w2's
   EXPECT_EQ(da::num_contexts(*agents[2]), 2u);  // c1's and its own
@@ -420,7 +420,10 @@ TEST(DistAutogradLoss, TheContextsOfALostWorkerAreReleasedWhereverTheyReached) {
   ASSERT_TRUE(w2_saw->lost.wait(10s));
   EXPECT_EQ(da::num_contexts(*agents[0]), 1u);  // w2's stays
   EXPECT_EQ(da::num_contexts(*agents[2]), 1u);
-  EXPECT_NO_THROW(da::get_gradients(*agents[0], theirs.id()));
+  EXPECT_NO_THROW(da::get_gradients(*agents[0], theirs->id()));
+  // Contexts end in the reverse order of their start: each restores the current context
+  // id it found (ending c1 first left c1's id current on this thread after both ended).
+  theirs.reset();
   c1.reset();
   for (size_t r : {0u, 2u})
     agents[r]->shutdown(false);

@@ -356,16 +356,17 @@ TEST_F(DistAutogradTwoSecondRpcTimeout, AFailedPassDoesNotWaitPastItsDeadlineFor
 // lost and releases w0's context, and tells w2, which tells w0, whose pass fails with that.
 TEST_F(DistAutogradFaults, APassEndedByALostConnectionGivesANetworkErrorNamingTheLostWorker) {
   reg_.def("ping", [] { return 1; });
-  Future<void> gate;
-  std::atomic<bool> entered{false};
-  reg_.def("waits_in_backward", [&](const Tensor& x) {
+  // Shared with w2's hook, which may still be returning from its wait when the test ends.
+  auto gate = std::make_shared<Future<void>>();
+  auto entered = std::make_shared<std::atomic<bool>>(false);
+  reg_.def("waits_in_backward", [this, gate, entered](const Tensor& x) {
     Tensor y = mul(x, x);
-    y.register_hook([&](const Tensor& g) {
-      if (!entered.exchange(true)) {
+    y.register_hook([this, gate, entered](const Tensor& g) {
+      if (!entered->exchange(true)) {
         // w2 runs its part: the connection between w0 and w1 goes now.
         (void)w(0).rpc_async<int>("w1", "ping");
       }
-      (void)gate.wait(5s);  // bounded: the test opens the gate once backward returns
+      (void)gate->wait(5s);  // bounded: the test opens the gate once backward returns
       return g;
     });
     return y;
@@ -393,7 +394,7 @@ TEST_F(DistAutogradFaults, APassEndedByALostConnectionGivesANetworkErrorNamingTh
   } catch (const Error& e) {
     ADD_FAILURE() << "not a NetworkError: " << e.what();
   }
-  gate.try_set_value();
+  gate->try_set_value();
   EXPECT_LT(Clock::now() - start, 5s);
   EXPECT_TRUE(cut.completed());
 }
