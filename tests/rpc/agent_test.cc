@@ -304,6 +304,13 @@ TEST(RpcAgent, BroadcastTensorsTravelCompactAndArriveWhole) {
   EXPECT_EQ(w0.rpc_sync<std::vector<double>>("w1", "arrived", filled.contiguous()),
             (std::vector<double>{2.5 * 512 * 512, 1.0, 512.0 * 512}));
   EXPECT_EQ(w0.metrics().tensors_lent, before.tensors_lent + 1);
+  // A lent reply of 512 KiB (copied where it arrives) and one of 2 MiB (copied on the pool).
+  for (int64_t n : {int64_t{128} << 10, int64_t{512} << 10}) {
+    const uint64_t copied = w0.metrics().tensors_copied_in;
+    Tensor big = w0.rpc_sync<Tensor>("w1", "echo", arange(0, n, 1, kFloat32));
+    EXPECT_EQ(w0.metrics().tensors_copied_in, copied + 1) << n;
+    EXPECT_DOUBLE_EQ(sum(big.to(kFloat64)).item<double>(), static_cast<double>(n) * (n - 1) / 2);
+  }
   expect_clean_shutdown(agents);
 }
 

@@ -59,6 +59,9 @@
 namespace gradwire::rpc {
 namespace {
 
+// Replies whose lent tensors total at most this are copied on the transport's thread.
+constexpr size_t kCopyOnLoopMaxBytes = size_t{1} << 20;
+
 namespace tp = tensorpipe;
 using Clock = std::chrono::steady_clock;
 using detail::describe_call;
@@ -1183,6 +1186,13 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
   const bool to_device =
       std::any_of(targets.begin(), targets.end(), [](const Device& d) { return d.is_cuda(); });
   const bool has_loans = !lent.empty();
+  size_t lent_bytes = 0;
+  for (const detail::LoanCopy& c : lent)
+    lent_bytes += c.nbytes;
+  // A reply whose lent tensors are small is copied right here: the copy (one thread, tens of
+  // microseconds) costs less than waking a pool thread for it, and the call then completes
+  // without a hand-off. Larger copies, and every request, go to the pool.
+  const bool copy_here = !parsed->is_request() && lent_bytes <= kCopyOnLoopMaxBytes;
   auto process = [self = shared_from_this(), conn, to_device, has_loans, parsed = std::move(parsed),
                   metadata = std::move(metadata), tensors = std::move(tensors),
                   lent = std::move(lent), held]() mutable {
@@ -1224,7 +1234,7 @@ void TensorPipeAgent::on_message(const std::shared_ptr<Connection>& conn,
   };
   // Requests always run on the pool. Replies complete their call here, on the I/O thread,
   // unless tensors must first be copied to a device or out of the sender's memory.
-  if (!to_device && !has_loans) {
+  if (!to_device && (!has_loans || copy_here)) {
     process();
   } else {
     try {
