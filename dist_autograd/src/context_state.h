@@ -169,7 +169,6 @@ struct ContextState {
   std::set<uint64_t> aborted GRADWIRE_GUARDED_BY(mutex);
   // Gradients that came ahead of their Discover, per pass (at most kMaxEarly in all).
   std::map<uint64_t, std::vector<EarlyGradients>> early GRADWIRE_GUARDED_BY(mutex);
-  size_t early_count GRADWIRE_GUARDED_BY(mutex) = 0;
   static constexpr size_t kMaxEarly = 256;
   // Per initiator, the newest pass this worker took part in: gradients for an older pass
   // that is not running here come too late, and are refused at once.

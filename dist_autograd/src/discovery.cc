@@ -199,7 +199,6 @@ std::vector<EarlyGradients> Container::drop_early(ContextState& state, uint64_t 
       dropped.push_back(std::move(e));
     it = state.early.erase(it);
   }
-  state.early_count -= std::min(state.early_count, dropped.size());
   return dropped;
 }
 
@@ -240,7 +239,6 @@ void Container::take_early(const std::shared_ptr<ContextState>& state, uint64_t 
       taken.push_back(std::move(*it));
       it = waiting.erase(it);
     }
-    state->early_count -= std::min(state->early_count, taken.size());
     if (waiting.empty()) state->early.erase(early);
   }
   if (taken.empty()) return;

@@ -311,7 +311,10 @@ Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Prop
     if (task == nullptr) {
       // Ahead of the Discover that names this send (discovery overlaps the backward): kept
       // until it comes, answered then.
-      if (state->early_count >= ContextState::kMaxEarly) {
+      size_t kept = 0;
+      for (const auto& [id, waiting] : state->early)
+        kept += waiting.size();
+      if (kept >= ContextState::kMaxEarly) {
         throw CallRejected("dist_autograd: worker " + self_.describe() + " already holds " +
                            std::to_string(ContextState::kMaxEarly) +
                            " gradients that came ahead of their discovery in context " +
@@ -328,7 +331,6 @@ Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Prop
       }
       Future<Value> answer = early.answer;
       state->early[p.pass_id()].push_back(std::move(early));
-      ++state->early_count;
       span.arg(trace::Arg("early", 1));
       return answer;
     }
