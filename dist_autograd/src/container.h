@@ -179,14 +179,33 @@ class Container : public rpc::Interceptor,
   // the first Discover here). Its sink takes back what the pass gave if the pass fails.
   std::shared_ptr<autograd::GraphTask> start_part(const std::shared_ptr<ContextState>& state,
                                                   uint64_t pass_id, bool retain_graph);
+  // What a worker's discovery found: the workers taking part (itself included), and the
+  // sends of `back_to` (the worker whose Discover it answers) that it reached, which go back
+  // in that answer instead of in a Discover of their own.
+  struct Found {
+    std::set<int> workers;
+    std::vector<uint64_t> back;
+  };
   // Walks the graph below `edges`, telling each recv function's sender (once per pass) that
-  // its send will get a gradient. Completes with the workers taking part.
-  Future<std::set<int>> discover(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
-                                 const std::vector<autograd::Edge>& edges, bool retain_graph);
-  // A Discover: count the gradients the listed sends will get, walk on from them, and
-  // answer with the workers reached. Gradients that came for those sends ahead of it are
-  // then taken.
+  // its send will get a gradient: worker `back_to` (-1: none) through the result's `back`,
+  // every other one with a Discover. Sends that a Discover's answer names back here are
+  // taken (take_named) before the result completes.
+  Future<Found> discover(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                         const std::vector<autograd::Edge>& edges, bool retain_graph, int back_to);
+  // Sends of this worker that worker `from` named for pass `pass_id` (in a Discover, or
+  // back in the answer to one): counts the gradients they will get, stops holding what lies
+  // below only them, walks on from them (discover, with `back_to`) and takes the gradients
+  // that came for them early. Throws CallRejected for a send that did not go to `from`.
+  Future<Found> take_named(const std::shared_ptr<ContextState>& state, const WorkerInfo& from,
+                           uint64_t pass_id, const std::vector<uint64_t>& sends, bool retain_graph,
+                           int back_to);
+  // A Discover: take the sends it names, and answer with the workers reached and the
+  // caller's sends reached from them (docs/dist_autograd.md, Messages).
   Future<Value> on_discover(const WorkerInfo& caller, const wire::Discover& d);
+  // Reads a Discover's answer from `from` into `found`'s workers; returns the sends of this
+  // worker it names back. Throws CallRejected when the answer is malformed.
+  std::vector<uint64_t> read_answer(const WorkerInfo& from, const Value& answer,
+                                    Found& found) const;
   // The nodes below the sends recorded here that pass `pass` has not named: what a Discover
   // still to come could add gradients to.
   static std::unordered_set<const autograd::Node*> unnamed_reach(const ContextState& state,

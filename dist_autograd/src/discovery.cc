@@ -1,6 +1,8 @@
-// Discovery: before any gradient flows, every worker in a pass learns which of its sends
-// will get gradients (Discover), counting them in its part's graph task.
+// Discovery: every worker in a pass learns which of its sends will get gradients (Discover,
+// or named back in the answer to one), counting them in its part's graph task.
 #include "container.h"
+
+#include <limits>
 
 namespace gradwire::dist_autograd::internal {
 
@@ -50,11 +52,13 @@ std::shared_ptr<autograd::GraphTask> Container::start_part(
   return task;
 }
 
-Future<std::set<int>> Container::discover(const std::shared_ptr<ContextState>& state,
-                                          uint64_t pass_id,
-                                          const std::vector<autograd::Edge>& edges,
-                                          bool retain_graph) {
+Future<Container::Found> Container::discover(const std::shared_ptr<ContextState>& state,
+                                             uint64_t pass_id,
+                                             const std::vector<autograd::Edge>& edges,
+                                             bool retain_graph, int back_to) {
   std::map<int, std::pair<WorkerInfo, std::vector<uint64_t>>> to_tell;
+  Found here;
+  here.workers.insert(self_.id);
   {
     std::vector<autograd::Node*> stack;
     std::set<autograd::Node*> seen;
@@ -69,9 +73,15 @@ Future<std::set<int>> Container::discover(const std::shared_ptr<ContextState>& s
       if (!seen.insert(node).second) continue;
       if (auto* recv = dynamic_cast<RecvBackward*>(node)) {
         if (pass.notified.insert(recv).second) {
-          auto& entry = to_tell[recv->from().id];
-          entry.first = recv->from();
-          entry.second.push_back(recv->message_id());
+          if (recv->from().id == back_to) {
+            // The worker whose Discover this answers: told in the answer, one round trip
+            // less than a Discover of its own (and nothing sent while this worker computes).
+            here.back.push_back(recv->message_id());
+          } else {
+            auto& entry = to_tell[recv->from().id];
+            entry.first = recv->from();
+            entry.second.push_back(recv->message_id());
+          }
         }
         continue;
       }
@@ -80,6 +90,7 @@ Future<std::set<int>> Container::discover(const std::shared_ptr<ContextState>& s
       }
     }
   }
+  std::vector<WorkerInfo> asked;
   std::vector<Future<Value>> told;
   for (auto& [id, entry] : to_tell) {
     wire::DistAutogradMessage message;
@@ -89,35 +100,119 @@ Future<std::set<int>> Container::discover(const std::shared_ptr<ContextState>& s
     d->set_retain_graph(retain_graph);
     for (uint64_t m : entry.second)
       d->add_message_ids(m);
+    asked.push_back(entry.first);
     told.push_back(try_send(entry.first, message, "discover"));
   }
-  Future<std::set<int>> result;
-  auto all = collect_all(told);
+  Future<Found> result;
+  std::weak_ptr<Container> weak_self = weak_from_this();
   gradwire::detail::on_complete_inline(
-      all, [result, self_id = self_.id](const Future<std::vector<Value>>& done) mutable {
+      collect_all(std::move(told)), [weak_self, state, pass_id, retain_graph, back_to, asked, here,
+                                     result](const Future<std::vector<Value>>& done) mutable {
         if (done.has_error()) {
           result.try_set_error(done.error());
           return;
         }
-        std::set<int> workers{self_id};
-        for (const Value& v : done.value())
-          for (const Value& w : v.as_list())
-            workers.insert(static_cast<int>(w.as_int()));
-        result.try_set_value(std::move(workers));
+        std::shared_ptr<Container> self = weak_self.lock();
+        std::vector<std::pair<WorkerInfo, std::vector<uint64_t>>> named;
+        try {
+          if (self == nullptr) throw Error("dist_autograd: the agent of this pass is gone");
+          for (size_t i = 0; i < done.value().size() && i < asked.size(); ++i) {
+            std::vector<uint64_t> back = self->read_answer(asked[i], done.value()[i], here);
+            if (!back.empty()) named.emplace_back(asked[i], std::move(back));
+          }
+        } catch (...) {
+          result.try_set_error(std::current_exception());
+          return;
+        }
+        if (named.empty()) {
+          result.try_set_value(std::move(here));
+          return;
+        }
+        // Sends of this worker named back in the answers: taken on the pool (walking on
+        // from them is no work for the transport thread that has the answer), and this
+        // discovery completes once what that told has answered too.
+        auto take = [self, state, pass_id, retain_graph, back_to, named, here, result]() mutable {
+          std::vector<Future<Found>> more;
+          try {
+            for (const auto& [from, sends] : named)
+              more.push_back(self->take_named(state, from, pass_id, sends, retain_graph, back_to));
+          } catch (...) {
+            result.try_set_error(std::current_exception());
+            return;
+          }
+          gradwire::detail::on_complete_inline(
+              collect_all(std::move(more)),
+              [here, result](const Future<std::vector<Found>>& taken) mutable {
+                if (taken.has_error()) {
+                  result.try_set_error(taken.error());
+                  return;
+                }
+                for (const Found& f : taken.value()) {
+                  here.workers.insert(f.workers.begin(), f.workers.end());
+                  here.back.insert(here.back.end(), f.back.begin(), f.back.end());
+                }
+                result.try_set_value(std::move(here));
+              });
+        };
+        try {
+          self->agent()->executor()->execute(std::move(take));
+        } catch (...) {
+          result.try_set_error(std::current_exception());
+        }
       });
   return result;
 }
 
-Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Discover& d) {
-  // Taking part and telling the workers further on (their answers come later).
-  const trace::Span span("dist_autograd.discover_recv", "dist_autograd",
-                         trace::Arg("context_id", d.context_id()), trace::Arg("caller", caller.id),
-                         trace::Arg("sends", static_cast<int64_t>(d.message_ids_size())));
-  std::shared_ptr<ContextState> state = get_for(d.context_id(), caller, "discovery");
+std::vector<uint64_t> Container::read_answer(const WorkerInfo& from, const Value& answer,
+                                             Found& found) const {
+  auto malformed = [&](const char* why) {
+    return Error("dist_autograd: worker " + self_.describe() +
+                 " got a malformed answer to its Discover from worker " + from.describe() + ": " +
+                 why);
+  };
+  if (answer.type() != rpc::ValueType::kList || answer.as_list().size() != 2 ||
+      answer.as_list()[0].type() != rpc::ValueType::kList ||
+      answer.as_list()[1].type() != rpc::ValueType::kList) {
+    throw malformed("expected a list of two lists (workers, sends named back)");
+  }
+  for (const Value& w : answer.as_list()[0].as_list()) {
+    if (w.type() != rpc::ValueType::kInt || w.as_int() < 0 ||
+        w.as_int() > std::numeric_limits<int>::max()) {
+      throw malformed("a worker id that is not an int in [0, 2^31)");
+    }
+    found.workers.insert(static_cast<int>(w.as_int()));
+  }
+  std::vector<uint64_t> back;
+  for (const Value& m : answer.as_list()[1].as_list()) {
+    if (m.type() != rpc::ValueType::kInt) throw malformed("a send id that is not an int");
+    back.push_back(static_cast<uint64_t>(m.as_int()));
+  }
+  return back;
+}
+
+Future<Container::Found> Container::take_named(const std::shared_ptr<ContextState>& state,
+                                               const WorkerInfo& from, uint64_t pass_id,
+                                               const std::vector<uint64_t>& ids, bool retain_graph,
+                                               int back_to) {
   std::vector<std::shared_ptr<SendBackward>> sends;
-  for (uint64_t m : d.message_ids())
-    sends.push_back(send_from(*state, m, caller, "discovery"));
-  std::shared_ptr<autograd::GraphTask> task = start_part(state, d.pass_id(), d.retain_graph());
+  for (uint64_t m : ids)
+    sends.push_back(send_from(*state, m, from, "discovery"));
+  {
+    // Each send gets its gradients once per pass: a send named again would wait for
+    // gradients that never come. Refused before the pass is made here.
+    MutexLock lock(state->mutex);
+    auto pass = state->passes.find(pass_id);
+    std::set<uint64_t> seen;
+    for (uint64_t m : ids) {
+      if (!seen.insert(m).second ||
+          (pass != state->passes.end() && pass->second.named.count(m) != 0)) {
+        throw CallRejected("dist_autograd: worker " + self_.describe() + " refused send " +
+                           ctx_text(m) + " named again by worker " + from.describe() + " in pass " +
+                           ctx_text(pass_id) + " of context " + ctx_text(state->id));
+      }
+    }
+  }
+  std::shared_ptr<autograd::GraphTask> task = start_part(state, pass_id, retain_graph);
   std::vector<autograd::Edge> edges;
   for (const auto& send : sends) {
     for (uint32_t i = 0; i < send->num_inputs(); ++i) {
@@ -128,32 +223,49 @@ Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Disco
   {
     // Counted: what lies below only these sends may run as soon as its gradients are in.
     MutexLock lock(state->mutex);
-    auto pass = state->passes.find(d.pass_id());
+    auto pass = state->passes.find(pass_id);
     if (pass != state->passes.end()) {
-      pass->second.named.insert(d.message_ids().begin(), d.message_ids().end());
-      update_hold(*state, d.pass_id());
+      pass->second.named.insert(ids.begin(), ids.end());
+      update_hold(*state, pass_id);
     }
   }
-  Future<std::set<int>> found = discover(state, d.pass_id(), edges, d.retain_graph());
-  take_early(state, d.pass_id());
-  // The answer is made on the thread that completes the discovery (a list of ints: no
-  // hop through the pool for it).
+  Future<Found> found = discover(state, pass_id, edges, retain_graph, back_to);
+  take_early(state, pass_id);
+  return found;
+}
+
+Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Discover& d) {
+  // Taking part and telling the workers further on (their answers come later).
+  const trace::Span span("dist_autograd.discover_recv", "dist_autograd",
+                         trace::Arg("context_id", d.context_id()), trace::Arg("caller", caller.id),
+                         trace::Arg("sends", static_cast<int64_t>(d.message_ids_size())));
+  std::shared_ptr<ContextState> state = get_for(d.context_id(), caller, "discovery");
+  const std::vector<uint64_t> ids(d.message_ids().begin(), d.message_ids().end());
+  Future<Found> found = take_named(state, caller, d.pass_id(), ids, d.retain_graph(), caller.id);
+  // The answer is made on the thread that completes the discovery (lists of ints: no hop
+  // through the pool for it): the workers reached, and the caller's sends reached.
   Future<Value> answer;
-  gradwire::detail::on_complete_inline(found, [answer](const Future<std::set<int>>& done) mutable {
+  gradwire::detail::on_complete_inline(found, [answer](const Future<Found>& done) mutable {
     if (done.has_error()) {
       answer.try_set_error(done.error());
       return;
     }
     try {
-      const std::set<int>& workers = done.value();
+      const Found& f = done.value();
       // Sized first and assigned in place: moving a Value into a growing vector here made
       // GCC 12 warn (wrongly) that the variant's inactive members may be used
       // uninitialised.
-      Value::List ids(workers.size());
+      Value::List workers(f.workers.size());
       size_t i = 0;
-      for (int w : workers)
-        ids[i++] = Value(int64_t{w});
-      answer.try_set_value(Value::list(std::move(ids)));
+      for (int w : f.workers)
+        workers[i++] = Value(int64_t{w});
+      Value::List back(f.back.size());
+      for (size_t j = 0; j < f.back.size(); ++j)
+        back[j] = Value(static_cast<int64_t>(f.back[j]));
+      Value::List both(2);
+      both[0] = Value::list(std::move(workers));
+      both[1] = Value::list(std::move(back));
+      answer.try_set_value(Value::list(std::move(both)));
     } catch (...) {
       answer.try_set_error(std::current_exception());
     }

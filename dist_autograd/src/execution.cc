@@ -51,7 +51,7 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
                           " ms (BackwardOptions::timeout)");
     };
     const int64_t discovery_ns = trace::enabled() ? trace::now_ns() : 0;
-    Future<std::set<int>> found = discover(state, pass_id, edges, options.retain_graph);
+    Future<Found> found = discover(state, pass_id, edges, options.retain_graph, /*back_to=*/-1);
     // The backward starts while discovery goes on: what lies below only the roots runs now
     // (gradients it sends on wait at their receivers for the Discover that names their
     // send); what lies below a send here waits until a Discover names the send, or until
@@ -75,7 +75,7 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
       }
       if (own.completed() && own.has_error()) own.get();
     }
-    const std::set<int> workers = found.value();
+    const std::set<int> workers = found.value().workers;
     if (discovery_ns != 0) {
       trace::complete("dist_autograd.discovery", "dist_autograd", discovery_ns, trace::now_ns(),
                       {trace::Arg("context_id", ctx), trace::Arg("pass_id", pass_id),

@@ -490,11 +490,11 @@ TEST_F(DistAutogradFaults, OnlyTheWorkerASendWentToMayDiscoverOrFeedIt) {
   expect_values(da::get_gradients(w(0), id).at(x), {4.0});
 }
 
-// Gradients flow while discovery goes on. Here the Discover w1 sends back to w0 (naming x's
-// send) is held up for 2.5 s: w0 has already sent y's gradient, w1 runs its part at once
-// (its hook fires long before the Discover arrives), and the gradient w1 sends on waits at w0
-// until the Discover names its send. The pass is exact. Before, no gradient moved until
-// every worker had been discovered.
+// Gradients flow while discovery goes on. Here w1's answer to w0's Discover (which names
+// x's send back to w0) is held up for 2.5 s: w0 has already sent y's gradient, w1 runs its
+// part at once (its hook fires long before the answer arrives), and the gradient w1 sends on
+// waits at w0 until the answer names its send. The pass is exact. Before, no gradient moved
+// until every worker had been discovered.
 TEST_F(DistAutogradFaults, GradientsFlowWhileDiscoveryGoesOnAndWaitForTheirDiscover) {
   auto ran = std::make_shared<Future<void>>();
   reg_.def("square_noted", [ran](const Tensor& x) {
@@ -521,6 +521,54 @@ TEST_F(DistAutogradFaults, GradientsFlowWhileDiscoveryGoesOnAndWaitForTheirDisco
   EXPECT_TRUE(early) << "w1's part waited for discovery to end";
   EXPECT_GE(Clock::now() - start, 2500ms) << "the pass ended before w0 was discovered";
   expect_values(da::get_gradients(w(0), ctx.id()).at(x), {2.0, -4.0, 6.0});  // 2x
+}
+
+// A worker's sends that a Discover's receiver reaches come back in its answer, not in a
+// Discover of their own: w0 -> w1 -> w2 ("nested"), where w2's part leads back to w1's send
+// and w1's part back to w0's. No Discover request goes from w2 to w1 or from w1 to w0 (rules
+// that would drop one never fire), and the pass is exact.
+TEST_F(DistAutogradFaults, SendsOfTheCallerComeBackInTheAnswerToItsDiscover) {
+  std::vector<Future<void>> never;
+  for (const auto& [from, to] :
+       std::vector<std::pair<std::string, std::string>>{{"w2", "w1"}, {"w1", "w0"}}) {
+    never.push_back(faults_->add({.action = FaultAction::kDrop,
+                                  .from = from,
+                                  .to = to,
+                                  .kind = rpc::MessageKind::kRequest,
+                                  .handler = kHandler,
+                                  .function = "discover",
+                                  .count = -1}));
+  }
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, -2.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "nested", x);  // 9 x^2 + x
+  da::backward(w(0), ctx.id(), {sum(y)});
+  expect_values(da::get_gradients(w(0), ctx.id()).at(x), {19.0, -35.0});  // 18 x + 1
+  EXPECT_EQ(faults_->fired(), 0u) << "a Discover was sent back to the worker that asked";
+  // A second pass over a kept graph takes the same way.
+  da::Context again(w(0));
+  Tensor x2 = leaf({0.5});
+  Tensor y2 = w(0).rpc_sync<Tensor>("w1", "nested", x2);
+  da::backward(w(0), again.id(), {sum(y2)});
+  expect_values(da::get_gradients(w(0), again.id()).at(x2), {10.0});
+  EXPECT_EQ(faults_->fired(), 0u);
+}
+
+// A send named twice in one pass (in one Discover, or again after a Discover named it) is
+// refused before the worker takes part: counted twice, it would wait for a gradient that
+// never comes.
+TEST_F(DistAutogradFaults, ASendNamedTwiceInAPassIsRefused) {
+  da::Context ctx(w(0));
+  const uint64_t id = ctx.id();
+  Tensor x = leaf({2.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+  const uint64_t send_to_w1 = id + 1;
+  const std::string text = send_raw(
+      w(1), "w0", message(kDiscover, {{1, id}, {2, id + 100}, {3, send_to_w1}, {3, send_to_w1}}));
+  EXPECT_TRUE(contains(text, "refused send")) << text;
+  EXPECT_TRUE(contains(text, "named again by worker 'w1' (rank 1)")) << text;
+  da::backward(w(0), id, {sum(y)});
+  expect_values(da::get_gradients(w(0), id).at(x), {4.0});
 }
 
 // Gradients that come ahead of their Discover are kept, within a bound, until it comes; a
