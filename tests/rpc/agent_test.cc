@@ -854,6 +854,41 @@ TEST(RpcAgent, LargeTensorsAreLentAndCopiedStraightFromTheSender) {
   EXPECT_EQ(agents[1]->metrics().tensors_copied_in, 2u);
 }
 
+// Tensors below direct_copy_min_bytes between workers that talk over the local transport go
+// through its shared-memory rings (the "ring" channel), in both directions: one smaller than
+// a ring and one four times its size (written as the reader drains it). Without "ring" among
+// the channels they take another one and arrive the same. (xth is left out: these agents
+// share a process, and xth would carry everything.)
+TEST(RpcAgent, TensorsBetweenLocalPeersGoThroughTheRings) {
+  Registry reg;
+  register_basics(reg);
+  const int64_t small = 48 << 10;  // 192 KiB
+  const int64_t large = 1 << 18;   // 1 MiB
+  for (const bool ring : {true, false}) {
+    AgentOptions o = test_options(reg);
+    o.channels = ring ? std::vector<std::string>{"ring", "cma", "basic"}
+                      : std::vector<std::string>{"cma", "basic"};
+    o.direct_copy_min_bytes = 4u << 20;
+    Agents agents = start_agents(2, o);
+    const bool local = agents[0]->transport_to("w1") == "local";
+    for (const int64_t n : {small, large}) {
+      EXPECT_TRUE(holds_arange(
+          agents[0]->rpc_sync<Tensor>("w1", "echo", arange(n, TensorOptions{kFloat32})), n, 1.0f,
+          0.0f))
+          << n << " floats, ring " << ring;
+    }
+    const uint64_t tensors = ring && local ? 2u : 0u;
+    const uint64_t bytes = ring && local ? 4u * static_cast<uint64_t>(small + large) : 0u;
+    for (const auto& agent : agents) {
+      const AgentMetrics m = agent->metrics();
+      EXPECT_EQ(m.tensors_through_rings, tensors) << agent->worker_info().name;
+      EXPECT_EQ(m.bytes_through_rings, bytes) << agent->worker_info().name;
+      EXPECT_EQ(m.tensors_lent, 0u);
+    }
+    expect_clean_shutdown(agents);
+  }
+}
+
 TEST(RpcAgent, DirectCopiesCanBeTurnedOffOrRaisedAboveATensor) {
   Registry reg;
   register_basics(reg);

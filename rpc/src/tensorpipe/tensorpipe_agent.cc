@@ -30,6 +30,7 @@
 #include <map>
 #include <optional>
 
+#include <tensorpipe/channel/channel.h>
 #include <tensorpipe/tensorpipe.h>
 
 #include "call_table.h"
@@ -78,6 +79,12 @@ size_t wire_bytes(const EncodedMessage& message) {
   return n;
 }
 
+// What the "ring" channel sent (tensors and their bytes), ever.
+struct RingCounters {
+  std::atomic<uint64_t> tensors{0};
+  std::atomic<uint64_t> bytes{0};
+};
+
 // Transports: TensorPipe picks, per peer, the highest-priority one both ends can use.
 constexpr int64_t kUvPriority = 0;
 constexpr int64_t kTcpPriority = 50;
@@ -87,6 +94,7 @@ constexpr int64_t kLocalPriority = 150;
 constexpr int64_t kBasicPriority = 0;
 constexpr int64_t kMptPriority = 100;
 constexpr int64_t kCmaPriority = 200;
+constexpr int64_t kRingPriority = 250;
 constexpr int64_t kXthPriority = 300;
 
 // TensorPipe wants a pointer even for an empty tensor.
@@ -316,6 +324,7 @@ class TensorPipeAgent final : public RpcAgent,
   std::atomic<bool> running_{false};
   std::atomic<uint64_t> tensors_lent_{0};
   std::atomic<uint64_t> bytes_lent_{0};
+  const std::shared_ptr<RingCounters> ring_counters_ = std::make_shared<RingCounters>();
   std::atomic<uint64_t> tensors_copied_in_{0};
   std::atomic<uint64_t> bytes_copied_in_{0};
   std::atomic<uint64_t> busy_refusals_{0};
@@ -372,9 +381,9 @@ void TensorPipeAgent::validate_options() const {
     }
   }
   for (const std::string& c : options_.channels) {
-    if (c != "xth" && c != "cma" && c != "mpt" && c != "mpt_uv" && c != "basic") {
+    if (c != "xth" && c != "ring" && c != "cma" && c != "mpt" && c != "mpt_uv" && c != "basic") {
       throw InvalidArgument(who + "unknown channel '" + c +
-                            "' (known: xth, cma, mpt, mpt_uv, basic)");
+                            "' (known: xth, ring, cma, mpt, mpt_uv, basic)");
     }
   }
   if (std::find(options_.transports.begin(), options_.transports.end(), "tcp") ==
@@ -513,6 +522,76 @@ class NamespaceBound final : public tp::transport::Context {
   const std::string domain_;
 };
 
+// The "ring" channel: TensorPipe's basic channel (tensors written through a connection of
+// the pipe's own transport) registered with device descriptors that, like NamespaceBound,
+// carry this worker's host id and namespace inode. It is registered only with the local
+// transport, so TensorPipe picks it exactly for pipes that run over local: a tensor then
+// goes through that transport's shared-memory rings (a copy in on the sender, one out on
+// the receiver) instead of a process_vm_readv of the sender's memory (cma).
+// Its channels count what they send (AgentMetrics::tensors_through_rings).
+class CountingChannel final : public tp::channel::Channel {
+ public:
+  CountingChannel(std::shared_ptr<tp::channel::Channel> inner,
+                  std::shared_ptr<RingCounters> counters)
+      : inner_(std::move(inner)), counters_(std::move(counters)) {}
+  void send(tp::Buffer buffer, size_t length, tp::channel::TSendCallback callback) override {
+    counters_->tensors.fetch_add(1, std::memory_order_relaxed);
+    counters_->bytes.fetch_add(length, std::memory_order_relaxed);
+    inner_->send(buffer, length, std::move(callback));
+  }
+  void recv(tp::Buffer buffer, size_t length, tp::channel::TRecvCallback callback) override {
+    inner_->recv(buffer, length, std::move(callback));
+  }
+  void setId(std::string id) override { inner_->setId(std::move(id)); }
+  void close() override { inner_->close(); }
+
+ private:
+  const std::shared_ptr<tp::channel::Channel> inner_;
+  const std::shared_ptr<RingCounters> counters_;
+};
+
+class NamespaceBoundChannel final : public tp::channel::Context {
+ public:
+  NamespaceBoundChannel(std::shared_ptr<tp::channel::Context> inner, const std::string& host_id,
+                        uint64_t netns, std::shared_ptr<RingCounters> counters)
+      : inner_(std::move(inner)),
+        suffix_("|host=" + host_id + "|netns=" + std::to_string(netns)),
+        counters_(std::move(counters)) {
+    for (const auto& [device, descriptor] : inner_->deviceDescriptors())
+      descriptors_.emplace(device, descriptor + suffix_);
+  }
+
+  bool isViable() const override { return inner_->isViable(); }
+  size_t numConnectionsNeeded() const override { return inner_->numConnectionsNeeded(); }
+  const std::unordered_map<tp::Device, std::string>& deviceDescriptors() const override {
+    return descriptors_;
+  }
+  bool canCommunicateWithRemote(const std::string& local,
+                                const std::string& remote) const override {
+    if (local != remote || local.size() < suffix_.size() ||
+        local.compare(local.size() - suffix_.size(), suffix_.size(), suffix_) != 0) {
+      return false;
+    }
+    const std::string inner = local.substr(0, local.size() - suffix_.size());
+    return inner_->canCommunicateWithRemote(inner, inner);
+  }
+  std::shared_ptr<tp::channel::Channel> createChannel(
+      std::vector<std::shared_ptr<tp::transport::Connection>> connections,
+      tp::channel::Endpoint endpoint) override {
+    return std::make_shared<CountingChannel>(
+        inner_->createChannel(std::move(connections), endpoint), counters_);
+  }
+  void setId(std::string id) override { inner_->setId(std::move(id)); }
+  void close() override { inner_->close(); }
+  void join() override { inner_->join(); }
+
+ private:
+  const std::shared_ptr<tp::channel::Context> inner_;
+  const std::string suffix_;
+  const std::shared_ptr<RingCounters> counters_;
+  std::unordered_map<tp::Device, std::string> descriptors_;
+};
+
 }  // namespace
 
 std::shared_ptr<tp::transport::Context> TensorPipeAgent::namespace_bound(
@@ -617,6 +696,15 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
     }
     context_->registerChannel(kMptPriority, ours ? "mpt" : "mpt_uv",
                               tp::channel::mpt::create(std::move(lanes), std::move(listeners)));
+  }
+  if (wants(options_.channels, "ring") && local_ != nullptr) {
+    std::string host_id = host_id_;
+    for (char& c : host_id) {
+      if (std::isspace(static_cast<unsigned char>(c))) c = '_';
+    }
+    context_->registerChannel(kRingPriority, "ring",
+                              std::make_shared<NamespaceBoundChannel>(
+                                  tp::channel::basic::create(), host_id, netns_, ring_counters_));
   }
   if (wants(options_.channels, "cma")) {
     auto cma = tp::channel::cma::create();
@@ -1306,6 +1394,8 @@ AgentMetrics TensorPipeAgent::metrics() const {
   m.loans_outstanding = static_cast<int64_t>(outstanding_loans());
   m.tensors_lent = tensors_lent_.load(std::memory_order_relaxed);
   m.bytes_lent = bytes_lent_.load(std::memory_order_relaxed);
+  m.tensors_through_rings = ring_counters_->tensors.load(std::memory_order_relaxed);
+  m.bytes_through_rings = ring_counters_->bytes.load(std::memory_order_relaxed);
   m.tensors_copied_in = tensors_copied_in_.load(std::memory_order_relaxed);
   m.bytes_copied_in = bytes_copied_in_.load(std::memory_order_relaxed);
   m.local_connections_accepted = local_stats_->accepted.load(std::memory_order_relaxed);

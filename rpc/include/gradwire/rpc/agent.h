@@ -130,8 +130,8 @@ struct AgentOptions {
   // without configuration; a job whose master is 127.0.0.1 stays on loopback.
   std::string host;
   // Transports and channels to register, from {"tcp", "local", "shm", "uv"} and {"xth",
-  // "cma", "mpt", "mpt_uv", "basic"}. Per peer, the fastest one that both ends have and that
-  // can reach across the pair is used: local, unix and shm listen on abstract Unix sockets,
+  // "ring", "cma", "mpt", "mpt_uv", "basic"}. Per peer, the fastest one that both ends have and
+  // that can reach across the pair is used: local, unix and shm listen on abstract Unix sockets,
   // which exist per network namespace, so they serve only peers that published the same
   // host id and network namespace (RpcAgent::transport_to; containers on one host use tcp).
   // "tcp" and "local" are gradwire's own (docs/rpc.md, Transports): TCP for every peer, and
@@ -140,11 +140,14 @@ struct AgentOptions {
   // without it, "uv"): one of them is required. "shm" and "uv" are TensorPipe's, for
   // comparison only: they do none of that, shm busy-polls a core per worker, and a single
   // stray connection stops uv's listener.
-  // Channels move tensors: xth within one process, cma between processes of one host, mpt
-  // over several TCP lanes of gradwire's tcp ("mpt_uv": TensorPipe's uv lanes), basic
-  // through the pipe's own connection.
+  // Channels move tensors: xth within one process; ring through the shared-memory rings of
+  // the local transport (a copy in on the sender, one out on the receiver), for pairs that
+  // talk over local; cma between processes of one host (the receiver reads the sender's
+  // memory with process_vm_readv); mpt over several TCP lanes of gradwire's tcp ("mpt_uv":
+  // TensorPipe's uv lanes); basic through the pipe's own connection. Tensors of at least
+  // direct_copy_min_bytes bypass them all between processes of one host (below).
   std::vector<std::string> transports{"local", "tcp"};
-  std::vector<std::string> channels{"xth", "cma", "mpt", "basic"};
+  std::vector<std::string> channels{"xth", "ring", "cma", "mpt", "basic"};
   // The job's shared secret. Every connection between workers then begins with a mutual
   // HMAC-SHA256 challenge-response over fresh nonces, and a peer that does not know the
   // secret is refused before any of its bytes are parsed. Empty: GRADWIRE_SECRET, else
@@ -369,6 +372,9 @@ struct AgentMetrics {
   uint64_t bytes_lent{0};
   uint64_t tensors_copied_in{0};  // lent tensors received by copying them from a peer, ever
   uint64_t bytes_copied_in{0};
+  // Tensors sent through the "ring" channel (the local transport's shared-memory rings), ever.
+  uint64_t tensors_through_rings{0};
+  uint64_t bytes_through_rings{0};
   uint64_t connections_accepted{0};  // incoming connections that passed the handshake, ever
   // Of those, the ones over a transport that exists per host and network namespace
   // ("local", "unix"): peers that share this worker's host and namespace.
