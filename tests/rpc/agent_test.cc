@@ -856,19 +856,19 @@ TEST(RpcAgent, LargeTensorsAreLentAndCopiedStraightFromTheSender) {
 
 // Tensors below direct_copy_min_bytes between workers that talk over the local transport go
 // through its shared-memory rings (the "ring" channel), in both directions: one smaller than
-// a ring and one four times its size (written as the reader drains it). Without "ring" among
+// a ring (1 MiB) and one four times its size (written as the reader drains it). Without "ring" among
 // the channels they take another one and arrive the same. (xth is left out: these agents
 // share a process, and xth would carry everything.)
 TEST(RpcAgent, TensorsBetweenLocalPeersGoThroughTheRings) {
   Registry reg;
   register_basics(reg);
   const int64_t small = 48 << 10;  // 192 KiB
-  const int64_t large = 1 << 18;   // 1 MiB
+  const int64_t large = 1 << 20;   // 4 MiB
   for (const bool ring : {true, false}) {
     AgentOptions o = test_options(reg);
     o.channels = ring ? std::vector<std::string>{"ring", "cma", "basic"}
                       : std::vector<std::string>{"cma", "basic"};
-    o.direct_copy_min_bytes = 4u << 20;
+    o.direct_copy_min_bytes = 8u << 20;
     Agents agents = start_agents(2, o);
     const bool local = agents[0]->transport_to("w1") == "local";
     for (const int64_t n : {small, large}) {

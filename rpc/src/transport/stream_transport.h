@@ -51,9 +51,10 @@ struct TransportStats {
 struct StreamOptions {
   enum class Family { kTcp, kLocal, kUnix };
   Family family = Family::kTcp;
-  // kLocal: one ring's capacity per direction (a power of two in [4 KiB, 64 MiB]). Large
-  // tensors between processes of one host go through the cma channel, not the transport.
-  size_t ring_bytes{size_t{256} << 10};
+  // kLocal: one ring's capacity per direction (a power of two in [4 KiB, 64 MiB]). The ring
+  // channel writes tensors below the agent's direct_copy_min_bytes (1 MiB) through a
+  // connection of their own: at this size such a tensor goes in one piece.
+  size_t ring_bytes{size_t{1} << 20};
   // Shared secret for the handshake; empty: none.
   std::string secret;
   std::chrono::milliseconds handshake_timeout{10'000};

@@ -179,8 +179,11 @@ struct AgentOptions {
   // direct_copy_threads threads, and then tells the sender it is done. It needs the
   // permission to read a peer's memory (same user, ptrace not restricted); each worker
   // checks that at start and otherwise everything travels through TensorPipe as usual.
-  // direct_copy_threads in [0, 64]; 0 turns direct copies off.
-  size_t direct_copy_min_bytes{256u << 10};
+  // direct_copy_threads in [0, 64]; 0 turns direct copies off. Below 1 MiB a pair that
+  // talks over the local transport does better through its rings (the ring channel: two
+  // memcpys through memory that stays in the cache, no control messages; benchmarks.md), so
+  // that is the default threshold.
+  size_t direct_copy_min_bytes{1u << 20};
   int direct_copy_threads{4};
   // Per destination worker name.
   std::map<std::string, DeviceMap> device_maps;
