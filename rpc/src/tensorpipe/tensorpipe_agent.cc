@@ -1033,6 +1033,11 @@ void TensorPipeAgent::write(const std::shared_ptr<Connection>& conn, EncodedMess
     tp::Message::Tensor tensor;
     tensor.buffer = tp::CpuBuffer{buffer_of(t)};
     tensor.length = t.nbytes();
+    // The receiver always takes TensorPipe's part of a message into host memory (a device
+    // map is applied after). Saying so up front lets TensorPipe send the tensor's bytes with
+    // its descriptor; without a target it first waits for the receiver to name one (a
+    // descriptor reply: a round trip more for every message that carries a tensor).
+    tensor.targetDevice = tp::Device{tp::kCpuDeviceType, 0};
     out.tensors.push_back(std::move(tensor));
   }
   conn->pipe->write(std::move(out), [keep, on_done = std::move(on_done)](const tp::Error& error) {
