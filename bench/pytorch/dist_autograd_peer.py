@@ -3,8 +3,8 @@
 (bench/dist_autograd_bench.cc).
 
 Two processes on 127.0.0.1 join torch.distributed.rpc with the TensorPipe backend (8
-worker threads). The trainer w0 holds x (256x256 float32, requires grad); w1 holds a
-weight W (256x256 float32, requires grad). Rank 0 times, after WARMUP untimed steps of
+worker threads). The trainer w0 holds x (NxN float32, requires grad); w1 holds a
+weight W (NxN float32, requires grad). Rank 0 times, after WARMUP untimed steps of
 each kind, STEPS steps of each kind in BLOCKS alternating blocks:
   - autograd: with dist_autograd.context() as ctx: y = rpc_sync("w1", mm, (x,)) (matmul
     of x with W on w1), loss = y.sum(), dist_autograd.backward(ctx, [loss]),
@@ -14,7 +14,9 @@ each kind, STEPS steps of each kind in BLOCKS alternating blocks:
     DistributedOptimizer(optim.SGD, [w_rref], lr=0.01).step(ctx) inside the context;
   - rpc_mm: a plain rpc_sync("w1", mm, (x without grad,)), no context (a diagnostic).
 
-  dist_autograd_peer.py THREADS WARMUP STEPS BLOCKS
+  dist_autograd_peer.py THREADS WARMUP STEPS BLOCKS [N]
+
+N (default 256) is the side of x and W.
 
 Each rank sets torch.set_num_threads(THREADS) (the caller also sets OMP_NUM_THREADS and
 OPENBLAS_NUM_THREADS). Rank 0 checks x's gradient and, at the end, W against the SGD
@@ -119,7 +121,10 @@ def worker(rank, port, threads, warmup, steps, blocks, queue):
 
 
 def main():
+    global N
     threads, warmup, steps, blocks = (int(a) for a in sys.argv[1:5])
+    if len(sys.argv) > 5:
+        N = int(sys.argv[5])  # before the ranks are forked: both see it
     run_two_ranks(worker, threads, warmup, steps, blocks)
 
 
