@@ -209,6 +209,8 @@ class TensorPipeAgent final : public RpcAgent,
 
   void validate_options() const;
   std::string resolve_host() const;
+  // This worker's host id as it appears in domain and device descriptors (no whitespace).
+  std::string descriptor_host_id() const;
   // `inner` registered so that it is only used toward workers of this host and namespace.
   std::shared_ptr<tp::transport::Context> namespace_bound(
       std::shared_ptr<tp::transport::Context> inner) const;
@@ -596,11 +598,15 @@ class NamespaceBoundChannel final : public tp::channel::Context {
 
 std::shared_ptr<tp::transport::Context> TensorPipeAgent::namespace_bound(
     std::shared_ptr<tp::transport::Context> inner) const {
+  return std::make_shared<NamespaceBound>(std::move(inner), descriptor_host_id(), netns_);
+}
+
+std::string TensorPipeAgent::descriptor_host_id() const {
   std::string host = host_id_;
   for (char& c : host) {
     if (std::isspace(static_cast<unsigned char>(c))) c = '_';
   }
-  return std::make_shared<NamespaceBound>(std::move(inner), host, netns_);
+  return host;
 }
 
 std::string TensorPipeAgent::transport_to(const Destination& worker) const {
@@ -698,13 +704,10 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
                               tp::channel::mpt::create(std::move(lanes), std::move(listeners)));
   }
   if (wants(options_.channels, "ring") && local_ != nullptr) {
-    std::string host_id = host_id_;
-    for (char& c : host_id) {
-      if (std::isspace(static_cast<unsigned char>(c))) c = '_';
-    }
-    context_->registerChannel(kRingPriority, "ring",
-                              std::make_shared<NamespaceBoundChannel>(
-                                  tp::channel::basic::create(), host_id, netns_, ring_counters_));
+    context_->registerChannel(
+        kRingPriority, "ring",
+        std::make_shared<NamespaceBoundChannel>(tp::channel::basic::create(), descriptor_host_id(),
+                                                netns_, ring_counters_));
   }
   if (wants(options_.channels, "cma")) {
     auto cma = tp::channel::cma::create();
