@@ -856,8 +856,8 @@ TEST(RpcAgent, LargeTensorsAreLentAndCopiedStraightFromTheSender) {
 
 // Tensors below direct_copy_min_bytes between workers that talk over the local transport go
 // through its shared-memory rings (the "ring" channel), in both directions: one smaller than
-// a ring (1 MiB) and one four times its size (written as the reader drains it). Without "ring" among
-// the channels they take another one and arrive the same. (xth is left out: these agents
+// a ring (1 MiB) and one four times its size (written as the reader drains it). Without "ring"
+// among the channels they take another one and arrive the same. (xth is left out: these agents
 // share a process, and xth would carry everything.)
 TEST(RpcAgent, TensorsBetweenLocalPeersGoThroughTheRings) {
   Registry reg;
