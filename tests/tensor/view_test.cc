@@ -408,6 +408,16 @@ TEST(ViewTest, CopyBroadcastsAndConverts) {
   Tensor ints = zeros({3}, kInt32);
   ints.copy_(typed({1.9, -1.9, 2.5}, kFloat32));
   EXPECT_EQ(raw(ints), (std::vector<double>{1, -1, 2}));
+  // Whole runs of one broadcast value (filled, not copied element by element): a scalar
+  // expanded as a sum's gradient is, converted on the way, and a column repeated along rows.
+  Tensor whole = typed({-3}, kInt64).view({}).expand({256, 256}).to(kFloat32);
+  EXPECT_TRUE(whole.is_contiguous());
+  EXPECT_EQ(raw(whole), std::vector<double>(256 * 256, -3.0));
+  Tensor rows = iota({64}).view({64, 1}).expand({64, 100}).contiguous();
+  std::vector<double> want;
+  for (int i = 0; i < 64; ++i)
+    want.insert(want.end(), 100, static_cast<double>(i));
+  EXPECT_EQ(raw(rows), want);
   expect_invalid([&] { dst.copy_(iota({4})); }, "copy_");
   expect_invalid([&] { dst.copy_(iota({3, 3})); }, "copy_");
   expect_invalid([&] { dst.copy_(iota({2, 2, 3})); }, "copy_");
