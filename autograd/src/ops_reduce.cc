@@ -137,6 +137,22 @@ Tensor AutogradHooksImpl::norm(const Tensor& a) {
 
 // ---- matrix products
 
+namespace {
+// The gradients of x y (matrices) for the output's gradient g, each produced in its
+// operand's layout: for a column-major operand (typically a weight used as W.t()) the
+// transposed product is computed and its transpose returned, so the gradient reaches the
+// weight's accumulator contiguous instead of being copied into shape there on every step.
+std::vector<Tensor> mm_gradients(FormulaNode& n, const Tensor& x, const Tensor& y,
+                                 const Tensor& g) {
+  auto column_major = [](const Tensor& t) {
+    return t.dim() == 2 && t.stride(0) == 1 && t.stride(1) != 1;
+  };
+  return {
+      maybe(n.needs(0), [&] { return column_major(x) ? gw::mm(y, g.t()).t() : gw::mm(g, y.t()); }),
+      maybe(n.needs(1), [&] { return column_major(y) ? gw::mm(g.t(), x).t() : gw::mm(x.t(), g); })};
+}
+}  // namespace
+
 Tensor AutogradHooksImpl::mm(const Tensor& a, const Tensor& b) {
   Recorder rec("MmBackward", {a, b});
   Tensor out = raw([&] { return gw::mm(a, b); });
@@ -144,21 +160,7 @@ Tensor AutogradHooksImpl::mm(const Tensor& a, const Tensor& b) {
   rec.save(a);
   rec.save(b);
   return rec.finish(
-      out, GRADWIRE_FORMULA() {
-        // Each gradient is produced in its operand's layout: for a column-major operand
-        // (typically a weight used as W.t()) compute the transposed product and return its
-        // transpose, so the gradient reaches the weight's accumulator contiguous instead of
-        // being copied into shape there on every step.
-        auto column_major = [](const Tensor& t) {
-          return t.dim() == 2 && t.stride(0) == 1 && t.stride(1) != 1;
-        };
-        const Tensor x = n.saved(0), y = n.saved(1);
-        return {
-            maybe(n.needs(0),
-                  [&] { return column_major(x) ? gw::mm(y, g[0].t()).t() : gw::mm(g[0], y.t()); }),
-            maybe(n.needs(1),
-                  [&] { return column_major(y) ? gw::mm(g[0].t(), x).t() : gw::mm(x.t(), g[0]); })};
-      });
+      out, GRADWIRE_FORMULA() { return mm_gradients(n, n.saved(0), n.saved(1), g[0]); });
 }
 
 Tensor AutogradHooksImpl::bmm(const Tensor& a, const Tensor& b) {
@@ -185,6 +187,9 @@ Tensor AutogradHooksImpl::matmul(const Tensor& a, const Tensor& b) {
         // Lift 1-d operands to matrices (as matmul does), use the batched rule, then reduce
         // broadcast batch dims and drop the lifted dims again.
         Tensor x = n.saved(0), y = n.saved(1);
+        // Two matrices: mm's gradients, in the operands' layouts (x W.t(), a linear layer,
+        // gives W a contiguous gradient).
+        if (x.dim() == 2 && y.dim() == 2) return mm_gradients(n, x, y, g[0]);
         Tensor x2 = x.dim() == 1 ? x.unsqueeze(0) : x;
         Tensor y2 = y.dim() == 1 ? y.unsqueeze(1) : y;
         Tensor g2 = g[0];

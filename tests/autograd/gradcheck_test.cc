@@ -156,6 +156,23 @@ TEST(Gradcheck, MatmulAllRankCombinations) {
   EXPECT_TRUE(gradcheck(mmul, {v3, b234}));                    // vector x batch
 }
 
+// matmul of two matrices takes mm's gradients: a weight used transposed (x W.t(), a linear
+// layer) gets its gradient contiguous, in its own layout, with the same values.
+TEST(Gradcheck, MatmulOfATransposedWeightGivesItAContiguousGradient) {
+  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0], v[1].t()); },
+                        {uniform({2, 3}), uniform({4, 3}, -1, 1, 2)}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return matmul(v[0].t(), v[1]); },
+                        {uniform({3, 2}), uniform({3, 4}, -1, 1, 2)}));
+  Tensor x = tensor<double>({1, 2, 3, 4, 5, 6}, {2, 3}).set_requires_grad(true);
+  Tensor w = tensor<double>({1, 0, -1, 2, 1, 0}, {2, 3}).set_requires_grad(true);
+  sum(matmul(x, w.t())).backward();
+  // d sum(x W^T) / dW = 1^T x: each row of W gets the column sums of x.
+  EXPECT_TRUE(w.grad().is_contiguous());
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{5, 7, 9, 5, 7, 9}));
+  // d / dx = 1 W: each row of x gets the column sums of W.
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3, 1, -1, 3, 1, -1}));
+}
+
 TEST(Gradcheck, AddmmInPlaceOnNonLeaf) {
   EXPECT_TRUE(gradcheck(
       [](const V& v) {

@@ -399,12 +399,13 @@ TEST_F(DistOptim, AStepAfterAFailedPassThrowsAndMovesNothing) {
   expect_one_step(p2, start2, "p2");
 }
 
-// A weight used as W.transpose(0, 1) in a matmul (as nn::Linear does) gets its gradient in
-// the context as the transposed view of a dense matrix; the owner steps it in the
-// parameter's layout. Every value after every step equals, bit for bit, the same training
-// in one process with optim/'s optimizers (which read .grad), for float32 and float64,
-// shapes with and without edges beyond whole 4x4 blocks and 32x32 tiles, and optimizers
-// with state (so the buffer reused across steps is exercised).
+// A weight used as W.transpose(0, 1) in a batched matmul gets its gradient in the context as
+// the transposed view of a dense matrix (a product of two matrices, as in nn::Linear, now
+// gives it contiguous: autograd's mm rule); the owner steps it in the parameter's layout. Every
+// value after every step equals, bit for bit, the same training in one process with optim/'s
+// optimizers (which read .grad), for float32 and float64, shapes with and without edges beyond
+// whole 4x4 blocks and 32x32 tiles, and optimizers with state (so the buffer reused across steps is
+// exercised).
 TEST_F(DistOptim, TransposedWeightGradientsStepAsInOneProcess) {
   reg_.def("make_matrix", [](int64_t rows, int64_t cols, int64_t seed, int64_t f64) {
     Generator gen(static_cast<uint64_t>(seed));
@@ -414,7 +415,7 @@ TEST_F(DistOptim, TransposedWeightGradientsStepAsInOneProcess) {
     return w;
   });
   reg_.def("project", [](const RRef<Tensor>& w, const Tensor& x) {
-    return matmul(x, w.local_value()->transpose(0, 1));
+    return matmul(x.unsqueeze(0), w.local_value()->transpose(0, 1)).squeeze(0);
   });
   // Whether the context's gradient for `w` here has the layout the owner converts.
   reg_.def("gradient_is_transposed", [](const CallContext& ctx, int64_t context_id,
@@ -452,7 +453,7 @@ TEST_F(DistOptim, TransposedWeightGradientsStepAsInOneProcess) {
           opt.step(ctx.id());
         }
         local.set_grad(Tensor());
-        Tensor y = matmul(x, local.transpose(0, 1));
+        Tensor y = matmul(x.unsqueeze(0), local.transpose(0, 1)).squeeze(0);
         sum(mul(y, y)).backward();
         {
           autograd::NoGradGuard no_grad;
