@@ -548,6 +548,31 @@ TEST(ElementwiseWhere, SelectsWithBroadcastingAndPromotion) {
   }
 }
 
+// A contiguous condition with one or both sides a scalar (ReLU's backward is
+// where(out > 0, g, 0)), over runs longer than a vector, in every dtype.
+TEST(ElementwiseWhere, ScalarSidesOverContiguousRuns) {
+  std::vector<double> bits, values, kept, flipped;
+  for (int i = 0; i < 37; ++i) {
+    bits.push_back(i % 3 == 0 ? 1 : 0);
+    values.push_back(i % 7 + 1);
+    kept.push_back(i % 3 == 0 ? i % 7 + 1 : 0);
+    flipped.push_back(i % 3 == 0 ? 5 : i % 7 + 1);
+  }
+  std::vector<double> both;
+  for (double b : bits)
+    both.push_back(b != 0 ? 5 : 0);
+  const Tensor cond = make(bits, kBool);
+  for (DType dt : kAllDTypes) {
+    if (dt == kBool) continue;
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    const Tensor v = make(values, dt);
+    const Tensor five = make({5}, Shape{}, dt), zero = make({0}, Shape{}, dt);
+    expect_values(where(cond, v, 0), kept);
+    expect_values(where(cond, five, v), flipped);
+    expect_values(where(cond, five, zero), both);
+  }
+}
+
 TEST(ElementwiseWhere, Errors) {
   const Tensor a = zeros({2});
   expect_invalid(

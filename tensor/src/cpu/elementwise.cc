@@ -431,6 +431,31 @@ void where_typed(const LoopPlan<4>& plan, std::array<char*, 4> base) {
         o[i] = c[i] != 0 ? x[i] : y[i];
       return;
     }
+    // One side a scalar (ReLU's backward is where(out > 0, g, 0)): the same loop.
+    if (s[0] == se && s[1] == 1 && (s[2] == se || s[2] == 0) && (s[3] == se || s[3] == 0)) {
+      E* __restrict o = reinterpret_cast<E*>(p[0]);
+      const uint8_t* __restrict c = reinterpret_cast<const uint8_t*>(p[1]);
+      const E* __restrict x = reinterpret_cast<const E*>(p[2]);
+      const E* __restrict y = reinterpret_cast<const E*>(p[3]);
+      if (s[2] == se && s[3] == 0) {
+        const E yv = *y;
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = c[i] != 0 ? x[i] : yv;
+        return;
+      }
+      if (s[2] == 0 && s[3] == se) {
+        const E xv = *x;
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = c[i] != 0 ? xv : y[i];
+        return;
+      }
+      if (s[2] == 0 && s[3] == 0) {
+        const E xv = *x, yv = *y;
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = c[i] != 0 ? xv : yv;
+        return;
+      }
+    }
     for (int64_t i = 0; i < n; ++i) {
       const bool c = *reinterpret_cast<const uint8_t*>(p[1] + i * s[1]) != 0;
       *reinterpret_cast<E*>(p[0] + i * s[0]) =
