@@ -203,7 +203,8 @@ class Container : public rpc::Interceptor,
   // caller's sends reached from them (docs/dist_autograd.md, Messages).
   Future<Value> on_discover(const WorkerInfo& caller, const wire::Discover& d);
   // Reads a Discover's answer from `from` into `found`'s workers; returns the sends of this
-  // worker it names back. Throws CallRejected when the answer is malformed.
+  // worker it names back. Throws Error, naming `from` and what was wrong, when the answer is
+  // not two lists of ints.
   std::vector<uint64_t> read_answer(const WorkerInfo& from, const Value& answer,
                                     Found& found) const;
   // The nodes below the sends recorded here that pass `pass` has not named: what a Discover

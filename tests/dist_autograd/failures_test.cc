@@ -7,8 +7,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -569,6 +572,86 @@ TEST_F(DistAutogradFaults, ASendNamedTwiceInAPassIsRefused) {
   EXPECT_TRUE(contains(text, "named again by worker 'w1' (rank 1)")) << text;
   da::backward(w(0), id, {sum(y)});
   expect_values(da::get_gradients(w(0), id).at(x), {4.0});
+}
+
+// Rewrites w1's answers to Discovers with a value the test chooses (none: untouched), as a
+// confused or forging member would answer.
+class ForgeDiscoverAnswers : public rpc::Interceptor {
+ public:
+  void forge(std::optional<rpc::Value> answer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    answer_ = std::move(answer);
+  }
+  void on_outgoing_response(const rpc::WorkerInfo&, const rpc::Request& request,
+                            rpc::Response& response) override {
+    if (request.handler != kHandler || request.function != "discover") return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (answer_) response.result = *answer_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::optional<rpc::Value> answer_;
+};
+
+// A Discover's answer that is not two lists of ints, or that names back a send that did not
+// go to the answering worker, fails the pass with an error naming that worker and what was
+// wrong; a pass afterwards is exact.
+TEST_F(DistAutogradFaults, AMalformedOrForgedDiscoverAnswerFailsThePassNamingTheWorker) {
+  auto forger = std::make_shared<ForgeDiscoverAnswers>();
+  w(1).add_interceptor(forger);
+  using rpc::Value;
+  auto ints = [](std::vector<int64_t> v) {
+    Value::List items(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      items[i] = Value(v[i]);
+    return Value::list(std::move(items));
+  };
+  auto pair = [](Value a, Value b) {
+    Value::List items(2);
+    items[0] = std::move(a);
+    items[1] = std::move(b);
+    return Value::list(std::move(items));
+  };
+  Value::List text_id(1);
+  text_id[0] = Value("7");
+  struct Case {
+    std::function<Value(uint64_t send_to_w2)> answer;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {[&](uint64_t) {
+         return ints({0, 1});
+       },
+       "expected a list of two lists"},
+      {[&](uint64_t) { return pair(ints({-1}), ints({})); }, "a worker id that is not an int"},
+      {[&](uint64_t) { return pair(ints({1}), Value::list(text_id)); },
+       "a send id that is not an int"},
+      {[&](uint64_t send_to_w2) {
+         return pair(ints({1}), ints({static_cast<int64_t>(send_to_w2)}));
+       },
+       "from worker 'w1' (rank 1), which the send did not go to"}};
+  for (const Case& c : cases) {
+    da::Context ctx(w(0));
+    Tensor x = leaf({2.0});
+    Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+    // The next id w0 mints after the request to w1 is its request to w2's send.
+    Tensor z = w(0).rpc_sync<Tensor>("w2", "square", x);
+    const uint64_t send_to_w2 = ctx.id() + 2;
+    forger->forge(c.answer(send_to_w2));
+    const std::string text = error_of([&] { da::backward(w(0), ctx.id(), {sum(add(y, z))}); });
+    EXPECT_TRUE(contains(text, c.says)) << text;
+    if (c.says.find("did not go to") == std::string::npos) {
+      EXPECT_TRUE(contains(text, "malformed answer to its Discover from worker 'w1' (rank 1)"))
+          << text;
+    }
+    forger->forge(std::nullopt);
+  }
+  da::Context ctx(w(0));
+  Tensor x = leaf({2.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+  da::backward(w(0), ctx.id(), {sum(y)});
+  expect_values(da::get_gradients(w(0), ctx.id()).at(x), {4.0});
 }
 
 // Gradients that come ahead of their Discover are kept, within a bound, until it comes; a

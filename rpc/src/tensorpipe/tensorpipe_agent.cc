@@ -524,13 +524,8 @@ class NamespaceBound final : public tp::transport::Context {
   const std::string domain_;
 };
 
-// The "ring" channel: TensorPipe's basic channel (tensors written through a connection of
-// the pipe's own transport) registered with device descriptors that, like NamespaceBound,
-// carry this worker's host id and namespace inode. It is registered only with the local
-// transport, so TensorPipe picks it exactly for pipes that run over local: a tensor then
-// goes through that transport's shared-memory rings (a copy in on the sender, one out on
-// the receiver) instead of a process_vm_readv of the sender's memory (cma).
-// Its channels count what they send (AgentMetrics::tensors_through_rings).
+// A channel of the "ring" channel's context (below): counts what it sends
+// (AgentMetrics::tensors_through_rings) and otherwise is the channel it wraps.
 class CountingChannel final : public tp::channel::Channel {
  public:
   CountingChannel(std::shared_ptr<tp::channel::Channel> inner,
@@ -552,6 +547,12 @@ class CountingChannel final : public tp::channel::Channel {
   const std::shared_ptr<RingCounters> counters_;
 };
 
+// The "ring" channel: TensorPipe's basic channel (tensors written through a connection of
+// the pipe's own transport) registered with device descriptors that, like NamespaceBound,
+// carry this worker's host id and namespace inode. It is registered only with the local
+// transport, so TensorPipe picks it exactly for pipes that run over local: a tensor then
+// goes through that transport's shared-memory rings (a copy in on the sender, one out on
+// the receiver) instead of a process_vm_readv of the sender's memory (cma).
 class NamespaceBoundChannel final : public tp::channel::Context {
  public:
   NamespaceBoundChannel(std::shared_ptr<tp::channel::Context> inner, const std::string& host_id,
