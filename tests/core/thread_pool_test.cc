@@ -209,6 +209,48 @@ TEST(ThreadPoolTest, EveryParkedWorkerIsWokenWhenTasksArrive) {
   EXPECT_THROW(pool.execute([] {}), Error);
 }
 
+// A burst of tasks wakes one parked worker, which wakes the next when it finds more queued
+// (and so on): here a task queues one task per other worker and then waits until all of
+// them run at once, which only works if the chain of wake-ups reaches every worker. Also
+// from outside the pool, with every worker parked, and with bursts larger than the pool.
+TEST(ThreadPoolTest, ABurstOfTasksReachesEveryWorkerThroughAChainOfWakeUps) {
+  static constexpr int kWorkers = 6;
+  ThreadPool pool({.num_threads = kWorkers, .name = "burst"});
+  for (int round = 0; round < 50; ++round) {
+    // Shared: the tasks may still be leaving wait() when the next round begins.
+    auto started = std::make_shared<CountdownLatch>(kWorkers);
+    Future<bool> poster = pool.submit([&pool, started] {
+      for (int i = 1; i < kWorkers; ++i) {
+        pool.execute([started] {
+          started->count_down();
+          started->wait(kWait);
+        });
+      }
+      started->count_down();
+      return started->wait(kWait);
+    });
+    ASSERT_TRUE(poster.get(kWait)) << "round " << round;
+  }
+  for (int round = 0; round < 50; ++round) {
+    static constexpr int kTasks = 3 * kWorkers;
+    CountdownLatch started(kWorkers);
+    std::atomic<int> ran{0};
+    std::vector<Future<bool>> all;
+    for (int i = 0; i < kTasks; ++i) {
+      // The first kWorkers wait for each other; the rest only count.
+      all.push_back(pool.submit([&started, &ran, i] {
+        ran.fetch_add(1);
+        if (i >= kWorkers) return true;
+        started.count_down();
+        return started.wait(kWait);
+      }));
+    }
+    for (Future<bool>& f : all)
+      ASSERT_TRUE(f.get(kWait)) << "round " << round;
+    EXPECT_EQ(ran.load(), kTasks);
+  }
+}
+
 TEST(ThreadPoolTest, ShutdownFromInsideATaskDoesNotDeadlock) {
   ThreadPool pool({.num_threads = 2});
   Future<void> done = pool.submit([&pool] { pool.shutdown(); });

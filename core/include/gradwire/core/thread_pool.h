@@ -20,6 +20,11 @@
 // shutdown_now(join_timeout) instead discards the queue and bounds the wait for running
 // tasks (see below).
 //
+// Wake-ups: an idle worker sleeps on a futex word of its own. A queued task wakes the worker
+// that went idle last, unless a worker woken earlier has not reached the queue yet; a worker
+// that takes a task and finds more queued wakes the next one. So a burst of tasks costs one
+// wake-up at a time, and each task still gets a worker of its own when enough are idle.
+//
 // Thread-safety: every method may be called from any thread, concurrently.
 // Errors: the constructor throws InvalidArgument for bad options; execute() throws Error
 // after shutdown.
