@@ -64,6 +64,9 @@ class Parking {
 
 }  // namespace
 
+// The pool whose worker this thread is (null: none).
+thread_local const void* t_pool = nullptr;
+
 // Shared by the ThreadPool object and every worker, so that a worker that outlives the
 // ThreadPool (detached because it dropped the last reference) still has a valid queue.
 struct ThreadPool::Impl {
@@ -83,11 +86,8 @@ struct ThreadPool::Impl {
     }
   }
 
-  bool is_worker_thread() GRADWIRE_EXCLUDES(mutex) {
-    MutexLock lock(mutex);
-    return std::find(worker_ids.begin(), worker_ids.end(), std::this_thread::get_id()) !=
-           worker_ids.end();
-  }
+  // Lock-free: each worker marks its thread with the pool it belongs to.
+  bool is_worker_thread() const { return t_pool == this; }
 
   // Stops intake; `dropped`, when not null, receives the queue instead of the workers.
   void stop(std::deque<std::function<void()>>* dropped = nullptr) GRADWIRE_EXCLUDES(mutex) {
@@ -141,7 +141,6 @@ struct ThreadPool::Impl {
   int waking GRADWIRE_GUARDED_BY(mutex) = 0;
   std::vector<char> called GRADWIRE_GUARDED_BY(mutex);
   bool stopping GRADWIRE_GUARDED_BY(mutex) = false;
-  std::vector<std::thread::id> worker_ids GRADWIRE_GUARDED_BY(mutex);
   int live_workers GRADWIRE_GUARDED_BY(mutex) = 0;
   std::condition_variable exited_cv;  // a worker left run()
 
@@ -154,6 +153,7 @@ void ThreadPool::Impl::run(const std::shared_ptr<Impl>& impl, int index) {
   const std::string thread_name = worker_name(impl->name, index);
   pthread_setname_np(pthread_self(), thread_name.c_str());
   Parking& parking = impl->parking[static_cast<size_t>(index)];
+  t_pool = impl.get();
   while (true) {
     std::function<void()> task;
     int next = -1;
@@ -215,8 +215,6 @@ ThreadPool::ThreadPool(ThreadPoolOptions options) {
         ++impl_->live_workers;
       }
       impl_->threads.emplace_back([impl = impl_, i] { Impl::run(impl, i); });
-      MutexLock lock(impl_->mutex);
-      impl_->worker_ids.push_back(impl_->threads.back().get_id());
     }
   } catch (...) {
     impl_->stop();

@@ -221,9 +221,16 @@ Future<Value> Container::on_abort(const WorkerInfo& caller, const wire::Abort& a
   const std::string reason = "dist_autograd: pass " + ctx_text(a.pass_id()) +
                              " was aborted by worker " + caller.describe() + ": " +
                              printable(a.reason(), kMaxReasonBytes);
-  return abort(state, a.pass_id(), reason, caller.id).then(agent()->executor(), [](Future<void>) {
-    return Value();
-  });
+  // Answered once the abort has been passed on, whatever came of that.
+  return answer_when(abort(state, a.pass_id(), reason, caller.id));
+}
+
+Future<Value> Container::answer_when(const Future<void>& done) {
+  if (done.completed()) return make_ready_future(Value());
+  Future<Value> answer;
+  gradwire::detail::on_complete_inline(
+      done, [answer](const Future<void>&) mutable { answer.try_set_value(Value()); });
+  return answer;
 }
 
 Gradients Container::gradients(uint64_t ctx) const {

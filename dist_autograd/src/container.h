@@ -288,6 +288,11 @@ class Container : public rpc::Interceptor,
                      const std::string& reason, int from);
   // An Abort: the pass failed elsewhere.
   Future<Value> on_abort(const WorkerInfo& caller, const wire::Abort& a);
+  // The answer to a Release or an Abort, whose work ends with `done`: an empty Value once
+  // `done` completes, however it ends (what was passed on is the senders' concern). Set on
+  // the thread that completes `done` (at once when it already has), not through the pool:
+  // a posted continuation would wake a pool worker only to move a result.
+  static Future<Value> answer_when(const Future<void>& done);
   Gradients gradients(uint64_t ctx) const;
 
   // ---- release (release.cc)

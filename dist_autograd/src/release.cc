@@ -148,9 +148,7 @@ Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Releas
                  {trace::Arg("context_id", id), trace::Arg("caller", caller.id)});
   std::string lost;
   if (!r.lost().empty()) lost = printable(r.lost(), kMaxReasonBytes);
-  return release(id, caller.id, lost).then(agent()->executor(), [](Future<void>) {
-    return Value();
-  });
+  return answer_when(release(id, caller.id, lost));
 }
 
 void Container::remember_lost(uint64_t ctx, const std::set<int>& touched, const std::string& lost) {

@@ -186,24 +186,33 @@ Future<int64_t> Shard::step_after(const rpc::CallContext& ctx, uint64_t context_
   std::weak_ptr<rpc::RpcAgent> weak_agent = lock->agent;
   // How long the request waited for the part (dist_optim.wait_part, on the owner).
   const int64_t arrived_ns = trace::enabled() ? trace::now_ns() : 0;
-  return part.then(
-      ctx.agent()->executor(),
-      [state = state_, weak_agent, caller = ctx.caller().id, request_id = ctx.request_id(),
-       context_id, pass_id, arrived_ns](Future<void> ended) -> int64_t {
-        if (arrived_ns != 0) {
-          trace::complete(
-              "dist_optim.wait_part", "dist_optim", arrived_ns, trace::now_ns(),
-              {trace::Arg("context_id", context_id), trace::Arg("pass_id", pass_id),
-               trace::Arg("caller", caller), trace::Arg("error", ended.has_error() ? 1 : 0)});
-        }
-        ended.value();  // the part's failure: nothing moves
-        std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
-        if (agent == nullptr) {
-          throw Error("dist_optim: the agent stopped before the step in context " +
-                      std::to_string(context_id));
-        }
-        return state->step(*agent, caller, request_id, context_id);
-      });
+  auto step_once_over = [state = state_, weak_agent, caller = ctx.caller().id,
+                         request_id = ctx.request_id(), context_id, pass_id,
+                         arrived_ns](Future<void> ended) -> int64_t {
+    if (arrived_ns != 0) {
+      trace::complete(
+          "dist_optim.wait_part", "dist_optim", arrived_ns, trace::now_ns(),
+          {trace::Arg("context_id", context_id), trace::Arg("pass_id", pass_id),
+           trace::Arg("caller", caller), trace::Arg("error", ended.has_error() ? 1 : 0)});
+    }
+    ended.value();  // the part's failure: nothing moves
+    std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
+    if (agent == nullptr) {
+      throw Error("dist_optim: the agent stopped before the step in context " +
+                  std::to_string(context_id));
+    }
+    return state->step(*agent, caller, request_id, context_id);
+  };
+  // The part over already (the request came after it ended): step here, on this pool thread,
+  // rather than post the step to the pool and wake another worker for it.
+  if (part.completed()) {
+    try {
+      return make_ready_future(step_once_over(part));
+    } catch (...) {
+      return make_failed_future<int64_t>(std::current_exception());
+    }
+  }
+  return part.then(ctx.agent()->executor(), std::move(step_once_over));
 }
 
 StateDict Shard::state_dict() {

@@ -225,14 +225,37 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
       return;
     }
   }
-  // The reply is written by the executor thread that sees the result, inside the same
-  // scopes.
-  result.add_callback(executor_, [this, agent, from, tensor_bytes, scopes = std::move(scopes),
-                                  interceptors = std::move(interceptors),
-                                  request = std::move(request), timing](Future<Value> done) {
-    ServingMark serving(this);
-    ScopesEntered entered(scopes);
-    respond(from, request, done, tensor_bytes, *interceptors, timing);
+  // The reply is written inside the same scopes by the thread that completes the result
+  // when that is one of the pool's workers outside any request's handler (the last node of
+  // a backward part answering a Wait, a continuation ending): it is done with its task, and
+  // posting the reply would wake another worker only to write it. Else (a transport thread,
+  // a handler completing another request's result, a thread of the application) it is
+  // posted to the pool.
+  auto reply = std::make_shared<std::function<void(const Future<Value>&)>>(
+      [this, agent, from, tensor_bytes, scopes = std::move(scopes),
+       interceptors = std::move(interceptors), request = std::move(request),
+       timing](const Future<Value>& done) {
+        ServingMark serving(this);
+        ScopesEntered entered(scopes);
+        respond(from, request, done, tensor_bytes, *interceptors, timing);
+      });
+  gradwire::detail::on_complete_inline(result, [this, reply](const Future<Value>& done) {
+    auto write = [reply, done] {
+      try {
+        (*reply)(done);
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kError) << "rpc: writing a reply failed: " << e.what();
+      }
+    };
+    if (t_serving == nullptr && executor_->on_own_thread()) {
+      write();
+      return;
+    }
+    try {
+      executor_->execute(std::move(write));
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "rpc: the pool refused to write a reply: " << e.what();
+    }
   });
 }
 

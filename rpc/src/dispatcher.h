@@ -25,6 +25,7 @@
 
 #include "gradwire/core/executor.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/thread_pool.h"
 #include "gradwire/rpc/agent.h"
 #include "stats_table.h"
 

@@ -11,11 +11,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <tensorpipe/tensorpipe.h>
@@ -1427,6 +1429,80 @@ TEST(RpcAgentLifecycle, AServeScopeWrapsTheHandlerAndItsAsynchronousReplyOnly) {
   EXPECT_EQ(after.get(10s), 0);
   expect_clean_shutdown(agents);
   pool->shutdown();
+}
+
+thread_local bool t_completing = false;  // set around the test's own set_value calls
+
+// Records, for each "later_*" call, the thread that wrote its reply and whether it did so
+// inside the test's completing call.
+class ReplyThreadInterceptor : public Interceptor {
+ public:
+  void on_outgoing_response(const WorkerInfo&, const Request& request, Response&) override {
+    if (request.function.rfind("later_", 0) != 0) return;
+    MutexLock lock(mutex);
+    writer[request.function] = {this_thread_name(), t_completing};
+  }
+  std::pair<std::string, bool> of(const std::string& function) {
+    MutexLock lock(mutex);
+    return writer[function];
+  }
+  Mutex mutex;
+  std::map<std::string, std::pair<std::string, bool>> writer GRADWIRE_GUARDED_BY(mutex);
+};
+
+// A handler's unfinished future: the pool worker that completes it (outside any handler)
+// writes the reply right there, inside its set_value, with no hand-off; one completed on a
+// thread of the application has its reply posted to the pool, whose workers are "rpc-N".
+// One pool worker: its tasks run in order, so a task queued while a handler runs starts
+// after that handler has returned its future.
+TEST(RpcAgentLifecycle, TheReplyToAFutureIsWrittenByThePoolWorkerThatCompletesIt) {
+  Registry reg;
+  Future<int64_t> by_pool;
+  Future<int64_t> by_app;
+  test::CountdownLatch pool_served(1);
+  test::CountdownLatch app_served(1);
+  reg.def("later_pool", [&] {
+    pool_served.count_down();
+    return by_pool;
+  });
+  reg.def("later_app", [&] {
+    app_served.count_down();
+    return by_app;
+  });
+  AgentOptions options = test_options(reg);
+  options.num_worker_threads = 1;
+  Agents agents = start_agents(2, options);
+  auto seen = std::make_shared<ReplyThreadInterceptor>();
+  agents[1]->add_interceptor(seen);
+  auto pool = std::static_pointer_cast<ThreadPool>(agents[1]->executor());
+
+  Future<int64_t> first = agents[0]->rpc_async<int64_t>("w1", "later_pool");
+  ASSERT_TRUE(pool_served.wait(10s));
+  Future<std::string> completer = pool->submit([&] {
+    t_completing = true;
+    by_pool.set_value(3);
+    t_completing = false;
+    return this_thread_name();
+  });
+  EXPECT_EQ(first.get(10s), 3);
+  const auto [pool_writer, inside_pool_completion] = seen->of("later_pool");
+  EXPECT_EQ(pool_writer, completer.get(10s));
+  EXPECT_TRUE(inside_pool_completion) << "the reply was posted instead of written by the completer";
+
+  Future<int64_t> second = agents[0]->rpc_async<int64_t>("w1", "later_app");
+  ASSERT_TRUE(app_served.wait(10s));
+  pool->submit([] {}).get(10s);  // the handler has returned
+  std::thread app([&] {
+    t_completing = true;
+    by_app.set_value(4);
+    t_completing = false;
+  });
+  app.join();
+  EXPECT_EQ(second.get(10s), 4);
+  const auto [app_writer, inside_app_completion] = seen->of("later_app");
+  EXPECT_EQ(app_writer.rfind("rpc-", 0), 0u) << app_writer;
+  EXPECT_FALSE(inside_app_completion);
+  expect_clean_shutdown(agents);
 }
 
 // ---------------------------------------------------------------- faults

@@ -2,8 +2,11 @@
 //
 // Futures post their callbacks to an Executor (Future::then, Future::add_callback), and
 // RPC handlers, backward passes and optimizer steps are handed to one, so the thread that
-// completes a future or reads a message never runs user code inline. ThreadPool
-// (<gradwire/core/thread_pool.h>) is the implementation the library uses.
+// completes a future or reads a message never runs user code inline. (The one exception
+// is rpc/'s finishing of a handler's asynchronous result, which converts it and writes its
+// reply on the thread that completes it when on_own_thread() says that is one of the
+// agent's pool workers.) ThreadPool (<gradwire/core/thread_pool.h>) is the implementation
+// the library uses.
 //
 // Contract for implementations:
 //   - execute() never runs the task on the calling thread before returning (another
@@ -33,6 +36,10 @@ class Executor {
  public:
   virtual ~Executor() = default;
   virtual void execute(std::function<void()> task) = 0;
+  // True when the calling thread is one of this executor's own (a ThreadPool's worker): code
+  // that would hand short work to the executor only to have it run on some such thread may
+  // then run it at once instead, saving a wake-up. Must be cheap, never block. Default: false.
+  virtual bool on_own_thread() const { return false; }
 };
 
 }  // namespace gradwire

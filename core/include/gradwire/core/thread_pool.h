@@ -75,8 +75,9 @@ class ThreadPool final : public Executor {
   // work has lost its purpose and whose handlers may never return. From a worker of this
   // pool it does not wait.
   size_t shutdown_now(std::chrono::milliseconds join_timeout);
-  // True on one of this pool's worker threads.
+  // True on one of this pool's worker threads (lock-free).
   bool is_worker_thread() const;
+  bool on_own_thread() const override { return is_worker_thread(); }
 
   const std::string& name() const;
   int num_threads() const;

@@ -18,7 +18,8 @@
 //                                 its execution() and invokes it without a second lookup
 //   invoke(ctx, name, args, executor)
 //                                 checks and converts args, calls, converts the result;
-//                                 continuations of asynchronous results run on executor
+//                                 an asynchronous result is converted by the executor's
+//                                 worker that completes it, or on the executor
 //   construct / invoke_method     the same for classes (rref/ keeps the objects)
 //   .copyable()                   a class whose objects may be copied to a caller (rref's
 //                                 to_here), through its ValueConverter
@@ -176,15 +177,41 @@ Future<Value> call_and_wrap(F&& call, const std::shared_ptr<Executor>& executor,
   } else if constexpr (IsFuture<R>::value) {
     using U = typename IsFuture<R>::value_type;
     R pending = call();
-    // The result is converted later, on the executor: the context travels by value.
-    return pending.then(executor, [ctx](R done) {
+    // The result is converted once it exists: at once when it already does; else on the
+    // thread that completes it when that is one of the executor's own (a pool worker, which
+    // has its value in hand), otherwise on the executor. The context travels by value.
+    auto convert = [ctx](const R& done) -> Value {
       if constexpr (std::is_void_v<U>) {
         done.get(std::chrono::milliseconds(1));
         return Value();
       } else {
         return to_value(done.value(), ctx);
       }
+    };
+    auto settle = [convert](const R& done, Future<Value>& out) {
+      try {
+        out.try_set_value(convert(done));
+      } catch (...) {
+        out.try_set_error(std::current_exception());
+      }
+    };
+    Future<Value> out;
+    if (pending.completed()) {
+      settle(pending, out);
+      return out;
+    }
+    gradwire::detail::on_complete_inline(pending, [settle, out, executor](const R& done) mutable {
+      if (executor->on_own_thread()) {
+        settle(done, out);
+        return;
+      }
+      try {
+        executor->execute([settle, out, done]() mutable { settle(done, out); });
+      } catch (...) {
+        out.try_set_error(std::current_exception());
+      }
     });
+    return out;
   } else {
     return make_ready_future(to_value(call(), ctx));
   }
