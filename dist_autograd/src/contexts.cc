@@ -17,7 +17,7 @@ void Container::install(const std::shared_ptr<rpc::RpcAgent>& agent) {
         if (self == nullptr) return make_failed_future<Value>(Error("dist_autograd: gone"));
         return self->handle(ctx, request);
       },
-      rpc::Execution::kPool);
+      &Container::execution_of);
   agent->add_interceptor(container);
   agent->add_listener(container);
   agent->set_attachment(container);
@@ -179,6 +179,27 @@ std::shared_ptr<SendBackward> Container::send_from(ContextState& state, uint64_t
                        " from worker " + caller.describe() + ", which the send did not go to");
   }
   return send;
+}
+
+rpc::Execution Container::execution_of(const rpc::Request& request) {
+  // A Discover (a walk of this worker's graph under its context's lock, answered when the
+  // workers it leads to have answered) and a Wait (ends the hold, and is answered when the
+  // part ends) never block, and run as they arrive on the I/O thread: no pool worker is
+  // woken for them, and one busy computing this worker's part does not delay them. What
+  // they make ready runs on the pool (run_soon). Gradients (Propagate), releases and aborts
+  // go to the pool. A payload that does not parse goes to the pool, where it is refused.
+  wire::DistAutogradMessage message;
+  if (request.payload.empty() ||
+      !message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()))) {
+    return rpc::Execution::kPool;
+  }
+  switch (message.op_case()) {
+    case wire::DistAutogradMessage::kDiscover:
+    case wire::DistAutogradMessage::kWait:
+      return rpc::Execution::kInline;
+    default:
+      return rpc::Execution::kPool;
+  }
 }
 
 Future<Value> Container::handle(const CallContext& ctx, const rpc::Request& request) {

@@ -203,16 +203,36 @@ Future<int64_t> Shard::step_after(const rpc::CallContext& ctx, uint64_t context_
     }
     return state->step(*agent, caller, request_id, context_id);
   };
-  // The part over already (the request came after it ended): step here, on this pool thread,
-  // rather than post the step to the pool and wake another worker for it.
-  if (part.completed()) {
+  // The step runs on a pool thread that already has the part's end in hand, rather than be
+  // posted to the pool (a worker woken for it while this one goes idle): here when the part
+  // is over already (the request came after it ended), else on the worker that ends it (the
+  // last node's), or, when another thread ends it (an abort, a release), on the pool.
+  auto settle = [step_once_over](const Future<void>& ended, Future<int64_t>& out) {
     try {
-      return make_ready_future(step_once_over(part));
+      out.try_set_value(step_once_over(ended));
     } catch (...) {
-      return make_failed_future<int64_t>(std::current_exception());
+      out.try_set_error(std::current_exception());
     }
+  };
+  Future<int64_t> out;
+  if (part.completed()) {
+    settle(part, out);
+    return out;
   }
-  return part.then(ctx.agent()->executor(), std::move(step_once_over));
+  std::shared_ptr<Executor> executor = ctx.agent()->executor();
+  gradwire::detail::on_complete_inline(
+      part, [settle, out, executor](const Future<void>& ended) mutable {
+        if (executor->on_own_thread()) {
+          settle(ended, out);
+          return;
+        }
+        try {
+          executor->execute([settle, out, ended]() mutable { settle(ended, out); });
+        } catch (...) {
+          out.try_set_error(std::current_exception());
+        }
+      });
+  return out;
 }
 
 StateDict Shard::state_dict() {

@@ -1,5 +1,7 @@
 #include "dispatcher.h"
 
+#include <optional>
+
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/printable.h"
@@ -102,12 +104,12 @@ Dispatcher::Dispatcher(WorkerInfo self, ReplyWriter& writer)
                                    return context.agent()->registry().invoke(
                                        context, request.function, request.args, executor_);
                                  },
-                                 Execution::kPool});
+                                 Execution::kPool, nullptr});
   handlers_.store(std::move(handlers), std::memory_order_release);
 }
 
 void Dispatcher::register_handler(uint32_t id, std::string name, MessageHandler handler,
-                                  Execution execution) {
+                                  Execution execution, ExecutionChooser choose) {
   if (!handler)
     throw InvalidArgument("rpc: register_handler(" + std::to_string(id) + ", '" + name +
                           "') was given an empty handler");
@@ -119,8 +121,18 @@ void Dispatcher::register_handler(uint32_t id, std::string name, MessageHandler 
                           "') is already taken by '" + it->second.name + "'");
   }
   auto next = std::make_shared<Handlers>(*now);
-  next->emplace(id, HandlerEntry{std::move(name), std::move(handler), execution});
+  next->emplace(id,
+                HandlerEntry{std::move(name), std::move(handler), execution, std::move(choose)});
   handlers_.store(std::move(next), std::memory_order_release);
+}
+
+Execution Dispatcher::execution_of(const HandlerEntry& entry, const Request& request) {
+  if (!entry.choose) return entry.execution;
+  try {
+    return entry.choose(request);
+  } catch (...) {
+    return Execution::kPool;  // the handler itself says what is wrong with the request
+  }
 }
 
 void Dispatcher::add_interceptor(std::shared_ptr<Interceptor> interceptor) {
@@ -151,20 +163,24 @@ void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> fr
   if (function != nullptr)
     timing.stats = &served_stats_.entry(request.function, from->peer.id, from->peer.name);
   if (timing.stats != nullptr || trace::enabled()) timing.arrived_ns = trace::now_ns();
-  const bool runs_inline = function != nullptr
-                               ? function->execution() == Execution::kInline
-                               : entry != nullptr && entry->execution == Execution::kInline;
+  const bool runs_inline =
+      function != nullptr ? function->execution() == Execution::kInline
+                          : entry != nullptr && execution_of(*entry, request) == Execution::kInline;
   // Functions and handlers that asked for it run right here, on the thread that received
   // the request (an I/O thread, or the executor when tensors had to be copied first); so
   // does everything else when that thread is already the executor's.
   if (runs_inline || on_executor) {
-    run(agent, from, request, handlers, entry, function, tensor_bytes, timing);
+    // Work queued to follow the reply (run_after_reply) is refused on an I/O thread: it is
+    // posted to the pool instead.
+    run(agent, from, request, handlers, entry, function, tensor_bytes, timing,
+        /*after_reply_here=*/on_executor);
     return;
   }
   try {
     executor_->execute([this, agent, from, request = std::move(request), handlers, entry, function,
                         tensor_bytes, timing]() mutable {
-      run(agent, from, request, handlers, entry, function, tensor_bytes, timing);
+      run(agent, from, request, handlers, entry, function, tensor_bytes, timing,
+          /*after_reply_here=*/true);
     });
   } catch (const Error&) {
     writer_.request_done(*from, tensor_bytes);
@@ -175,10 +191,11 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
                      Request& request, const std::shared_ptr<const Handlers>& handlers,
                      const HandlerEntry* entry,
                      const std::shared_ptr<const RegisteredFunction>& function, size_t tensor_bytes,
-                     Timing timing) {
+                     Timing timing, bool after_reply_here) {
   // Destroyed last: what the handler asked to run after its reply runs once it is written,
-  // outside the request's scopes.
-  AfterReply after_reply;
+  // outside the request's scopes. Not on an I/O thread, where run_after_reply refuses.
+  std::optional<AfterReply> after_reply;
+  if (after_reply_here) after_reply.emplace();
   ServingMark serving(this);
   if (timing.arrived_ns != 0) timing.started_ns = trace::now_ns();
   std::shared_ptr<const Interceptors> interceptors = this->interceptors();

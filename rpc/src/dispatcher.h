@@ -66,7 +66,9 @@ class Dispatcher {
   Dispatcher& operator=(const Dispatcher&) = delete;
 
   // Throws InvalidArgument for an empty handler or a taken id (kCallHandler always is).
-  void register_handler(uint32_t id, std::string name, MessageHandler handler, Execution execution);
+  // With `choose`, it picks per request (and `execution` is unused).
+  void register_handler(uint32_t id, std::string name, MessageHandler handler, Execution execution,
+                        ExecutionChooser choose);
   // Throws InvalidArgument for null.
   void add_interceptor(std::shared_ptr<Interceptor> interceptor);
   // The interceptors now, in the order they were added.
@@ -107,6 +109,7 @@ class Dispatcher {
     std::string name;
     MessageHandler handler;
     Execution execution{Execution::kPool};
+    ExecutionChooser choose;  // null: `execution` for every request
   };
   using Handlers = std::map<uint32_t, HandlerEntry>;
   using ServeScopes = std::vector<std::shared_ptr<ServeScope>>;
@@ -122,7 +125,10 @@ class Dispatcher {
   void run(const std::shared_ptr<RpcAgent>& agent, const std::shared_ptr<Link>& from,
            Request& request, const std::shared_ptr<const Handlers>& handlers,
            const HandlerEntry* entry, const std::shared_ptr<const RegisteredFunction>& function,
-           size_t tensor_bytes, Timing timing);
+           size_t tensor_bytes, Timing timing, bool after_reply_here);
+  // Where a request for `entry` runs: its chooser's pick (the pool when that throws), or the
+  // execution the handler was registered with.
+  static Execution execution_of(const HandlerEntry& entry, const Request& request);
   void respond(const std::shared_ptr<Link>& from, const Request& request,
                const Future<Value>& result, size_t tensor_bytes, const Interceptors& interceptors,
                const Timing& timing);

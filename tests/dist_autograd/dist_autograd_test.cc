@@ -25,6 +25,7 @@
 #include "gradwire/autograd/variable.h"
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/core/error.h"
+#include "gradwire/core/thread_pool.h"
 #include "gradwire/rpc/registry.h"
 #include "gradwire/rref/rref.h"
 #include "gradwire/tensor/factory.h"
@@ -252,6 +253,53 @@ TEST_F(DistAutograd, APassEndsWhileTheInitiatorsPoolIsBusy) {
   }
   release->count_down();
   EXPECT_EQ(failure, "") << "the pass needed the initiator's pool";
+  // d/dW sum(x W) = x^T 1.
+  expect_near(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)),
+              tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
+}
+
+// A Discover and a Wait are served as they arrive, on the I/O thread, not on the callee's
+// pool: with every one of w1's pool threads busy, discovery still ends and w0 sends its Wait
+// (on_last_part, called after that, names w1). Only w1's gradient (the Propagate) needs its
+// pool; once the pool is free the pass ends, and the Wait's answer comes from the thread
+// that ends w1's part.
+TEST_F(DistAutograd, DiscoveryAndTheWaitAreServedWhileTheCalleesPoolIsBusy) {
+  da::Context ctx(w(0));
+  Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // no grad: nothing comes back to w0
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);   // 1x2 = x · W on w1
+  const int threads = test::agent_options(reg_).num_worker_threads;
+  auto started = std::make_shared<test::CountdownLatch>(threads);
+  auto release = std::make_shared<test::CountdownLatch>(1);
+  struct Open {
+    std::shared_ptr<test::CountdownLatch> latch;
+    ~Open() { latch->count_down(); }
+  } open{release};
+  for (int i = 0; i < threads; ++i) {
+    w(1).executor()->execute([started, release] {
+      started->count_down();
+      release->wait(30s);
+    });
+  }
+  ASSERT_TRUE(started->wait(10s)) << "the pool's threads did not all take a task";
+  auto last = std::make_shared<Future<std::string>>();
+  da::BackwardOptions options;
+  options.timeout = 20s;
+  options.on_last_part = [last](uint64_t, const rpc::WorkerInfo& worker) {
+    last->try_set_value(worker.name);
+  };
+  // Everything the pass uses is its own copy: it may outlive a failed expectation below.
+  Future<void> pass = std::static_pointer_cast<ThreadPool>(w(0).executor())
+                          ->submit([agent = &w(0), id = ctx.id(), loss = sum(y), options] {
+                            da::backward(*agent, id, {loss}, options);
+                          });
+  // Discovery is over, and w0's own part too, while w1's pool has not run anything.
+  const bool named = last->wait(10s);
+  const bool ended_early = pass.completed();
+  release->count_down();
+  ASSERT_TRUE(named) << "discovery did not end while w1's pool was busy";
+  EXPECT_EQ(last->value(), "w1");
+  EXPECT_FALSE(ended_early) << "w1's part ended without its pool";
+  ASSERT_NO_THROW(pass.get(20s));
   // d/dW sum(x W) = x^T 1.
   expect_near(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)),
               tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));

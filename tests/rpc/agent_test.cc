@@ -1431,6 +1431,49 @@ TEST(RpcAgentLifecycle, AServeScopeWrapsTheHandlerAndItsAsynchronousReplyOnly) {
   pool->shutdown();
 }
 
+// A handler registered with a chooser runs each request where the chooser says: inline on
+// the receiving I/O thread (where run_after_reply refuses, so nothing heavy follows the reply
+// there) or on the pool ("rpc-N", where it is accepted). A chooser that throws leaves the
+// request to the pool; an empty chooser is refused at registration.
+TEST(RpcAgent, AHandlersChooserPicksWhereEachRequestRuns) {
+  Registry reg;
+  Agents agents = start_agents(2, test_options(reg));
+  agents[1]->register_handler(
+      150, "chosen",
+      [](const CallContext&, const Request&) {
+        const bool after = run_after_reply([] {});
+        return make_ready_future(Value::list({Value(this_thread_name()), Value(after)}));
+      },
+      [](const Request& request) {
+        if (request.payload == Bytes{9}) throw std::runtime_error("chooser failed");
+        return request.payload == Bytes{1} ? Execution::kInline : Execution::kPool;
+      });
+  auto where = [&](uint8_t byte) {
+    Request r;
+    r.handler = 150;
+    r.payload = Bytes{byte};
+    Value reply = agents[0]->send("w1", r).get(10s);
+    return std::make_pair(reply.as_list()[0].as_string(), reply.as_list()[1].as_bool());
+  };
+  const auto [inline_thread, inline_after] = where(1);
+  EXPECT_NE(inline_thread.rfind("rpc-", 0), 0u) << inline_thread;
+  EXPECT_FALSE(inline_after) << "run_after_reply accepted work on an I/O thread";
+  const auto [pool_thread, pool_after] = where(2);
+  EXPECT_EQ(pool_thread.rfind("rpc-", 0), 0u) << pool_thread;
+  EXPECT_TRUE(pool_after);
+  const auto [thrown_thread, thrown_after] = where(9);
+  EXPECT_EQ(thrown_thread.rfind("rpc-", 0), 0u) << thrown_thread;
+  EXPECT_TRUE(thrown_after);
+  const std::string empty = error_text<InvalidArgument>([&] {
+    agents[1]->register_handler(
+        151, "no chooser",
+        [](const CallContext&, const Request&) { return make_ready_future(Value()); },
+        ExecutionChooser());
+  });
+  EXPECT_NE(empty.find("empty execution chooser"), std::string::npos) << empty;
+  expect_clean_shutdown(agents);
+}
+
 thread_local bool t_completing = false;  // set around the test's own set_value calls
 
 // Records, for each "later_*" call, the thread that wrote its reply and whether it did so

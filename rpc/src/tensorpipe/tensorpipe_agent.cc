@@ -160,7 +160,16 @@ class TensorPipeAgent final : public RpcAgent,
                     ReplyCallback done) override;
   void register_handler(uint32_t id, std::string name, MessageHandler handler,
                         Execution execution) override {
-    dispatcher_.register_handler(id, std::move(name), std::move(handler), execution);
+    dispatcher_.register_handler(id, std::move(name), std::move(handler), execution, nullptr);
+  }
+  void register_handler(uint32_t id, std::string name, MessageHandler handler,
+                        ExecutionChooser choose) override {
+    if (!choose) {
+      throw InvalidArgument("rpc: register_handler(" + std::to_string(id) + ", '" + name +
+                            "') was given an empty execution chooser");
+    }
+    dispatcher_.register_handler(id, std::move(name), std::move(handler), Execution::kPool,
+                                 std::move(choose));
   }
   void add_interceptor(std::shared_ptr<Interceptor> interceptor) override {
     dispatcher_.add_interceptor(std::move(interceptor));

@@ -21,8 +21,9 @@
 // The future's get() without an argument waits as long as the call's deadline.
 //
 // Extension points (what rref/ and dist_autograd/ plug into):
-// - register_handler(id, name, handler, execution): requests whose Request::handler is `id`
-//   go to `handler` instead of the function registry. rpc/ owns kCallHandler (1).
+// - register_handler(id, name, handler, execution or chooser): requests whose
+//   Request::handler is `id` go to `handler` instead of the function registry, on the pool
+//   or inline on the I/O thread (per request with a chooser). rpc/ owns kCallHandler (1).
 // - add_interceptor(interceptor): sees every outgoing and incoming request and response and
 //   may change it (set autograd ids, record tensors) or refuse it by throwing; it is told
 //   how every call it saw ends, and may wrap the execution of every request served.
@@ -225,6 +226,10 @@ struct AgentOptions {
 // register_handler). The returned future's value (or error) is the reply.
 using MessageHandler =
     std::function<Future<Value>(const CallContext& context, const Request& request)>;
+// Picks, per request, where a handler runs (register_handler's chooser overload). Asked on
+// the I/O thread that received the request, before anything else looks at it: it must be
+// cheap and never block. One that throws leaves the request to the pool.
+using ExecutionChooser = std::function<Execution(const Request& request)>;
 
 // How an outgoing call ended (Interceptor::on_call_finished).
 enum class CallOutcome {
@@ -462,6 +467,12 @@ class RpcAgent {
   // received the request, for handlers that never block.
   virtual void register_handler(uint32_t id, std::string name, MessageHandler handler,
                                 Execution execution = Execution::kPool) = 0;
+  // The same, with the place chosen per request: `choose` says kInline for the requests
+  // that are cheap and never block (dist_autograd: a Discover, a Wait), kPool for the rest.
+  // A request served inline may still hand work to the pool; rpc::run_after_reply refuses
+  // there (returns false), so that nothing heavy follows its reply on the I/O thread.
+  virtual void register_handler(uint32_t id, std::string name, MessageHandler handler,
+                                ExecutionChooser choose) = 0;
   virtual void add_interceptor(std::shared_ptr<Interceptor> interceptor) = 0;
   // The interceptors' thread state on the calling thread (see CapturedState).
   virtual CapturedState capture_thread_state() const = 0;
