@@ -409,6 +409,11 @@ void TensorPipeAgent::validate_options() const {
     throw InvalidArgument(who + "AgentOptions::transport_spin must be in [0, 1 s], got " +
                           std::to_string(options_.transport_spin.count()) + " us");
   }
+  if (options_.transport_spin_backoff.count() < 0 ||
+      options_.transport_spin_backoff > std::chrono::seconds(1)) {
+    throw InvalidArgument(who + "AgentOptions::transport_spin_backoff must be in [0, 1 s], got " +
+                          std::to_string(options_.transport_spin_backoff.count()) + " us");
+  }
   if (options_.transport_spin_awaiting.count() < 0 ||
       options_.transport_spin_awaiting > std::chrono::seconds(1)) {
     throw InvalidArgument(who + "AgentOptions::transport_spin_awaiting must be in [0, 1 s], got " +
@@ -468,6 +473,7 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   o.handshake_timeout = options_.handshake_timeout;
   o.spin = options_.transport_spin;
   o.spin_awaiting = options_.transport_spin_awaiting;
+  o.spin_backoff = options_.transport_spin_backoff;
   o.awaiting = [count = calls_.pending_count()] {
     return count->load(std::memory_order_relaxed) != 0;
   };
@@ -1423,6 +1429,9 @@ AgentMetrics TensorPipeAgent::metrics() const {
                           local_stats_->refused.load(std::memory_order_relaxed);
   m.frames_refused = transport_stats_->bad_frames.load(std::memory_order_relaxed) +
                      local_stats_->bad_frames.load(std::memory_order_relaxed);
+  m.transport_polls_backed_off =
+      transport_stats_->polls_backed_off.load(std::memory_order_relaxed) +
+      local_stats_->polls_backed_off.load(std::memory_order_relaxed);
   m.requests_refused_busy = busy_refusals_.load(std::memory_order_relaxed);
   return m;
 }

@@ -18,11 +18,14 @@ constexpr uint64_t kWakeToken = 0;
 }
 
 Reactor::Reactor(std::string name, std::chrono::microseconds spin,
-                 std::chrono::microseconds spin_awaiting, std::function<bool()> awaiting)
+                 std::chrono::microseconds spin_awaiting, std::function<bool()> awaiting,
+                 std::chrono::microseconds spin_backoff, std::function<void()> on_backoff)
     : name_(std::move(name)),
       spin_(spin),
       spin_awaiting_(awaiting ? spin_awaiting : std::chrono::microseconds(0)),
-      awaiting_(std::move(awaiting)) {
+      awaiting_(std::move(awaiting)),
+      spin_backoff_(spin_backoff),
+      on_backoff_(std::move(on_backoff)) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) {
     throw NetworkError("transport " + name_ + ": epoll_create1 failed: " + std::strerror(errno));
@@ -215,7 +218,9 @@ void Reactor::run() {
   std::vector<epoll_event> events(128);
   Clock::time_point last_work = Clock::now();
   // Polling goes on this long after the last activity (longer while an answer is awaited).
+  SpinBackoff backoff(spin_backoff_);
   auto polling = [&] {
+    if (!backoff.allows_polling()) return false;
     const Clock::time_point now = Clock::now();
     if (spin_.count() > 0 && now < last_work + spin_) return true;
     return spin_awaiting_ > spin_ && now < last_work + spin_awaiting_ && awaiting_();
@@ -224,7 +229,10 @@ void Reactor::run() {
     bool worked = run_deferred();
     if (stopping_.load(std::memory_order_relaxed)) break;
     if (run_pollers(false)) worked = true;
-    if (worked) last_work = Clock::now();
+    if (worked) {
+      last_work = Clock::now();
+      backoff.worked();
+    }
     int timeout = next_timeout_ms();
     bool sleeping = false;
     {
@@ -245,11 +253,17 @@ void Reactor::run() {
     const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
     if (n > 0) {
       last_work = Clock::now();
+      backoff.worked();
     } else if (n == 0 && timeout == 0) {
       // Polling with nothing to do: let another runnable thread have this core (with more
       // busy threads than cores, a spinning loop would otherwise delay the very peer whose
-      // message it waits for).
+      // message it waits for). A yield that kept us off the core long says there are such
+      // threads: stop polling and sleep until the next activity (SpinBackoff).
+      const Clock::time_point before = Clock::now();
       ::sched_yield();
+      const bool was_polling = backoff.allows_polling();
+      backoff.yielded(Clock::now() - before);
+      if (was_polling && !backoff.allows_polling() && on_backoff_) on_backoff_();
     }
     if (n < 0) {
       if (errno == EINTR) continue;

@@ -23,6 +23,30 @@
 
 namespace gradwire::rpc::transport {
 
+// When a polling loop should give up polling early: after a yield of its core that took
+// `backoff` or longer, other runnable threads are waiting for the cores (more of them than
+// cores). Polling on would keep one of them off its core (the computation whose result the
+// loop waits for, or the loop of the peer that will send it), and the loop itself only gets
+// back to look after each such wait. Sleeping instead frees the core, and the wake-up puts
+// the loop ahead of the threads that ran meanwhile. Polling resumes after the next
+// activity. Used by Reactor; separate so that the rule can be tested without a scheduler.
+class SpinBackoff {
+ public:
+  using Duration = std::chrono::steady_clock::duration;
+  explicit SpinBackoff(Duration backoff) : backoff_(backoff) {}
+  // A yield between two polls took `took`.
+  void yielded(Duration took) {
+    if (backoff_.count() > 0 && took >= backoff_) starved_ = true;
+  }
+  // There was traffic or work: polling after it is worth it again.
+  void worked() { starved_ = false; }
+  bool allows_polling() const { return !starved_; }
+
+ private:
+  const Duration backoff_;
+  bool starved_ = false;
+};
+
 class Reactor {
  public:
   using Clock = std::chrono::steady_clock;
@@ -34,9 +58,15 @@ class Reactor {
   // wake-up; an idle loop sleeps. 0: never spin. While `awaiting` (asked from the loop, so it
   // must be cheap and never block) says that an answer is awaited, the loop keeps polling up
   // to `spin_awaiting` after the last activity instead (when that is longer than `spin`).
+  // Between polls the loop yields its core; when a yield returns only after `spin_backoff`
+  // or more (other threads wanted the core: more runnable threads than cores) it stops
+  // polling until the next activity and sleeps instead (SpinBackoff), and calls `on_backoff`
+  // (a counter; loop thread, must be cheap). 0: never stops early.
   explicit Reactor(std::string name, std::chrono::microseconds spin = std::chrono::microseconds(0),
                    std::chrono::microseconds spin_awaiting = std::chrono::microseconds(0),
-                   std::function<bool()> awaiting = {});
+                   std::function<bool()> awaiting = {},
+                   std::chrono::microseconds spin_backoff = std::chrono::microseconds(0),
+                   std::function<void()> on_backoff = {});
   ~Reactor();
   Reactor(const Reactor&) = delete;
   Reactor& operator=(const Reactor&) = delete;
@@ -85,6 +115,8 @@ class Reactor {
   const std::chrono::microseconds spin_;
   const std::chrono::microseconds spin_awaiting_;
   const std::function<bool()> awaiting_;
+  const std::chrono::microseconds spin_backoff_;
+  const std::function<void()> on_backoff_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;

@@ -70,10 +70,16 @@ class ListenerImpl;
 // thread only) the live objects, so that closing the context closes them.
 struct Core : std::enable_shared_from_this<Core> {
   explicit Core(StreamOptions o)
-      : options(std::move(o)),
+      : options(with_stats(std::move(o))),
         reactor(std::string(family_name(options.family)) + " " + options.name, options.spin,
-                options.spin_awaiting, options.awaiting) {
-    if (!options.stats) options.stats = std::make_shared<TransportStats>();
+                options.spin_awaiting, options.awaiting, options.spin_backoff,
+                [stats = options.stats] {
+                  stats->polls_backed_off.fetch_add(1, std::memory_order_relaxed);
+                }) {}
+
+  static StreamOptions with_stats(StreamOptions o) {
+    if (!o.stats) o.stats = std::make_shared<TransportStats>();
+    return o;
   }
 
   const char* kind() const { return family_name(options.family); }

@@ -46,6 +46,8 @@ struct TransportStats {
   std::atomic<uint64_t> accepted{0};    // incoming connections that reached TensorPipe
   std::atomic<uint64_t> refused{0};     // incoming connections closed before that
   std::atomic<uint64_t> bad_frames{0};  // established connections closed for a bad frame
+  // Times the loop stopped polling early because a yield kept it off its core (SpinBackoff).
+  std::atomic<uint64_t> polls_backed_off{0};
 };
 
 struct StreamOptions {
@@ -65,6 +67,9 @@ struct StreamOptions {
   // (Reactor). `awaiting` is asked on the loop thread on every turn: cheap, never blocking.
   std::chrono::microseconds spin_awaiting{0};
   std::function<bool()> awaiting;
+  // A poll that yielded its core for this long or longer ends the polling until the next
+  // activity (Reactor, SpinBackoff). 0: polling never ends early.
+  std::chrono::microseconds spin_backoff{0};
   // The largest frame whose size TensorPipe does not know in advance (its control messages).
   size_t max_frame_bytes{size_t{80} << 20};
   // Incoming connections still in their handshake at once; more are refused at once.

@@ -172,6 +172,13 @@ struct AgentOptions {
   // is then picked up without a wake-up, at the cost of a polling thread while the caller
   // waits. In [0, 1 s]; 0 (or not above transport_spin): transport_spin alone.
   std::chrono::microseconds transport_spin_awaiting{3000};
+  // Polling yields the core between looks; a yield that kept the transport thread off its
+  // core for this long or longer (more runnable threads than cores: a computation, other
+  // workers' threads) ends the polling until the next traffic, and the thread sleeps: a
+  // polling thread would keep one of those threads, perhaps the very computation whose
+  // result it waits for, off a core, and its wake-up later puts it ahead of them. In
+  // [0, 1 s]; 0: polling lasts its whole time whatever the load.
+  std::chrono::microseconds transport_spin_backoff{100};
   // Lanes (TCP connections) of the mpt and mpt_uv channels; in [1, 64].
   int mpt_lanes{4};
   // Direct copies between processes of one host. A CPU tensor of at least
@@ -390,6 +397,9 @@ struct AgentMetrics {
   uint64_t connections_refused{0};  // incoming connections refused before reaching the RPC
                                     // layer (bad handshake, wrong secret, garbage), ever
   uint64_t frames_refused{0};       // connections closed for a frame over the limits, ever
+  // Times a transport thread stopped polling early because a yield kept it off its core
+  // (AgentOptions::transport_spin_backoff), ever: a sign of more runnable threads than cores.
+  uint64_t transport_polls_backed_off{0};
   // The in-flight budget now (AgentOptions::max_inflight_bytes, max_queued_requests): bytes
   // of received messages not yet done with, and requests received and not yet answered.
   uint64_t inflight_bytes{0};
