@@ -188,7 +188,7 @@ Future<int64_t> Shard::step_after(const rpc::CallContext& ctx, uint64_t context_
   const int64_t arrived_ns = trace::enabled() ? trace::now_ns() : 0;
   auto step_once_over = [state = state_, weak_agent, caller = ctx.caller().id,
                          request_id = ctx.request_id(), context_id, pass_id,
-                         arrived_ns](Future<void> ended) -> int64_t {
+                         arrived_ns](const Future<void>& ended) -> int64_t {
     if (arrived_ns != 0) {
       trace::complete(
           "dist_optim.wait_part", "dist_optim", arrived_ns, trace::now_ns(),
@@ -207,32 +207,8 @@ Future<int64_t> Shard::step_after(const rpc::CallContext& ctx, uint64_t context_
   // posted to the pool (a worker woken for it while this one goes idle): here when the part
   // is over already (the request came after it ended), else on the worker that ends it (the
   // last node's), or, when another thread ends it (an abort, a release), on the pool.
-  auto settle = [step_once_over](const Future<void>& ended, Future<int64_t>& out) {
-    try {
-      out.try_set_value(step_once_over(ended));
-    } catch (...) {
-      out.try_set_error(std::current_exception());
-    }
-  };
-  Future<int64_t> out;
-  if (part.completed()) {
-    settle(part, out);
-    return out;
-  }
-  std::shared_ptr<Executor> executor = ctx.agent()->executor();
-  gradwire::detail::on_complete_inline(
-      part, [settle, out, executor](const Future<void>& ended) mutable {
-        if (executor->on_own_thread()) {
-          settle(ended, out);
-          return;
-        }
-        try {
-          executor->execute([settle, out, ended]() mutable { settle(ended, out); });
-        } catch (...) {
-          out.try_set_error(std::current_exception());
-        }
-      });
-  return out;
+  return gradwire::detail::map_here_or_on<int64_t>(part, ctx.agent()->executor(),
+                                                   std::move(step_once_over));
 }
 
 StateDict Shard::state_dict() {

@@ -499,5 +499,53 @@ TEST(FutureDefaultTimeout, NoTimeoutWaitsUntilCompletion) {
   producer.join();
 }
 
+// map_here_or_on: at once for a completed future; on the completing thread when that is one
+// of the executor's own (inside its set_value); posted to the executor from any other
+// thread; fn's exception and the executor's refusal become the result's error.
+TEST(FutureMapHereOrOn, RunsWhereTheValueIsWithoutAHandOffWhenItCan) {
+  auto pool = std::make_shared<ThreadPool>(ThreadPoolOptions{.num_threads = 2, .name = "map"});
+  thread_local bool in_set_value = false;
+  auto where = [](const Future<int>& done) {
+    return std::make_pair(done.value() * 2, in_set_value);
+  };
+  using Where = std::pair<int, bool>;
+  // Completed already: at once, on this thread.
+  Future<Where> now = detail::map_here_or_on<Where>(make_ready_future(1), pool, where);
+  ASSERT_TRUE(now.completed());
+  EXPECT_EQ(now.value().first, 2);
+  // Completed by a pool worker: inside its set_value.
+  Future<int> by_worker;
+  Future<Where> on_worker = detail::map_here_or_on<Where>(by_worker, pool, where);
+  pool->submit([by_worker]() mutable {
+        in_set_value = true;
+        by_worker.set_value(2);
+        in_set_value = false;
+      })
+      .get(kWait);
+  EXPECT_EQ(on_worker.get(kWait), Where(4, true));
+  // Completed by another thread: posted to the pool, outside that set_value.
+  Future<int> by_other;
+  Future<Where> posted = detail::map_here_or_on<Where>(by_other, pool, where);
+  std::thread other([by_other]() mutable {
+    in_set_value = true;
+    by_other.set_value(3);
+    in_set_value = false;
+  });
+  other.join();
+  EXPECT_EQ(posted.get(kWait), Where(6, false));
+  // Errors: fn's own, and an executor that refuses.
+  Future<int> fails = detail::map_here_or_on<int>(
+      make_ready_future(1), pool,
+      [](const Future<int>&) -> int { throw std::runtime_error("fn failed"); });
+  EXPECT_EQ(message_of<std::runtime_error>([&] { fails.get(kWait); }), "fn failed");
+  Future<int> refused_later;
+  Future<int> refused =
+      detail::map_here_or_on<int>(refused_later, std::make_shared<RejectingExecutor>("no room"),
+                                  [](const Future<int>& d) { return d.value(); });
+  std::thread([refused_later]() mutable { refused_later.set_value(5); }).join();
+  EXPECT_EQ(message_of<Error>([&] { refused.get(kWait); }), "no room");
+  pool->shutdown();
+}
+
 }  // namespace
 }  // namespace gradwire

@@ -220,6 +220,33 @@ TEST_F(DistAutograd, TheLastPartIsNamedOnceAndItsEndMayBeAwaitedThere) {
   EXPECT_EQ(seen->calls, 1);
 }
 
+// Occupies every thread of `agent`'s pool with a task that waits until the returned guard is
+// opened (open(), or its destruction on any way out of the test, so that no task is left
+// waiting when the agents stop).
+class BlockedPool {
+ public:
+  explicit BlockedPool(RpcAgent& agent) : release_(std::make_shared<test::CountdownLatch>(1)) {
+    const int threads = std::static_pointer_cast<ThreadPool>(agent.executor())->num_threads();
+    auto started = std::make_shared<test::CountdownLatch>(threads);
+    for (int i = 0; i < threads; ++i) {
+      agent.executor()->execute([started, release = release_] {
+        started->count_down();
+        release->wait(30s);
+      });
+    }
+    all_busy_ = started->wait(10s);
+  }
+  ~BlockedPool() { open(); }
+  BlockedPool(const BlockedPool&) = delete;
+  BlockedPool& operator=(const BlockedPool&) = delete;
+  bool all_busy() const { return all_busy_; }
+  void open() { release_->count_down(); }
+
+ private:
+  std::shared_ptr<test::CountdownLatch> release_;
+  bool all_busy_ = false;
+};
+
 // The end of a worker's part and the initiator's record of every part's end happen on the
 // threads that end them, not on the agent's pool: a pass whose initiator has no incoming
 // gradients finishes while every one of the initiator's pool threads is busy.
@@ -227,22 +254,8 @@ TEST_F(DistAutograd, APassEndsWhileTheInitiatorsPoolIsBusy) {
   da::Context ctx(w(0));
   Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // no grad: nothing comes back to w0
   Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);   // 1x2 = x · W on w1
-  const int threads = test::agent_options(reg_).num_worker_threads;
-  // Shared with the tasks, and opened on every way out of the test, so that no task is
-  // left waiting on it when the agents stop.
-  auto started = std::make_shared<test::CountdownLatch>(threads);
-  auto release = std::make_shared<test::CountdownLatch>(1);
-  struct Open {
-    std::shared_ptr<test::CountdownLatch> latch;
-    ~Open() { latch->count_down(); }
-  } open{release};
-  for (int i = 0; i < threads; ++i) {
-    w(0).executor()->execute([started, release] {
-      started->count_down();
-      release->wait(30s);
-    });
-  }
-  ASSERT_TRUE(started->wait(10s)) << "the pool's threads did not all take a task";
+  BlockedPool blocked(w(0));
+  ASSERT_TRUE(blocked.all_busy()) << "the pool's threads did not all take a task";
   da::BackwardOptions options;
   options.timeout = 10s;
   std::string failure;
@@ -251,7 +264,7 @@ TEST_F(DistAutograd, APassEndsWhileTheInitiatorsPoolIsBusy) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  release->count_down();
+  blocked.open();
   EXPECT_EQ(failure, "") << "the pass needed the initiator's pool";
   // d/dW sum(x W) = x^T 1.
   expect_near(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)),
@@ -267,20 +280,8 @@ TEST_F(DistAutograd, DiscoveryAndTheWaitAreServedWhileTheCalleesPoolIsBusy) {
   da::Context ctx(w(0));
   Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // no grad: nothing comes back to w0
   Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);   // 1x2 = x · W on w1
-  const int threads = test::agent_options(reg_).num_worker_threads;
-  auto started = std::make_shared<test::CountdownLatch>(threads);
-  auto release = std::make_shared<test::CountdownLatch>(1);
-  struct Open {
-    std::shared_ptr<test::CountdownLatch> latch;
-    ~Open() { latch->count_down(); }
-  } open{release};
-  for (int i = 0; i < threads; ++i) {
-    w(1).executor()->execute([started, release] {
-      started->count_down();
-      release->wait(30s);
-    });
-  }
-  ASSERT_TRUE(started->wait(10s)) << "the pool's threads did not all take a task";
+  BlockedPool blocked(w(1));
+  ASSERT_TRUE(blocked.all_busy()) << "the pool's threads did not all take a task";
   auto last = std::make_shared<Future<std::string>>();
   da::BackwardOptions options;
   options.timeout = 20s;
@@ -295,7 +296,7 @@ TEST_F(DistAutograd, DiscoveryAndTheWaitAreServedWhileTheCalleesPoolIsBusy) {
   // Discovery is over, and w0's own part too, while w1's pool has not run anything.
   const bool named = last->wait(10s);
   const bool ended_early = pass.completed();
-  release->count_down();
+  blocked.open();
   ASSERT_TRUE(named) << "discovery did not end while w1's pool was busy";
   EXPECT_EQ(last->value(), "w1");
   EXPECT_FALSE(ended_early) << "w1's part ended without its pool";

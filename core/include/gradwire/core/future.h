@@ -330,6 +330,40 @@ void on_complete_inline(const Future<T>& future, F fn) {
       });
 }
 
+// A future of fn(completed `from`) (fn's exception becomes its error), for short library
+// work that should not cost a thread hand-off: fn runs at once when `from` has completed
+// already, else on the thread that completes it when that is one of `executor`'s own
+// (Executor::on_own_thread: a pool worker, done with its task), else on `executor` (whose
+// refusal becomes the error). then(executor, fn) always posts instead.
+template <typename U, typename T, typename F>
+Future<U> map_here_or_on(const Future<T>& from, std::shared_ptr<Executor> executor, F fn) {
+  Future<U> out;
+  auto settle = [fn = std::move(fn)](const Future<T>& done, Future<U>& result) mutable {
+    try {
+      result.try_set_value(fn(done));
+    } catch (...) {
+      result.try_set_error(std::current_exception());
+    }
+  };
+  if (from.completed()) {
+    settle(from, out);
+    return out;
+  }
+  on_complete_inline(from,
+                     [settle, out, executor = std::move(executor)](const Future<T>& done) mutable {
+                       if (executor->on_own_thread()) {
+                         settle(done, out);
+                         return;
+                       }
+                       try {
+                         executor->execute([settle, out, done]() mutable { settle(done, out); });
+                       } catch (...) {
+                         out.try_set_error(std::current_exception());
+                       }
+                     });
+  return out;
+}
+
 // Completes `to` with whatever `from` completes with.
 template <typename U>
 void forward_completion(const Future<U>& from, Future<U> to) {

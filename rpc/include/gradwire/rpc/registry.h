@@ -180,38 +180,14 @@ Future<Value> call_and_wrap(F&& call, const std::shared_ptr<Executor>& executor,
     // The result is converted once it exists: at once when it already does; else on the
     // thread that completes it when that is one of the executor's own (a pool worker, which
     // has its value in hand), otherwise on the executor. The context travels by value.
-    auto convert = [ctx](const R& done) -> Value {
+    return gradwire::detail::map_here_or_on<Value>(pending, executor, [ctx](const R& done) {
       if constexpr (std::is_void_v<U>) {
         done.get(std::chrono::milliseconds(1));
         return Value();
       } else {
         return to_value(done.value(), ctx);
       }
-    };
-    auto settle = [convert](const R& done, Future<Value>& out) {
-      try {
-        out.try_set_value(convert(done));
-      } catch (...) {
-        out.try_set_error(std::current_exception());
-      }
-    };
-    Future<Value> out;
-    if (pending.completed()) {
-      settle(pending, out);
-      return out;
-    }
-    gradwire::detail::on_complete_inline(pending, [settle, out, executor](const R& done) mutable {
-      if (executor->on_own_thread()) {
-        settle(done, out);
-        return;
-      }
-      try {
-        executor->execute([settle, out, done]() mutable { settle(done, out); });
-      } catch (...) {
-        out.try_set_error(std::current_exception());
-      }
     });
-    return out;
   } else {
     return make_ready_future(to_value(call(), ctx));
   }
