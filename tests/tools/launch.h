@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/ports.h"
+
 namespace gradwire::testing::launcher {
 
 using namespace std::chrono_literals;
@@ -156,17 +158,11 @@ inline bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// A TCP port nothing listens on now (bound to port 0 and closed).
+// A TCP port nothing listens on now, drawn from below the ephemeral range, where no
+// outgoing connection of a test running in parallel can take it before the launcher binds
+// it (support/ports.h).
 inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-  ::close(fd);
-  return ntohs(sa.sin_port);
+  return gradwire::test::free_port();
 }
 
 // Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
