@@ -65,7 +65,7 @@ class Parking {
 }  // namespace
 
 // The pool whose worker this thread is (null: none).
-thread_local const void* t_pool = nullptr;
+static thread_local const void* t_pool = nullptr;
 
 // Shared by the ThreadPool object and every worker, so that a worker that outlives the
 // ThreadPool (detached because it dropped the last reference) still has a valid queue.

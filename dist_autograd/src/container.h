@@ -158,8 +158,7 @@ class Container : public rpc::Interceptor,
   // one holding its recv function).
   std::shared_ptr<SendBackward> send_from(ContextState& state, uint64_t m, const WorkerInfo& caller,
                                           const char* what) const;
-  // Where a request runs: a Discover or a Wait on the I/O thread that received it, the
-  // rest on the pool.
+  // Where a request runs: a Wait on the I/O thread that received it, the rest on the pool.
   static rpc::Execution execution_of(const rpc::Request& request);
   Future<Value> handle(const CallContext& ctx, const rpc::Request& request);
   // Contexts, messages and passes are named by group-unique ids (rpc/ids.h).
@@ -227,7 +226,7 @@ class Container : public rpc::Interceptor,
                                                      uint64_t pass_id);
   // Runs what is ready in `task`: on this thread once the request served here has been
   // answered (rpc::run_after_reply: no hand-off, and the sender is not kept waiting), else
-  // (outside a request, or on the I/O thread serving a Discover or a Wait) on the pool. A
+  // (outside a request, or on the I/O thread serving a Wait) on the pool. A
   // node's error is the task's (this worker's part fails with it).
   void run_soon(const std::shared_ptr<autograd::GraphTask>& task);
   // Answers early gradients that will never be taken with `error`.

@@ -182,24 +182,21 @@ std::shared_ptr<SendBackward> Container::send_from(ContextState& state, uint64_t
 }
 
 rpc::Execution Container::execution_of(const rpc::Request& request) {
-  // A Discover (a walk of this worker's graph under its context's lock, answered when the
-  // workers it leads to have answered) and a Wait (ends the hold, and is answered when the
-  // part ends) never block, and run as they arrive on the I/O thread: no pool worker is
-  // woken for them, and one busy computing this worker's part does not delay them. What
-  // they make ready runs on the pool (run_soon). Gradients (Propagate), releases and aborts
-  // go to the pool. A payload that does not parse goes to the pool, where it is refused.
+  // A Wait (ends the hold, registers the answer; no walk, no send) runs as it arrives on
+  // the I/O thread: no pool worker is woken for it, and one busy computing this worker's
+  // part does not delay it, so the thread that ends the part writes the answer. What ending
+  // the hold makes ready runs on the pool (run_soon). The rest goes to the pool: a Discover
+  // walks the graph and may send Discovers on (no work for a transport thread), and a
+  // payload that does not parse is refused there. Only a small payload is parsed here; a
+  // Wait is a few bytes.
+  constexpr size_t kLargestInline = 256;
   wire::DistAutogradMessage message;
-  if (request.payload.empty() ||
+  if (request.payload.empty() || request.payload.size() > kLargestInline ||
       !message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()))) {
     return rpc::Execution::kPool;
   }
-  switch (message.op_case()) {
-    case wire::DistAutogradMessage::kDiscover:
-    case wire::DistAutogradMessage::kWait:
-      return rpc::Execution::kInline;
-    default:
-      return rpc::Execution::kPool;
-  }
+  return message.op_case() == wire::DistAutogradMessage::kWait ? rpc::Execution::kInline
+                                                               : rpc::Execution::kPool;
 }
 
 Future<Value> Container::handle(const CallContext& ctx, const rpc::Request& request) {

@@ -271,38 +271,64 @@ TEST_F(DistAutograd, APassEndsWhileTheInitiatorsPoolIsBusy) {
               tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
 }
 
-// A Discover and a Wait are served as they arrive, on the I/O thread, not on the callee's
-// pool: with every one of w1's pool threads busy, discovery still ends and w0 sends its Wait
-// (on_last_part, called after that, names w1). Only w1's gradient (the Propagate) needs its
-// pool; once the pool is free the pass ends, and the Wait's answer comes from the thread
-// that ends w1's part.
-TEST_F(DistAutograd, DiscoveryAndTheWaitAreServedWhileTheCalleesPoolIsBusy) {
-  da::Context ctx(w(0));
-  Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // no grad: nothing comes back to w0
-  Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);   // 1x2 = x · W on w1
-  BlockedPool blocked(w(1));
-  ASSERT_TRUE(blocked.all_busy()) << "the pool's threads did not all take a task";
-  auto last = std::make_shared<Future<std::string>>();
-  da::BackwardOptions options;
-  options.timeout = 20s;
-  options.on_last_part = [last](uint64_t, const rpc::WorkerInfo& worker) {
-    last->try_set_value(worker.name);
+// A Wait is served as it arrives, on the I/O thread, not on the callee's pool: w1 has one
+// pool thread, and it runs w1's part of the pass, where a hook waits until a third
+// dist_autograd request (after the Discover and the Propagate: the Wait) has begun to be
+// served on w1. Served on the pool, the Wait would queue behind that very thread and the
+// hook would give up after 10 s; served inline it is seen at once, the part ends, and the
+// thread that ends it answers the Wait. W's gradient is exact.
+class DistAutogradOnePoolThread : public ::testing::Test {
+ protected:
+  class Counting : public rpc::Interceptor {
+   public:
+    std::shared_ptr<rpc::ServeScope> on_incoming_request(const rpc::WorkerInfo&,
+                                                         rpc::Request& request) override {
+      if (request.handler == da::kDistAutogradHandler) {
+        seen.fetch_add(1);
+        if (seen.load() >= 3) third.try_set_value();
+      }
+      return nullptr;
+    }
+    std::atomic<int> seen{0};
+    Future<void> third;
   };
-  // Everything the pass uses is its own copy: it may outlive a failed expectation below.
-  Future<void> pass = std::static_pointer_cast<ThreadPool>(w(0).executor())
-                          ->submit([agent = &w(0), id = ctx.id(), loss = sum(y), options] {
-                            da::backward(*agent, id, {loss}, options);
-                          });
-  // Discovery is over, and w0's own part too, while w1's pool has not run anything.
-  const bool named = last->wait(10s);
-  const bool ended_early = pass.completed();
-  blocked.open();
-  ASSERT_TRUE(named) << "discovery did not end while w1's pool was busy";
-  EXPECT_EQ(last->value(), "w1");
-  EXPECT_FALSE(ended_early) << "w1's part ended without its pool";
-  ASSERT_NO_THROW(pass.get(20s));
+  void SetUp() override {
+    weight_ = make_weight();
+    counting_ = std::make_shared<Counting>();
+    reg_.def("project_waiting", [this](const Tensor& x) {
+      Tensor y = matmul(x.reshape({1, 3}), weight_);
+      auto counting = counting_;
+      y.register_hook([counting](const Tensor& g) -> Tensor {
+        if (!counting->third.wait(10s)) throw std::runtime_error("the Wait was not served");
+        return g;
+      });
+      return y;
+    });
+    rpc::AgentOptions options = test::agent_options(reg_);
+    options.num_worker_threads = 1;
+    agents_ = test::start_agents(2, options);
+    agents_[1]->add_interceptor(counting_);
+  }
+  void TearDown() override {
+    if (!agents_.empty()) test::shutdown_agents(agents_);
+  }
+  Registry reg_;
+  Tensor weight_;
+  std::shared_ptr<Counting> counting_;
+  test::Agents agents_;
+};
+
+TEST_F(DistAutogradOnePoolThread, TheWaitIsServedWhileTheCalleesOnlyPoolThreadComputes) {
+  RpcAgent& w0 = *agents_[0];
+  da::Context ctx(w0);
+  Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});
+  Tensor y = w0.rpc_sync<Tensor>("w1", "project_waiting", x);
+  da::BackwardOptions options;
+  options.timeout = 30s;
+  ASSERT_NO_THROW(da::backward(w0, ctx.id(), {sum(y)}, options));
+  EXPECT_GE(counting_->seen.load(), 3);
   // d/dW sum(x W) = x^T 1.
-  expect_near(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)),
+  expect_near(da::get_gradients(*agents_[1], ctx.id()).at(weight_),
               tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
 }
 

@@ -2,11 +2,11 @@
 //
 // Futures post their callbacks to an Executor (Future::then, Future::add_callback), and
 // RPC handlers, backward passes and optimizer steps are handed to one, so the thread that
-// completes a future or reads a message never runs user code inline. (The one exception
-// is rpc/'s finishing of a handler's asynchronous result, which converts it and writes its
-// reply on the thread that completes it when on_own_thread() says that is one of the
-// agent's pool workers.) ThreadPool (<gradwire/core/thread_pool.h>) is the implementation
-// the library uses.
+// completes a future or reads a message never runs user code inline. (The exception is
+// short library work through detail::map_here_or_on, which runs on the completing thread
+// when on_own_thread() says it is one of the agent's pool workers: rpc/ converting a
+// handler's asynchronous result and writing its reply, dist_optim's early step.) ThreadPool
+// (<gradwire/core/thread_pool.h>) is the implementation the library uses.
 //
 // Contract for implementations:
 //   - execute() never runs the task on the calling thread before returning (another

@@ -478,7 +478,7 @@ class RpcAgent {
   virtual void register_handler(uint32_t id, std::string name, MessageHandler handler,
                                 Execution execution = Execution::kPool) = 0;
   // The same, with the place chosen per request: `choose` says kInline for the requests
-  // that are cheap and never block (dist_autograd: a Discover, a Wait), kPool for the rest.
+  // that are cheap and never block (dist_autograd: a Wait), kPool for the rest.
   // A request served inline may still hand work to the pool; rpc::run_after_reply refuses
   // there (returns false), so that nothing heavy follows its reply on the I/O thread.
   virtual void register_handler(uint32_t id, std::string name, MessageHandler handler,
