@@ -133,9 +133,9 @@ class Container : public rpc::Interceptor,
   // Only `by`'s own requests: a worker speaks for itself alone.
   void remember_released_by(uint64_t id, int by);
   // Remembers why context `ctx` was released here when a worker was lost, for its members
-  // (`touched` and its creator).
+  // (`touched` and its creator); called again for the same context, it adds members.
   void remember_lost(uint64_t ctx, const std::set<int>& touched, const std::string& lost)
-      GRADWIRE_EXCLUDES(mutex_);
+      GRADWIRE_REQUIRES(mutex_);
   // Remembers that `id` was released here (the newest kReleasedMemory ids).
   void remember_released(uint64_t id) GRADWIRE_REQUIRES(mutex_);
   size_t size() const;

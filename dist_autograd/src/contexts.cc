@@ -139,18 +139,23 @@ bool Container::participant(const std::shared_ptr<ContextState>& state, int w) {
 
 std::shared_ptr<ContextState> Container::get_for(uint64_t id, const WorkerInfo& caller,
                                                  const char* what) const {
+  std::shared_ptr<ContextState> state;
   std::string lost;
   {
+    // One look at the table: a context released for a lost worker between two looks would
+    // be neither found nor explained.
     MutexLock lock(mutex_);
-    auto why = lost_why_.find(id);
-    if (contexts_.count(id) == 0 && why != lost_why_.end() &&
-        why->second.members.count(caller.id) != 0) {
+    auto it = contexts_.find(id);
+    if (it != contexts_.end()) {
+      state = it->second;
+    } else if (auto why = lost_why_.find(id);
+               why != lost_why_.end() && why->second.members.count(caller.id) != 0) {
       lost = why->second.why;
     }
   }
   // Released here because a worker was lost: what a member asking after it must hear.
   if (!lost.empty()) throw NetworkError(lost);
-  std::shared_ptr<ContextState> state = get(id);
+  if (state == nullptr) state = get(id);  // throws: unknown, or already released
   if (!participant(state, caller.id)) {
     throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a " + what +
                        " for context " + ctx_text(id) + " from worker " + caller.describe() +

@@ -9,7 +9,16 @@
 namespace gradwire::dist_autograd::internal {
 
 Future<void> Container::release(uint64_t ctx, int from, const std::string& lost) {
-  std::shared_ptr<ContextState> state;
+  // Released for a lost worker: the cause is recorded as the context leaves the table, so
+  // that a request in it arriving from then on (the initiator's Wait) hears the cause, not
+  // "unknown". Its members so far are read first (a context's mutex is not taken under the
+  // table's); one added since is added below.
+  std::shared_ptr<ContextState> state = lost.empty() ? nullptr : find(ctx);
+  std::set<int> members;
+  if (state != nullptr) {
+    MutexLock lock(state->mutex);
+    members = state->touched;
+  }
   Future<void> released;
   {
     MutexLock lock(mutex_);
@@ -24,6 +33,7 @@ Future<void> Container::release(uint64_t ctx, int from, const std::string& lost)
     state = std::move(it->second);
     contexts_.erase(it);
     remember_released(ctx);
+    if (!lost.empty()) remember_lost(ctx, members, lost);
     releasing_.emplace(ctx, released);
   }
   std::set<int> touched;
@@ -36,7 +46,10 @@ Future<void> Container::release(uint64_t ctx, int from, const std::string& lost)
       parts.push_back(pass.outcome);
     early = drop_early(*state, 0);
   }
-  if (!lost.empty()) remember_lost(ctx, touched, lost);
+  if (!lost.empty() && touched != members) {
+    MutexLock lock(mutex_);
+    remember_lost(ctx, touched, lost);
+  }
   // Parts still running end here, so that their Waits are answered.
   const std::string what = "dist_autograd: context " + ctx_text(ctx) + " was released on worker " +
                            self_.describe() + " during the pass";
@@ -152,12 +165,16 @@ Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Releas
 }
 
 void Container::remember_lost(uint64_t ctx, const std::set<int>& touched, const std::string& lost) {
+  auto known = lost_why_.find(ctx);
+  if (known != lost_why_.end()) {
+    known->second.members.insert(touched.begin(), touched.end());
+    return;
+  }
   LostWhy entry{"dist_autograd: context " + ctx_text(ctx) + " was released on worker " +
                     self_.describe() + ": " + lost,
                 touched};
   entry.members.insert(worker_of(ctx));
-  MutexLock lock(mutex_);
-  if (!lost_why_.emplace(ctx, std::move(entry)).second) return;
+  lost_why_.emplace(ctx, std::move(entry));
   lost_why_order_.push_back(ctx);
   if (lost_why_order_.size() > kLostMemory) {
     lost_why_.erase(lost_why_order_.front());
