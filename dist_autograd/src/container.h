@@ -259,6 +259,18 @@ class Container : public rpc::Interceptor,
   static void retry_wait(const std::weak_ptr<Container>& weak_self,
                          const std::weak_ptr<ContextState>& weak_state, uint64_t pass_id,
                          const WorkerInfo& to, Future<void> result, const Future<Value>& done);
+  // Discovery's end at the initiator: sends a Wait to every other worker in `workers`, and
+  // watches for the last part when `on_last_part` is set. Returns every part's future (the
+  // other workers' in order, then this one's). Runs where discovery ends (the thread that
+  // takes its last answer), so the Waits do not wait for the initiator's thread to wake.
+  // Throws Error when the pass has already ended here (failed, timed out): nothing is sent.
+  struct Watched {
+    std::set<int> workers;
+    std::vector<Future<void>> parts;
+  };
+  Watched watch_parts(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                      const std::set<int>& workers,
+                      const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part);
   // BackwardOptions::on_last_part: called once every part in `parts` (the other workers' of
   // `workers`, in order, then this one's) but one has ended well, when that one is another
   // worker's.

@@ -52,6 +52,36 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     };
     const int64_t discovery_ns = trace::enabled() ? trace::now_ns() : 0;
     Future<Found> found = discover(state, pass_id, edges, options.retain_graph, /*back_to=*/-1);
+    // What discovery's end starts (the Waits, the watch for the last part) starts where it
+    // ends, on the thread that takes the last answer: this thread, blocked below, would be
+    // woken first, and on a machine whose cores are all busy that wake-up can come late,
+    // with every Wait (and an early optimizer step) after it.
+    Future<Watched> watched;
+    {
+      std::weak_ptr<Container> weak_self = weak_from_this();
+      gradwire::detail::on_complete_inline(
+          found, [weak_self, state, pass_id, ctx, discovery_ns, on_last_part = options.on_last_part,
+                  watched](const Future<Found>& done) mutable {
+            if (done.has_error()) {
+              watched.try_set_error(done.error());
+              return;
+            }
+            try {
+              std::shared_ptr<Container> self = weak_self.lock();
+              if (self == nullptr) throw Error("dist_autograd: the agent of this pass is gone");
+              const std::set<int>& workers = done.value().workers;
+              if (discovery_ns != 0) {
+                trace::complete("dist_autograd.discovery", "dist_autograd", discovery_ns,
+                                trace::now_ns(),
+                                {trace::Arg("context_id", ctx), trace::Arg("pass_id", pass_id),
+                                 trace::Arg("workers", static_cast<uint64_t>(workers.size()))});
+              }
+              watched.try_set_value(self->watch_parts(state, pass_id, workers, on_last_part));
+            } catch (...) {
+              watched.try_set_error(std::current_exception());
+            }
+          });
+    }
     // The backward starts while discovery goes on: what lies below only the roots runs now
     // (gradients it sends on wait at their receivers for the Discover that names their
     // send); what lies below a send here waits until a Discover names the send, or until
@@ -63,8 +93,8 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     } catch (...) {
       // The task holds the error; the wait below reports it.
     }
-    if (!found.wait(time_left(deadline))) throw timed_out();
-    if (found.has_error()) {
+    if (!watched.wait(time_left(deadline))) throw timed_out();
+    if (watched.has_error()) {
       // This worker's part may have failed first (gradients it sent on were refused), and
       // a Discover that reached it afterwards was refused for that: the cause is the part's.
       Future<void> own;
@@ -75,22 +105,8 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
       }
       if (own.completed() && own.has_error()) own.get();
     }
-    const std::set<int> workers = found.value().workers;
-    if (discovery_ns != 0) {
-      trace::complete("dist_autograd.discovery", "dist_autograd", discovery_ns, trace::now_ns(),
-                      {trace::Arg("context_id", ctx), trace::Arg("pass_id", pass_id),
-                       trace::Arg("workers", static_cast<uint64_t>(workers.size()))});
-    }
-    // Every part reports when it is done; the first failure ends the pass.
-    std::vector<Future<void>> parts;
-    for (int w : workers) {
-      if (w != self_.id) parts.push_back(watch_part(state, pass_id, agent->get_worker_info(w)));
-    }
-    {
-      MutexLock lock(state->mutex);
-      parts.push_back(state->passes[pass_id].done);
-    }
-    if (options.on_last_part) watch_for_last_part(pass_id, workers, parts, options.on_last_part);
+    const std::set<int> workers = watched.value().workers;
+    std::vector<Future<void>> parts = watched.value().parts;
     Future<void> all = rpc::join_fail_fast(parts);
     // Discovery is over everywhere (every Discover was answered, so every one sent here was
     // taken): nothing is held any more.
@@ -130,6 +146,35 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
   }
   end_pass(*state, pass_id);
   span.arg(trace::Arg("error", 0));
+}
+
+Container::Watched Container::watch_parts(
+    const std::shared_ptr<ContextState>& state, uint64_t pass_id, const std::set<int>& workers,
+    const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part) {
+  Watched watched;
+  watched.workers = workers;
+  Future<void> own;
+  {
+    // The pass may have ended here while discovery went on (its deadline passed): no Wait
+    // goes out for it then.
+    MutexLock lock(state->mutex);
+    auto pass = state->passes.find(pass_id);
+    if (pass == state->passes.end() || state->aborted.count(pass_id) != 0) {
+      throw Error("dist_autograd: pass " + ctx_text(pass_id) + " of context " +
+                  ctx_text(state->id) + " ended on worker " + self_.describe() +
+                  " before its discovery did");
+    }
+    own = pass->second.done;
+  }
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  // Every part reports when it is done; the first failure ends the pass.
+  for (int w : workers) {
+    if (w != self_.id)
+      watched.parts.push_back(watch_part(state, pass_id, agent->get_worker_info(w)));
+  }
+  watched.parts.push_back(std::move(own));
+  if (on_last_part) watch_for_last_part(pass_id, workers, watched.parts, on_last_part);
+  return watched;
 }
 
 void Container::watch_for_last_part(
