@@ -402,6 +402,33 @@ TEST_F(DistAutogradFaults, APassEndedByALostConnectionGivesANetworkErrorNamingTh
   EXPECT_TRUE(cut.completed());
 }
 
+// The initiator's Wait goes out as soon as discovery ends, from the thread that takes its
+// last answer, while the initiator's own nodes may still run: here one of them blocks until
+// the Wait to w1 has been sent. (When the Wait went out only after the initiator's thread
+// came back to it, this pass waited for its hook, and the hook for it, until the hook
+// gave up.)
+TEST_F(DistAutogradFaults, TheWaitGoesOutWhenDiscoveryEndsWhileTheInitiatorsNodesStillRun) {
+  Future<void> wait_sent = faults_->add({.action = FaultAction::kDelay,
+                                         .from = "w0",
+                                         .to = "w1",
+                                         .kind = MessageKind::kRequest,
+                                         .handler = kHandler,
+                                         .function = "wait",
+                                         .delay = 0ms});
+  da::Context ctx(w(0));
+  Tensor x = leaf({1.0, -3.0});
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "square", x);
+  Tensor local = mul(x, 2.0);  // below the root only: runs on the initiator's thread at once
+  local.register_hook([wait_sent](const Tensor& g) {
+    if (!wait_sent.wait(5s)) throw std::runtime_error("no Wait went out while this node ran");
+    return g;
+  });
+  da::backward(w(0), ctx.id(), {add(sum(y), sum(local))}, da::BackwardOptions{.timeout = 20s});
+  EXPECT_TRUE(wait_sent.completed());
+  // d/dx sum(x^2 + 2x) = 2x + 2.
+  expect_values(da::get_gradients(w(0), ctx.id()).at(x), {4.0, -4.0});
+}
+
 // A failed pass leaves nothing for an optimizer: every worker it reached takes back what it
 // had given, and says why it holds no gradients until a pass succeeds there. A pass that
 // then succeeds in the same context gives exactly its own gradients.
