@@ -1,9 +1,14 @@
 #include "ranks.h"
 
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
@@ -54,11 +59,37 @@ std::vector<double> run_rank_processes(uint16_t store_port, const std::string& p
     }
     children.push_back(pid);
   }
+  // Every rank has kRanksDeadline to finish; one that has not by then (stuck where no
+  // timeout of its own reaches) is killed with the others, and the figure fails naming it.
+  const auto deadline = std::chrono::steady_clock::now() + kRanksDeadline;
   bool ok = true;
-  for (pid_t pid : children) {
+  std::string stuck;
+  for (size_t rank = 0; rank < children.size(); ++rank) {
+    const pid_t pid = children[rank];
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd >= 0) {
+      for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        pollfd p{pidfd, POLLIN, 0};
+        const int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0) {
+          stuck += (stuck.empty() ? "" : ", ") + std::to_string(rank);
+          ::kill(pid, SIGKILL);
+        }
+        break;
+      }
+      ::close(pidfd);
+    }
     int status = 0;
     ::waitpid(pid, &status, 0);
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!stuck.empty()) {
+    throw std::runtime_error(what + " bench: rank process(es) " + stuck +
+                             " did not finish within " + std::to_string(kRanksDeadline.count()) +
+                             " s and were killed");
   }
   if (!ok) throw std::runtime_error(what + " bench: a rank process failed");
   c10d::TCPStore reader(

@@ -3,6 +3,7 @@
 // figures come back through the store.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -17,7 +18,12 @@ namespace gradwire::bench {
 
 using RankBody = std::function<std::vector<double>(std::shared_ptr<c10d::Store> store, int rank)>;
 
-// Throws std::runtime_error naming `what` when a rank process fails.
+// How long the ranks of one run may take, all together; past it the ones still running are
+// killed (a hang in a rank must not hang the whole benchmark).
+inline constexpr std::chrono::seconds kRanksDeadline{600};
+
+// Throws std::runtime_error naming `what` when a rank process fails, or naming the ranks
+// killed at kRanksDeadline.
 std::vector<double> run_rank_processes(uint16_t store_port, const std::string& prefix, int world,
                                        const RankBody& body, const std::string& what);
 
