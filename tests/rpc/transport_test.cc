@@ -327,6 +327,53 @@ TEST(Ring, BytesSurviveWrapAroundInEveryChunking) {
   EXPECT_EQ(writer.position(), kTotal);
 }
 
+// Frames larger than the piece a writer publishes at a time (kRingPublishBytes), copied
+// out by a reader on another thread while they are copied in: every byte arrives, in
+// order, across the ring's wrap-around.
+TEST(Ring, LargeFramesReadWhileTheyAreWrittenArriveWhole) {
+  constexpr size_t kCap = size_t{1} << 20;
+  auto segment = make_segment(kCap);
+  ASSERT_NE(segment, nullptr);
+  RingWriter writer(segment->control(0), segment->data(0), kCap);
+  RingReader reader(segment->control(0), segment->data(0), kCap);
+  constexpr size_t kTotal = size_t{24} << 20;
+  std::vector<char> sent(kTotal);
+  std::mt19937 rng(13);
+  for (char& c : sent)
+    c = static_cast<char>(rng());
+  std::atomic<bool> reader_corrupt{false};
+  std::vector<char> got;
+  got.reserve(kTotal);
+  std::thread consumer([&] {
+    std::mt19937 sizes(17);
+    std::vector<char> buf(900 << 10);
+    bool corrupt = false;
+    while (got.size() < kTotal && !corrupt) {
+      const size_t n = reader.read(buf.data(), 1 + sizes() % buf.size(), &corrupt);
+      got.insert(got.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n));
+      if (n == 0) std::this_thread::yield();
+    }
+    reader_corrupt = corrupt;
+  });
+  size_t written = 0;
+  bool corrupt = false;
+  while (written < kTotal && !corrupt) {
+    // Frames of up to 700 KiB in two iovecs: many pieces each, and a wrap-around in most.
+    const size_t want = std::min<size_t>(1 + rng() % (700 << 10), kTotal - written);
+    const size_t split = want / 3;
+    iovec iov[2] = {{sent.data() + written, split}, {sent.data() + written + split, want - split}};
+    const size_t n = writer.write(iov, 2, &corrupt);
+    written += n;
+    if (n == 0) std::this_thread::yield();
+  }
+  consumer.join();
+  EXPECT_FALSE(corrupt);
+  EXPECT_FALSE(reader_corrupt.load());
+  ASSERT_EQ(got.size(), kTotal);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), sent.begin()));
+  EXPECT_EQ(reader.position(), kTotal);
+}
+
 TEST(Ring, AFullRingTakesWhatFitsAndAsksForAWakeUp) {
   constexpr size_t kCap = 4096;
   auto segment = make_segment(kCap);

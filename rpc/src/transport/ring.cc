@@ -183,13 +183,16 @@ size_t RingReader::read(char* into, size_t room, bool* corrupt) {
     return 0;
   }
   const size_t n = static_cast<size_t>(std::min<uint64_t>(avail, room));
-  if (n == 0) return 0;
-  const size_t at = static_cast<size_t>(head_ & (capacity_ - 1));
-  const size_t first = std::min(n, capacity_ - at);
-  std::memcpy(into, data_ + at, first);
-  if (n > first) std::memcpy(into + first, data_, n - first);
-  head_ += n;
-  shared(control_->head).store(head_, std::memory_order_release);
+  size_t done = 0;
+  while (done < n) {
+    // Space handed back piece by piece: a writer waiting for it goes on sooner.
+    const size_t at = static_cast<size_t>(head_ & (capacity_ - 1));
+    const size_t chunk = std::min({n - done, capacity_ - at, kRingPublishBytes});
+    std::memcpy(into + done, data_ + at, chunk);
+    head_ += chunk;
+    done += chunk;
+    shared(control_->head).store(head_, std::memory_order_release);
+  }
   return n;
 }
 
@@ -238,16 +241,18 @@ size_t RingWriter::write(const iovec* iov, int count, bool* corrupt) {
     size_t len = std::min(iov[i].iov_len, room);
     while (len > 0) {
       const size_t at = static_cast<size_t>(tail_ & (capacity_ - 1));
-      const size_t chunk = std::min(len, capacity_ - at);
+      const size_t chunk = std::min({len, capacity_ - at, kRingPublishBytes});
       std::memcpy(data_ + at, src, chunk);
       tail_ += chunk;
       src += chunk;
       len -= chunk;
       room -= chunk;
       taken += chunk;
+      // Published piece by piece: a reader polling on another core copies each piece out
+      // while this side copies the next one in.
+      shared(control_->tail).store(tail_, std::memory_order_release);
     }
   }
-  if (taken > 0) shared(control_->tail).store(tail_, std::memory_order_release);
   return taken;
 }
 

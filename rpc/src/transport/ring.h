@@ -36,6 +36,10 @@ inline constexpr size_t kRingSetupBytes = 8;
 inline constexpr uint8_t kRingVersion = 1;
 inline constexpr size_t kMinRingBytes = size_t{4} << 10;
 inline constexpr size_t kMaxRingBytes = size_t{64} << 20;
+// A writer makes what it has copied in visible to the reader (and a reader hands back the
+// space it has copied out) every this many bytes, so that the two copies of a large frame
+// overlap instead of one following the other.
+inline constexpr size_t kRingPublishBytes = size_t{64} << 10;
 
 // One ring's control words, each on its own cache line.
 struct RingControl {
