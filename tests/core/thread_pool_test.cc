@@ -282,25 +282,33 @@ namespace {
 
 TEST(ThreadPoolShutdownNow, DiscardsTheQueueAndBoundsTheWaitForRunningTasks) {
   auto pool = std::make_shared<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "now"});
-  test::CountdownLatch entered{1}, release{1};
-  std::atomic<int> later_runs{0};
-  std::atomic<bool> on_worker{false};
-  pool->execute([&] {
-    on_worker = pool->is_worker_thread();
-    entered.count_down();
-    EXPECT_TRUE(release.wait(std::chrono::seconds(20)));
+  // Shared with the task, which outlives shutdown_now on its detached worker: nothing it
+  // touches may live on this test's stack once the test returns.
+  struct Shared {
+    test::CountdownLatch entered{1}, release{1}, finished{1};
+    std::atomic<int> later_runs{0};
+    std::atomic<bool> on_worker{false};
+  };
+  auto shared = std::make_shared<Shared>();
+  std::weak_ptr<ThreadPool> weak_pool = pool;
+  pool->execute([shared, weak_pool] {
+    if (auto p = weak_pool.lock()) shared->on_worker = p->is_worker_thread();
+    shared->entered.count_down();
+    EXPECT_TRUE(shared->release.wait(std::chrono::seconds(20)));
+    shared->finished.count_down();
   });
-  ASSERT_TRUE(entered.wait(std::chrono::seconds(10)));
-  pool->execute([&] { ++later_runs; });
-  pool->execute([&] { ++later_runs; });
+  ASSERT_TRUE(shared->entered.wait(std::chrono::seconds(10)));
+  pool->execute([shared] { ++shared->later_runs; });
+  pool->execute([shared] { ++shared->later_runs; });
   EXPECT_FALSE(pool->is_worker_thread());
   // The running task never returns within the bound: shutdown_now leaves it and returns.
   EXPECT_EQ(pool->shutdown_now(std::chrono::milliseconds(50)), 2u);
   EXPECT_THROW(pool->execute([] {}), Error);
-  release.count_down();
+  shared->release.count_down();
   pool.reset();  // the detached worker finishes on its own state
-  EXPECT_TRUE(on_worker);
-  EXPECT_EQ(later_runs, 0);
+  EXPECT_TRUE(shared->finished.wait(std::chrono::seconds(10)));
+  EXPECT_TRUE(shared->on_worker);
+  EXPECT_EQ(shared->later_runs, 0);
 }
 
 TEST(ThreadPoolShutdownNow, JoinsWorkersThatFinishInTime) {
