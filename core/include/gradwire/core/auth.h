@@ -9,7 +9,10 @@
 // the handshakes' proofs are HMACs an eavesdropper can test guesses against offline, so a
 // short secret would be guessed. Use e.g. `openssl rand -hex 32`.
 //
-// Thread-safety: every function is safe to call from any thread.
+// Thread-safety: every function is safe to call from any thread, and in a child forked
+// while another thread of its parent was inside one of them (random_bytes reads the
+// kernel's generator; hmac_sha256 hashes with a SHA-256 looked up once as the library
+// loads; neither takes a lock of the process).
 // Errors: resolve_secret throws InvalidArgument naming the file when GRADWIRE_SECRET_FILE
 // cannot be read or is empty, and naming the source of a secret shorter than
 // kMinSecretBytes; hmac_sha256 and random_bytes throw Error if the cryptographic library
@@ -41,7 +44,8 @@ std::string resolve_secret(const std::string& given);
 // HMAC-SHA256 of `data` under `key`; throws Error if the library fails.
 Digest256 hmac_sha256(std::string_view key, std::string_view data);
 
-// `n` bytes from the system's cryptographic generator.
+// `n` bytes from the kernel's cryptographic generator (getrandom); throws Error naming
+// errno if it fails.
 std::string random_bytes(size_t n);
 
 // Whether a and b hold the same bytes; for equal sizes, the time taken does not depend on
