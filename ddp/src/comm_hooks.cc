@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "all_reduce_average.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/core/error.h"
 #include "gradwire/tensor/factory.h"
@@ -56,23 +57,31 @@ void orthonormalise(Tensor& p) {
 
 }  // namespace
 
+namespace detail {
+
+Future<Tensor> all_reduce_average(const std::shared_ptr<c10d::ProcessGroup>& group,
+                                  std::vector<Tensor> tensors, Tensor value) {
+  c10d::Work work = group->all_reduce(std::move(tensors), {.op = c10d::ReduceOp::kAvg});
+  Future<Tensor> result;
+  gradwire::detail::on_complete_inline(
+      work.get_future(),
+      [result, value = std::move(value)](const Future<std::vector<Tensor>>& done) mutable {
+        if (done.has_error()) {
+          result.try_set_error(done.error());
+        } else {
+          result.try_set_value(value);
+        }
+      });
+  return result;
+}
+
+}  // namespace detail
+
 Future<Tensor> allreduce_hook(GradBucket& bucket) {
   if (bucket.divisor == bucket.group->size()) {
     // The group averages (the shared-memory group divides each rank's slice as it reduces
-    // it), and the bucket's future completes on the group's own thread: no second thread
-    // to wake before the backward pass may finish, and no pass over the whole bucket.
-    c10d::Work work = bucket.group->all_reduce(bucket.buffer, {.op = c10d::ReduceOp::kAvg});
-    Future<Tensor> result;
-    gradwire::detail::on_complete_inline(
-        work.get_future(),
-        [result, out = bucket.buffer](const Future<std::vector<Tensor>>& done) mutable {
-          if (done.has_error()) {
-            result.try_set_error(done.error());
-          } else {
-            result.try_set_value(out);
-          }
-        });
-    return result;
+    // it), and the bucket's future completes on the group's own thread.
+    return detail::all_reduce_average(bucket.group, {bucket.buffer}, bucket.buffer);
   }
   c10d::Work work = bucket.group->all_reduce(bucket.buffer);
   Tensor out = bucket.buffer;

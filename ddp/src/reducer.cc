@@ -7,6 +7,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "all_reduce_average.h"
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/autograd/graph_task.h"
 #include "gradwire/autograd/variable.h"
@@ -67,6 +68,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
   divisor_ = group_->size();
   executor_ = std::make_shared<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "ddp"});
   comm_hook_ = allreduce_hook;
+  in_place_group_ = group_->all_reduce_in_place();
   ready_.assign(params_.size(), 0);
   local_used_.assign(params_.size(), 0);
   std::vector<size_t> order(params_.size());
@@ -89,6 +91,12 @@ void Reducer::register_comm_hook(CommHook hook) {
   if (iterations_ > 0)
     throw InvalidArgument("ddp: register_comm_hook must be called before the first backward pass");
   comm_hook_ = std::move(hook);
+  default_hook_ = false;
+}
+
+bool Reducer::averages_in_place() const {
+  return default_hook_ && in_place_group_ && !options_.gradient_as_bucket_view &&
+         divisor_ == group_->size();
 }
 
 void Reducer::set_divisor(int divisor) {
@@ -161,6 +169,7 @@ void Reducer::build(const std::vector<std::vector<size_t>>& assignment) {
       locator_[bucket.params[slot]] = {b, slot};
     }
     bucket.pending = bucket.params.size();
+    bucket.direct.resize(bucket.params.size());
   }
   buckets_ = std::move(buckets);
   ++layout_;
@@ -242,7 +251,9 @@ void Reducer::reset_pass() {
     b.first_grad_ns = 0;
     b.launch_ns = 0;
     b.done_ns = nullptr;
+    std::fill(b.direct.begin(), b.direct.end(), Tensor());
   }
+  direct_ = false;
   next_bucket_ = 0;
   first_hook_seen_ = false;
   pass_start_ns_ = 0;
@@ -257,6 +268,7 @@ void Reducer::hook(size_t index, autograd::LeafGradient& g) {
     if (trace::enabled()) pass_start_ns_ = trace::now_ns();
     // Every leaf of one pass shares the pass's sink (or none).
     sink_ = g.sink;
+    direct_ = averages_in_place();
     autograd::queue_callback([this] { finalize(); });
     for (size_t u : unused_)
       mark_ready(u, nullptr);
@@ -295,9 +307,30 @@ void Reducer::mark_ready(size_t index, autograd::LeafGradient* g) {
   auto [b, slot] = locator_[index];
   Bucket& bucket = buckets_[b];
   if (bucket.first_grad_ns == 0 && trace::enabled()) bucket.first_grad_ns = trace::now_ns();
+  if (g && g->produced) local_used_[index] = 1;
+  if (direct_) {
+    bucket.direct[slot] = direct_tensor(index, g);
+    // Withheld from the sink: finalize() writes the average back in its place.
+    if (g != nullptr && sink_ != nullptr) g->grad = Tensor();
+  } else {
+    copy_into_bucket(bucket, slot, index, g);
+  }
+  if (--bucket.pending == 0) {
+    if (bucket.first_grad_ns != 0) {
+      trace::complete("ddp.bucket_ready", "ddp", bucket.first_grad_ns, trace::now_ns(),
+                      {trace::Arg("bucket", static_cast<uint64_t>(b)),
+                       trace::Arg("bytes", bucket_bytes(bucket.buffer)),
+                       trace::Arg("params", static_cast<uint64_t>(bucket.params.size())),
+                       trace::Arg("rank", group_->rank())});
+    }
+    launch_ready_buckets();
+  }
+}
+
+void Reducer::copy_into_bucket(Bucket& bucket, size_t slot, size_t index,
+                               autograd::LeafGradient* g) {
   Tensor& view = bucket.views[slot];
   Tensor grad = local_gradient(index, g);
-  if (g && g->produced) local_used_[index] = 1;
   if (grad.defined()) {
     if (!same_view(grad, view)) view.copy_(grad);
   } else {
@@ -311,16 +344,24 @@ void Reducer::mark_ready(size_t index, autograd::LeafGradient* g) {
       g->grad = view;
     }
   }
-  if (--bucket.pending == 0) {
-    if (bucket.first_grad_ns != 0) {
-      trace::complete("ddp.bucket_ready", "ddp", bucket.first_grad_ns, trace::now_ns(),
-                      {trace::Arg("bucket", static_cast<uint64_t>(b)),
-                       trace::Arg("bytes", bucket_bytes(bucket.buffer)),
-                       trace::Arg("params", static_cast<uint64_t>(bucket.params.size())),
-                       trace::Arg("rank", group_->rank())});
-    }
-    launch_ready_buckets();
+}
+
+Tensor Reducer::direct_tensor(size_t index, autograd::LeafGradient* g) const {
+  const Tensor& p = params_[index];
+  Tensor grad = local_gradient(index, g);
+  if (!grad.defined()) return zeros_like(p);
+  const bool plain = grad.is_contiguous() && grad.dtype() == p.dtype() && grad.sizes() == p.sizes();
+  // The accumulated .grad() itself when nothing else can be hurt by averaging it in place:
+  // a hook's gradient with no sink is the parameter's own (accumulation keeps it private).
+  // A sink's sum of what it held and this pass's gradient (add) is a fresh tensor too; a
+  // sink's lone gradient may be shared with other parts of the graph, and a gradient
+  // marked ready without a hook is averaged only if some rank used the parameter.
+  if (plain && g != nullptr && sink_ == nullptr && grad.is_same(p.grad())) return grad;
+  if (plain && g != nullptr && sink_ != nullptr && g->grad.defined() &&
+      sink_->gradient(p).defined()) {
+    return grad;
   }
+  return grad.to(p.dtype()).contiguous().clone();
 }
 
 GradBucket Reducer::make_grad_bucket(size_t b, const Tensor& buffer,
@@ -344,9 +385,13 @@ GradBucket Reducer::make_grad_bucket(size_t b, const Tensor& buffer,
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
-    GradBucket gb = make_grad_bucket(next_bucket_, bucket.buffer, bucket.views);
     if (trace::enabled()) bucket.launch_ns = trace::now_ns();
-    bucket.result = comm_hook_(gb);
+    if (direct_) {
+      bucket.result = detail::all_reduce_average(group_, bucket.direct, Tensor());
+    } else {
+      GradBucket gb = make_grad_bucket(next_bucket_, bucket.buffer, bucket.views);
+      bucket.result = comm_hook_(gb);
+    }
     bucket.launched = true;
     if (bucket.launch_ns != 0) {
       // The completion's time; finalize() records the span (so that it ends within the pass,
@@ -421,7 +466,7 @@ void Reducer::finalize() {
             {trace::Arg("bucket", static_cast<uint64_t>(b)),
              trace::Arg("bytes", bucket_bytes(bucket.buffer)), trace::Arg("rank", group_->rank())});
       }
-      if (!result.is_same(bucket.buffer)) bucket.buffer.copy_(result.view({-1}));
+      if (!direct_ && !result.is_same(bucket.buffer)) bucket.buffer.copy_(result.view({-1}));
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
@@ -433,12 +478,27 @@ void Reducer::finalize() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     auto [b, slot] = locator_[i];
-    const Tensor& view = buckets_[b].views[slot];
     if (!used_somewhere[i]) {
       // Nobody used it: the sink (or .grad) keeps what it had. Under a sink that is the
       // gradient of earlier passes, which the hook did not withhold (nothing was produced).
       continue;
     }
+    if (direct_) {
+      // Averaged where it lies: .grad() itself, or a private tensor to put in its place.
+      const Tensor& avg = buckets_[b].direct[slot];
+      if (sink_ != nullptr) {
+        sink_->set_gradient(p, avg);
+        continue;
+      }
+      Tensor grad = p.grad();
+      if (!grad.defined()) {
+        p.set_grad(avg);
+      } else if (!grad.is_same(avg)) {
+        grad.copy_(avg);
+      }
+      continue;
+    }
+    const Tensor& view = buckets_[b].views[slot];
     if (sink_ != nullptr) {
       // The sink receives its own copy: the bucket is reused by the next pass of any
       // context, and .grad is left alone (contexts never mix in .grad).
@@ -477,6 +537,7 @@ std::vector<char> Reducer::all_reduce_used_flags() {
 void Reducer::shadow_iteration() {
   autograd::NoGradGuard no_grad;
   std::vector<Future<Tensor>> results;
+  const bool direct = averages_in_place();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Tensor zero = zeros_like(buckets_[b].buffer);
     std::vector<Tensor> views;
@@ -485,8 +546,14 @@ void Reducer::shadow_iteration() {
       views.push_back(zero.narrow(0, offset, params_[idx].numel()).view(params_[idx].sizes()));
       offset += params_[idx].numel();
     }
-    GradBucket gb = make_grad_bucket(b, zero, views);
-    results.push_back(comm_hook_(gb));
+    // The same collective the ranks with data issue: a direct pass's tensor list, or the
+    // hook's bucket.
+    if (direct) {
+      results.push_back(detail::all_reduce_average(group_, views, zero));
+    } else {
+      GradBucket gb = make_grad_bucket(b, zero, views);
+      results.push_back(comm_hook_(gb));
+    }
   }
   if ((options_.find_unused_parameters || options_.static_graph) &&
       !(options_.static_graph && iterations_ > 0) && !params_.empty()) {

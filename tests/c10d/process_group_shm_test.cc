@@ -398,6 +398,97 @@ TEST(ShmMatchesGloo, EveryIntegerDtypeAndOpBitwise) {
       120s));
 }
 
+// ---- a list of tensors, reduced where they lie
+
+// all_reduce of many tensors of two dtypes, interleaved, of odd sizes that straddle the
+// 4 KiB areas' chunks and the ranks' slices: each tensor ends up holding, bit for bit, its
+// part of the same data reduced as one flat tensor (the list is read and written in place,
+// in the same fixed order), for a sum and an average of floats with rounding of their own.
+TEST(ShmInPlace, ATensorListReducesBitForBitAsItsConcatenation) {
+  constexpr int kWorld = 3;
+  EXPECT_ALL_RANKS_OK(run_processes(
+      kWorld,
+      [](ProcessGroupShm& group, int rank) {
+        EXPECT_TRUE(group.all_reduce_in_place());
+        std::mt19937 gen(static_cast<uint32_t>(7 + rank));
+        std::normal_distribution<double> normal(0.0, 1.0);
+        std::vector<Tensor> floats, ints, list;
+        for (int k = 0; k < 37; ++k) {
+          const int64_t n = (k * 53 + 1) % 311 + 1;
+          if (k % 4 == 3) {
+            ints.push_back(full({n}, Scalar(int64_t{rank * 1000 + k}), kInt64));
+            list.push_back(ints.back());
+            continue;
+          }
+          std::vector<double> v(static_cast<size_t>(n));
+          for (double& x : v)
+            x = normal(gen) * 1e3;
+          floats.push_back(tensor(v).to(kFloat32));
+          list.push_back(floats.back());
+        }
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+          std::vector<Tensor> inputs;
+          for (const Tensor& t : list)
+            inputs.push_back(t.clone());
+          std::vector<Tensor> flat_floats, flat_ints;
+          for (const Tensor& t : inputs)
+            (t.dtype() == kInt64 ? flat_ints : flat_floats).push_back(t);
+          Tensor ff = cat(flat_floats);
+          group.all_reduce(ff, {.op = op}).wait();
+          Tensor fi = cat(flat_ints);
+          if (op == ReduceOp::kSum) group.all_reduce(fi, {.op = op}).wait();
+          std::vector<const void*> where;
+          for (const Tensor& t : inputs)
+            where.push_back(t.data_ptr());
+          // Integers only under kSum (kAvg takes floating types).
+          std::vector<Tensor> reduced;
+          for (const Tensor& t : inputs)
+            if (op == ReduceOp::kSum || t.dtype() != kInt64) reduced.push_back(t);
+          group.all_reduce(reduced, {.op = op}).wait();
+          int64_t at_f = 0, at_i = 0;
+          for (size_t i = 0; i < inputs.size(); ++i) {
+            const Tensor& t = inputs[i];
+            EXPECT_EQ(t.data_ptr(), where[i]) << "tensor " << i << " moved";
+            if (t.dtype() == kInt64) {
+              if (op == ReduceOp::kSum) {
+                EXPECT_TRUE(same_bytes(t, fi.narrow(0, at_i, t.numel()))) << "tensor " << i;
+                // 0 + 1000 + 2000 + 3k.
+                EXPECT_EQ(t.at({0}), 3000.0 + 3 * static_cast<double>(i));
+              } else {
+                EXPECT_TRUE(same_bytes(t, list[i])) << "tensor " << i << " not reduced";
+              }
+              at_i += t.numel();
+            } else {
+              EXPECT_TRUE(same_bytes(t, ff.narrow(0, at_f, t.numel())))
+                  << "tensor " << i << " " << reduce_op_name(op);
+              at_f += t.numel();
+            }
+          }
+        }
+      },
+      {}, ShmOptions{.buffer_bytes = 4096}));
+}
+
+// Tensors that share bytes (one listed twice, two overlapping views of one buffer) are each
+// reduced from their own input, as if alone, not from another's result: the overlap holds
+// the sum once, not twice.
+TEST(ShmInPlace, TensorsSharingBytesAreEachReducedFromTheirOwnInput) {
+  constexpr int kWorld = 2;
+  EXPECT_ALL_RANKS_OK(run_processes(
+      kWorld,
+      [](ProcessGroupShm& group, int rank) {
+        Tensor base = full({3000}, Scalar(rank + 1), kFloat32);
+        Tensor a = base.narrow(0, 0, 2000);
+        Tensor b = base.narrow(0, 1000, 1500);  // overlaps a on [1000, 2000)
+        Tensor c = full({700}, Scalar(10 * (rank + 1)), kFloat32);
+        group.all_reduce({a, c, b, c}).wait();
+        EXPECT_TRUE(equal(base.narrow(0, 0, 2500), full({2500}, Scalar(3), kFloat32)));
+        EXPECT_TRUE(equal(base.narrow(0, 2500, 500), full({500}, Scalar(rank + 1), kFloat32)));
+        EXPECT_TRUE(equal(c, full({700}, Scalar(30), kFloat32)));
+      },
+      {}, ShmOptions{.buffer_bytes = 4096}));
+}
+
 // ---- tensors larger than the segment
 
 // Every collective with 4 KiB areas and tensors of tens of KiB (odd sizes, so the last

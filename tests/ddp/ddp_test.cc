@@ -43,10 +43,14 @@ using c10d::ProcessGroup;
 enum class Mode { kThreads, kProcesses, kShmProcesses };
 using Body = std::function<void(std::shared_ptr<ProcessGroup> group, int rank)>;
 
-test::RankResults run_group(Mode mode, int world, const Body& body) {
+// kDetail makes every collective check that the ranks issued the same one (the same
+// tensors' shapes and dtypes): a rank that packed its gradients while another passed them as
+// a list would fail.
+test::RankResults run_group(Mode mode, int world, const Body& body,
+                            c10d::DebugLevel debug = c10d::DebugLevel::kOff) {
   c10d::ProcessGroupOptions options;
   options.timeout = 20s;
-  options.debug_level = c10d::DebugLevel::kOff;
+  options.debug_level = debug;
   const c10d::GlooOptions gloo{.host = "127.0.0.1"};
   if (mode == Mode::kThreads) {
     auto store = std::make_shared<c10d::HashStore>(20s);
@@ -175,6 +179,8 @@ TEST_P(Equivalence, StepsEqualSingleProcessOnConcatenatedBatch) {
       sgd(net->parameters(), kLr);
     }
     expect_close(net->parameters(), want, 1e-10);
+    // Over shared memory, without bucket views, the gradients are averaged where they lie.
+    EXPECT_EQ(model.reducer().averages_in_place(), c.mode == Mode::kShmProcesses && !c.bucket_view);
     if (c.bucket_view) {
       // Each .grad() is a view into its bucket: the buckets' storages, no private copy.
       std::set<const void*> storages;
@@ -222,23 +228,25 @@ TEST(Ddp, NoSyncForKStepsEqualsOneStepOnKTimesTheBatch) {
     nn::mse_loss(ref->forward(all.x), all.y).backward();
     sgd(ref->parameters(), kLr);
   }
-  for (bool view : {false, true}) {
-    auto results =
-        run_group(Mode::kThreads, kWorld, [&](std::shared_ptr<ProcessGroup> group, int rank) {
-          auto net = make_mlp(7);
-          DistributedDataParallel model(net, group, {.gradient_as_bucket_view = view});
-          for (int m = 0; m < kMicro - 1; ++m) {
-            auto guard = model.no_sync();
-            Batch b = batch(rank, m);
-            nn::mse_loss(model.forward(b.x), b.y).backward();
-          }
-          // Inside no_sync nothing was averaged: the two ranks' gradients still differ.
-          Batch last = batch(rank, kMicro - 1);
-          nn::mse_loss(model.forward(last.x), last.y).backward();
-          sgd(net->parameters(), kLr / kMicro);
-          expect_close(net->parameters(), ref->parameters(), 1e-10);
-        });
-    EXPECT_ALL_RANKS_OK(results) << "gradient_as_bucket_view=" << view;
+  // Over shared memory without bucket views the accumulated .grad() is averaged in place.
+  for (auto [mode, view] : {std::pair{Mode::kThreads, false}, std::pair{Mode::kThreads, true},
+                            std::pair{Mode::kShmProcesses, false}}) {
+    auto results = run_group(mode, kWorld, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+      auto net = make_mlp(7);
+      DistributedDataParallel model(net, group, {.gradient_as_bucket_view = view});
+      for (int m = 0; m < kMicro - 1; ++m) {
+        auto guard = model.no_sync();
+        Batch b = batch(rank, m);
+        nn::mse_loss(model.forward(b.x), b.y).backward();
+      }
+      // Inside no_sync nothing was averaged: the two ranks' gradients still differ.
+      Batch last = batch(rank, kMicro - 1);
+      nn::mse_loss(model.forward(last.x), last.y).backward();
+      sgd(net->parameters(), kLr / kMicro);
+      expect_close(net->parameters(), ref->parameters(), 1e-10);
+    });
+    EXPECT_ALL_RANKS_OK(results) << "gradient_as_bucket_view=" << view << ", shm "
+                                 << (mode == Mode::kShmProcesses);
   }
 }
 
@@ -282,37 +290,40 @@ TEST(Ddp, UnusedParametersAverageWithZerosAndUnusedEverywhereStayUndefined) {
   }
   // Variant 2 declares a static graph: the unused set is learnt in the first pass and the
   // graph is not walked again.
-  for (int variant : {0, 1, 2}) {
+  // Variants 3 and 4 are 0 and 2 over shared memory, where the gradients are averaged
+  // where they lie (a parameter marked ready without a hook through a private tensor).
+  for (int variant : {0, 1, 2, 3, 4}) {
     const bool view = variant == 1;
-    auto results =
-        run_group(Mode::kThreads, kWorld, [&](std::shared_ptr<ProcessGroup> group, int rank) {
-          auto net = std::make_shared<TwoHeads>();
-          net->use_b = rank == 0;
-          DistributedDataParallel model(net, group,
-                                        {.find_unused_parameters = variant != 2,
-                                         .static_graph = variant == 2,
-                                         .gradient_as_bucket_view = view});
-          for (int step = 0; step < 3; ++step) {  // later passes run on rebuilt buckets
-            zero(net->parameters());
-            Batch b = batch(rank, 0);
-            nn::mse_loss(model.forward(b.x), b.y).backward();
-            const auto params = net->parameters();
-            for (size_t i = 0; i < params.size(); ++i) {
-              const bool head_c =
-                  params[i].is_same(net->c_->weight()) || params[i].is_same(net->c_->bias());
-              if (head_c) {
-                EXPECT_FALSE(params[i].grad().defined()) << "unused on every rank";
-                continue;
-              }
-              ASSERT_TRUE(params[i].grad().defined()) << i;
-              Tensor want = div(add(grads[0][i], grads[1][i]), Scalar(2.0));
-              EXPECT_LE(max(abs(sub(params[i].grad(), want))).item<double>(), 1e-12) << i;
-            }
+    const bool static_graph = variant == 2 || variant == 4;
+    const Mode mode = variant >= 3 ? Mode::kShmProcesses : Mode::kThreads;
+    auto results = run_group(mode, kWorld, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+      auto net = std::make_shared<TwoHeads>();
+      net->use_b = rank == 0;
+      DistributedDataParallel model(net, group,
+                                    {.find_unused_parameters = !static_graph,
+                                     .static_graph = static_graph,
+                                     .gradient_as_bucket_view = view});
+      for (int step = 0; step < 3; ++step) {  // later passes run on rebuilt buckets
+        zero(net->parameters());
+        Batch b = batch(rank, 0);
+        nn::mse_loss(model.forward(b.x), b.y).backward();
+        const auto params = net->parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          const bool head_c =
+              params[i].is_same(net->c_->weight()) || params[i].is_same(net->c_->bias());
+          if (head_c) {
+            EXPECT_FALSE(params[i].grad().defined()) << "unused on every rank";
+            continue;
           }
-          // find_unused_parameters all-reduces the used flags every pass; a static graph
-          // only in its first.
-          EXPECT_EQ(model.reducer().used_flag_reductions(), variant == 2 ? 1 : 3);
-        });
+          ASSERT_TRUE(params[i].grad().defined()) << i;
+          Tensor want = div(add(grads[0][i], grads[1][i]), Scalar(2.0));
+          EXPECT_LE(max(abs(sub(params[i].grad(), want))).item<double>(), 1e-12) << i;
+        }
+      }
+      // find_unused_parameters all-reduces the used flags every pass; a static graph
+      // only in its first.
+      EXPECT_EQ(model.reducer().used_flag_reductions(), static_graph ? 1 : 3);
+    });
     EXPECT_ALL_RANKS_OK(results) << "variant " << variant;
   }
 }
@@ -445,21 +456,27 @@ TEST(Ddp, JoinDividesByTheInitialWorldSizeByDefault) {
     mul(nn::mse_loss(ref->forward(all.x), all.y), scale).backward();
     sgd(ref->parameters(), kLr);
   }
-  auto results =
-      run_group(Mode::kThreads, kWorld, [&](std::shared_ptr<ProcessGroup> group, int rank) {
-        auto net = make_mlp(7);
-        DistributedDataParallel model(net, group, {.bucket_cap_mb = 0.0001});
-        Join join({&model});
-        for (int s = 0; s < rank + 1; ++s) {
-          Batch b = batch(rank, s);
-          zero(net->parameters());
-          nn::mse_loss(model.forward(b.x), b.y).backward();
-          sgd(net->parameters(), kLr);
-        }
-        EXPECT_EQ(join.join(), kWorld - (rank + 1));
-        expect_close(net->parameters(), ref->parameters(), 1e-10);
-      });
-  EXPECT_ALL_RANKS_OK(results);
+  // Over shared memory the ranks with data average their gradients where they lie, and the
+  // joined ranks' shadow all-reduces must be the same collectives (checked by kDetail).
+  for (Mode mode : {Mode::kThreads, Mode::kShmProcesses}) {
+    auto results = run_group(
+        mode, kWorld,
+        [&](std::shared_ptr<ProcessGroup> group, int rank) {
+          auto net = make_mlp(7);
+          DistributedDataParallel model(net, group, {.bucket_cap_mb = 0.0001});
+          Join join({&model});
+          for (int s = 0; s < rank + 1; ++s) {
+            Batch b = batch(rank, s);
+            zero(net->parameters());
+            nn::mse_loss(model.forward(b.x), b.y).backward();
+            sgd(net->parameters(), kLr);
+          }
+          EXPECT_EQ(join.join(), kWorld - (rank + 1));
+          expect_close(net->parameters(), ref->parameters(), 1e-10);
+        },
+        mode == Mode::kShmProcesses ? c10d::DebugLevel::kDetail : c10d::DebugLevel::kOff);
+    EXPECT_ALL_RANKS_OK(results) << "shm " << (mode == Mode::kShmProcesses);
+  }
 }
 
 // no_sync under a Join: rank 0 has 2 batches, rank 1 has 4; even steps accumulate under
@@ -483,26 +500,28 @@ TEST(Ddp, JoinFollowsNoSyncStepsOfTheRanksWithData) {
   };
   update({{0, 0}, {0, 1}, {1, 0}, {1, 1}});
   update({{1, 2}, {1, 3}});
-  auto results = run_group(Mode::kThreads, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
-    auto net = make_mlp(7);
-    DistributedDataParallel model(net, group, {.bucket_cap_mb = 0.0001});
-    Join join({&model});
-    zero(net->parameters());
-    for (int s = 0; s < 2 + 2 * rank; ++s) {
-      Batch b = batch(rank, s);
-      if (s % 2 == 0) {
-        auto guard = model.no_sync();
-        nn::mse_loss(model.forward(b.x), b.y).backward();
-      } else {
-        nn::mse_loss(model.forward(b.x), b.y).backward();
-        sgd(net->parameters(), kLr);
-        zero(net->parameters());
+  for (Mode mode : {Mode::kThreads, Mode::kShmProcesses}) {
+    auto results = run_group(mode, 2, [&](std::shared_ptr<ProcessGroup> group, int rank) {
+      auto net = make_mlp(7);
+      DistributedDataParallel model(net, group, {.bucket_cap_mb = 0.0001});
+      Join join({&model});
+      zero(net->parameters());
+      for (int s = 0; s < 2 + 2 * rank; ++s) {
+        Batch b = batch(rank, s);
+        if (s % 2 == 0) {
+          auto guard = model.no_sync();
+          nn::mse_loss(model.forward(b.x), b.y).backward();
+        } else {
+          nn::mse_loss(model.forward(b.x), b.y).backward();
+          sgd(net->parameters(), kLr);
+          zero(net->parameters());
+        }
       }
-    }
-    EXPECT_EQ(join.join(), rank == 0 ? 2 : 0);
-    expect_close(net->parameters(), ref->parameters(), 1e-10);
-  });
-  EXPECT_ALL_RANKS_OK(results);
+      EXPECT_EQ(join.join(), rank == 0 ? 2 : 0);
+      expect_close(net->parameters(), ref->parameters(), 1e-10);
+    });
+    EXPECT_ALL_RANKS_OK(results) << "shm " << (mode == Mode::kShmProcesses);
+  }
 }
 
 // throw_on_early_termination: at the first step where rank 0 has run out, rank 1's forward

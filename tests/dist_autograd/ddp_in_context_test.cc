@@ -1,5 +1,5 @@
-// DDP inside dist_autograd: two ranks (threads), each an rpc agent and a Gloo rank, train one
-// DistributedDataParallel model whose input comes back from a remote call; a distributed
+// DDP inside dist_autograd: two ranks (threads), each an rpc agent and a Gloo (or shm) rank,
+// train one DistributedDataParallel model whose input comes back from a remote call; a distributed
 // backward in a context must leave in the context the gradients averaged over the ranks,
 // for every DDP parameter, whatever the DDP options, while non-DDP leaves keep their own
 // local gradient and .grad() is never written. Expected values are closed forms worked out
@@ -23,6 +23,7 @@
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/c10d/process_group_gloo.h"
+#include "gradwire/c10d/process_group_shm.h"
 #include "gradwire/ddp/ddp.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/nn/module.h"
@@ -132,6 +133,9 @@ struct Variant {
   bool v_on_rank0_only;  // and a parameter "never" that no rank uses
   Passes passes;
   bool float64_hook;  // a comm hook returning a fresh tensor
+  // Over the shared-memory group: the default hook's passes then skip the buckets and
+  // average the tensors where they lie (the sink's gradients included).
+  bool shm = false;
 };
 
 // What the context of rank `rank`'s step `step` must hold.
@@ -189,8 +193,15 @@ void run_variant(const Variant& variant) {
       [&](int rank) {
         rpc::RpcAgent& agent = *agents[static_cast<size_t>(rank)];
         const std::string peer = test::worker_name(1 - rank);
-        auto group = c10d::ProcessGroupGloo::create(
-            store, rank, kWorld, {.timeout = 20s, .name = "ddp-in-context"}, {.host = "127.0.0.1"});
+        const c10d::ProcessGroupOptions options{.timeout = 20s, .name = "ddp-in-context"};
+        std::shared_ptr<c10d::ProcessGroup> group;
+        if (variant.shm) {
+          group = c10d::ProcessGroupShm::create(store, rank, kWorld, options,
+                                                {.gloo = {.host = "127.0.0.1"}});
+        } else {
+          group =
+              c10d::ProcessGroupGloo::create(store, rank, kWorld, options, {.host = "127.0.0.1"});
+        }
         auto net = std::make_shared<Net>(variant.v_on_rank0_only);
         ddp::DistributedDataParallel model(net, group, variant.options);
         if (variant.float64_hook) model.register_comm_hook(float64_hook);
@@ -278,7 +289,23 @@ INSTANTIATE_TEST_SUITE_P(
                 false},
         Variant{"comm_hook", {}, false, Passes::kOne, true},
         Variant{
-            "comm_hook_find_unused", {.find_unused_parameters = true}, true, Passes::kOne, true}),
+            "comm_hook_find_unused", {.find_unused_parameters = true}, true, Passes::kOne, true},
+        Variant{"defaults_shm", {}, false, Passes::kOne, false, true},
+        Variant{
+            "find_unused_shm", {.find_unused_parameters = true}, true, Passes::kOne, false, true},
+        Variant{"static_graph_shm", {.static_graph = true}, true, Passes::kOne, false, true},
+        Variant{"no_sync_then_sync_find_unused_shm",
+                {.find_unused_parameters = true},
+                true,
+                Passes::kNoSyncThenSync,
+                false,
+                true},
+        Variant{"retain_graph_two_passes_find_unused_shm",
+                {.find_unused_parameters = true},
+                true,
+                Passes::kRetainTwice,
+                false,
+                true}),
     [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name; });
 
 }  // namespace

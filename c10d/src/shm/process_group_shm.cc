@@ -391,22 +391,85 @@ int64_t slice_begin(int64_t count, int r, int n) {
   return count * r / n;
 }
 
-// all_reduce of one flat buffer, in chunks of an area, with the fixed reduction order.
-// Order of steps: input 0; then for each chunk k: input k+1, reduced slice k, copy out k,
-// so that the next chunk's copy-in overlaps the peers' reduction of this one. A rank's own
-// slice never goes through its input area (it reads it from the buffer) and its result is
-// copied into the buffer once published: only what the peers need is copied. kAvg's
-// division is done here, on each rank's own slice.
-void all_reduce_buffer(ShmExchange& ex, const Tensor& buffer, ReduceOp op) {
+// Tensors of one dtype read and written as one buffer, in order, without packing them:
+// all_reduce reads its input from them and writes its result into them directly.
+class Spans {
+ public:
+  explicit Spans(const std::vector<Tensor>& tensors) {
+    for (const Tensor& t : tensors) {
+      if (t.nbytes() == 0) continue;
+      ptrs_.push_back(bytes_of(t));
+      starts_.push_back(total_);
+      total_ += t.nbytes();
+    }
+  }
+  size_t bytes() const { return total_; }
+
+  // Calls f(pointer, offset from `begin`, length) for each contiguous piece of
+  // [begin, begin + len).
+  template <typename F>
+  void pieces(size_t begin, size_t len, F&& f) const {
+    if (len == 0) return;
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
+                                   starts_.begin()) -
+               1;
+    size_t done = 0;
+    while (done < len) {
+      const size_t at = begin + done;
+      const size_t end = i + 1 < starts_.size() ? starts_[i + 1] : total_;
+      const size_t n = std::min(len - done, end - at);
+      f(ptrs_[i] + (at - starts_[i]), done, n);
+      done += n;
+      ++i;
+    }
+  }
+  void read(size_t begin, uint8_t* dst, size_t len) const {
+    pieces(begin, len, [&](uint8_t* p, size_t off, size_t n) { std::memcpy(dst + off, p, n); });
+  }
+  void write(size_t begin, const uint8_t* src, size_t len) const {
+    pieces(begin, len, [&](uint8_t* p, size_t off, size_t n) { std::memcpy(p, src + off, n); });
+  }
+
+ private:
+  std::vector<uint8_t*> ptrs_;
+  std::vector<size_t> starts_;
+  size_t total_ = 0;
+};
+
+// Whether any two of `tensors` share bytes (then they cannot be reduced in place one after
+// the other: a result written into one would be another's input).
+bool any_overlap(const std::vector<Tensor>& tensors) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  for (const Tensor& t : tensors) {
+    if (t.nbytes() == 0) continue;
+    const auto b = reinterpret_cast<uintptr_t>(t.data_ptr());
+    ranges.emplace_back(b, b + t.nbytes());
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second) return true;
+  return false;
+}
+
+// all_reduce of `tensors` (one dtype, contiguous, no two overlapping) as one buffer, in
+// chunks of an area, with the fixed reduction order. Order of steps: input 0; then for each
+// chunk k: input k+1, reduced slice k, copy out k, so that the next chunk's copy-in overlaps
+// the peers' reduction of this one. A rank's own slice never goes through its input area
+// (it reads it from the tensors) and its result is copied into the tensors once published:
+// only what the peers need is copied, and nothing is packed or unpacked around the
+// exchange. kAvg's division is done here, on each rank's own slice.
+void all_reduce_spans(ShmExchange& ex, const std::vector<Tensor>& tensors, ReduceOp op) {
   const int n = ex.size();
   const int me = ex.rank();
-  const auto es = static_cast<size_t>(buffer.element_size());
-  const int64_t numel = buffer.numel();
-  if (numel == 0 || n == 1) return;
+  const Spans data(tensors);
+  if (data.bytes() == 0 || n == 1) return;
+  const DType dtype = tensors.front().dtype();
+  const TensorOptions options = tensors.front().options();
+  const auto es = static_cast<size_t>(tensors.front().element_size());
+  const auto numel = static_cast<int64_t>(data.bytes() / es);
   const auto chunk = static_cast<int64_t>(ex.area_bytes() / es);
   const int64_t chunks = (numel + chunk - 1) / chunk;
-  const auto kernel = gloo_backend::reduce_kernel(buffer.dtype(), op);
-  uint8_t* data = bytes_of(buffer);
+  const auto kernel = gloo_backend::reduce_kernel(dtype, op);
   int input_area[2] = {0, 0};
   uint32_t input_step[2] = {0, 0};
   auto count_of = [&](int64_t k) { return std::min(chunk, numel - k * chunk); };
@@ -417,58 +480,66 @@ void all_reduce_buffer(ShmExchange& ex, const Tensor& buffer, ReduceOp op) {
   auto copy_in = [&](int64_t k) {
     const int a = ex.acquire_input();
     const int64_t count = count_of(k);
-    const uint8_t* src = data + static_cast<size_t>(k * chunk) * es;
+    const size_t at = static_cast<size_t>(k * chunk) * es;
     const size_t b = slice_bytes(count, me);
     const size_t e = slice_bytes(count, me + 1);
     const size_t bytes = static_cast<size_t>(count) * es;
-    std::memcpy(ex.area(a), src, b);
-    std::memcpy(ex.area(a) + e, src + e, bytes - e);
+    data.read(at, ex.area(a), b);
+    data.read(at + e, ex.area(a) + e, bytes - e);
     ex.publish(a, bytes);
     input_area[k % 2] = a;
     input_step[k % 2] = ex.step();
   };
-  std::vector<const uint8_t*> sources(static_cast<size_t>(n));
+  std::vector<const uint8_t*> peers(static_cast<size_t>(n));
   copy_in(0);
   for (int64_t k = 0; k < chunks; ++k) {
     if (k + 1 < chunks) copy_in(k + 1);
     const int in = input_area[k % 2];
     const int64_t count = count_of(k);
     const size_t bytes = static_cast<size_t>(count) * es;
-    uint8_t* target = data + static_cast<size_t>(k * chunk) * es;
+    const size_t at = static_cast<size_t>(k * chunk) * es;
     ex.wait_all(input_step[k % 2]);
-    // This rank's slice, combined in rank order into its output area.
+    // This rank's slice, combined in rank order into its output area, piece by piece where
+    // it spans several tensors.
     const int out = ex.acquire_output();
     const size_t b = slice_bytes(count, me);
     const size_t len = slice_bytes(count, me + 1) - b;
     for (int r = 0; r < n; ++r) {
-      sources[static_cast<size_t>(r)] = r == me ? target + b : ex.peer_area(r, in, bytes) + b;
+      if (r != me) peers[static_cast<size_t>(r)] = ex.peer_area(r, in, bytes) + b;
     }
     uint8_t* dst = ex.area(out) + b;
     if (len > 0) {
-      kernel(dst, sources[0], sources[1], len / es);
-      for (int r = 2; r < n; ++r)
-        kernel(dst, dst, sources[static_cast<size_t>(r)], len / es);
+      data.pieces(at + b, len, [&](const uint8_t* own, size_t off, size_t piece) {
+        auto source = [&](int r) { return r == me ? own : peers[static_cast<size_t>(r)] + off; };
+        kernel(dst + off, source(0), source(1), piece / es);
+        for (int r = 2; r < n; ++r)
+          kernel(dst + off, dst + off, source(r), piece / es);
+      });
       // kAvg: each rank divides only its own slice, before publishing it (the same
       // division of the same sums as dividing the whole result afterwards, n times less
       // work per rank and none left for the caller).
       if (op == ReduceOp::kAvg) {
-        from_blob(dst, {static_cast<int64_t>(len / es)}, buffer.options())
+        from_blob(dst, {static_cast<int64_t>(len / es)}, options)
             .div_(Scalar(static_cast<double>(n)));
       }
     }
     ex.done_reading(in);
     ex.publish(out, bytes);
-    std::memcpy(target + b, dst, len);
+    data.write(at + b, dst, len);
     ex.wait_all(ex.step());
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
       const size_t rb = slice_bytes(count, r);
       const size_t re = slice_bytes(count, r + 1);
       const uint8_t* src = ex.peer_area(r, out, bytes);
-      std::memcpy(target + rb, src + rb, re - rb);
+      data.write(at + rb, src + rb, re - rb);
     }
     ex.done_reading(out);
   }
+}
+
+void all_reduce_buffer(ShmExchange& ex, const Tensor& buffer, ReduceOp op) {
+  all_reduce_spans(ex, {buffer}, op);
 }
 
 // One round: this rank writes `length` bytes into an input area with `write`, every rank
@@ -787,13 +858,17 @@ Work ProcessGroupShm::do_all_reduce(std::vector<Tensor> tensors, ReduceOp op,
     for (const Tensor& t : work)
       by_dtype[t.dtype()].push_back(t);
     for (auto& [dtype, group] : by_dtype) {
-      Tensor buffer = group.size() == 1 ? group[0] : flatten_dense_tensors(group);
-      all_reduce_buffer(ex, buffer, op);  // kAvg divided there
-      if (group.size() > 1) {
-        const std::vector<Tensor> parts = unflatten_dense_tensors(buffer, group);
-        for (size_t i = 0; i < group.size(); ++i)
-          group[i].copy_(parts[i]);
+      if (!any_overlap(group)) {
+        // Read from and written into the tensors themselves (kAvg divided there).
+        all_reduce_spans(ex, group, op);
+        continue;
       }
+      // Tensors sharing bytes: each reduced from its own input, as if alone.
+      Tensor buffer = flatten_dense_tensors(group);
+      all_reduce_buffer(ex, buffer, op);
+      const std::vector<Tensor> parts = unflatten_dense_tensors(buffer, group);
+      for (size_t i = 0; i < group.size(); ++i)
+        group[i].copy_(parts[i]);
     }
   });
 }

@@ -152,6 +152,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // tensors may differ in shape and dtype; tensors[i] must match across ranks.
   Work all_reduce(std::vector<Tensor> tensors, const AllReduceOptions& options = {});
   Work all_reduce(const Tensor& tensor, const AllReduceOptions& options = {});
+  // Whether all_reduce of several tensors reads and writes each of them where it lies (no
+  // staging buffer packed and unpacked around the exchange): a caller holding scattered
+  // tensors then passes them as they are rather than packing them itself (DDP's Reducer
+  // does so for its default hook). False unless a backend says otherwise (shm: true).
+  virtual bool all_reduce_in_place() const { return false; }
   // The root's tensors[i] are copied into every other rank's tensors[i].
   Work broadcast(std::vector<Tensor> tensors, const BroadcastOptions& options = {});
   Work broadcast(const Tensor& tensor, const BroadcastOptions& options = {});

@@ -122,6 +122,8 @@ class ProcessGroupShm : public ProcessGroup {
   ~ProcessGroupShm() override;
 
   std::string_view backend_name() const override { return "shm"; }
+  // all_reduce reads its tensors and writes its results in place, however many tensors.
+  bool all_reduce_in_place() const override { return true; }
   const ShmOptions& shm_options() const { return shm_options_; }
 
   // Whether every rank of a group about to be made shares this host and network

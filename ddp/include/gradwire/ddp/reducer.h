@@ -22,6 +22,13 @@
 // a synchronised forward is reduced, until the next forward: a second pass over a retained
 // graph adds its average to the first's (every rank must run the same passes).
 //
+// In place. Over a group whose all_reduce of a tensor list reads and writes the tensors
+// where they lie (the shm group), with the default hook, no bucket views and the plain
+// average, a pass uses no bucket buffer: a bucket's gradients (each parameter's own .grad(),
+// or a private tensor where averaging .grad() in place would be wrong) go to one coalesced
+// all_reduce(kAvg) as they are, and the average lands in them (averages_in_place()). The
+// result is bit for bit the bucketed pass's; two copies of every gradient are saved.
+//
 // Passes with a gradient sink (a dist_autograd context; autograd/gradient_sink.h). Then the
 // gradients live in the sink, not in .grad(), and the contract is:
 //   - a parameter's hook reads what the sink already holds for it (earlier passes in the
@@ -135,6 +142,15 @@ class Reducer {
   std::vector<std::vector<size_t>> bucket_indices() const;
   // Whether the buckets have been rebuilt from the arrival order.
   bool buckets_rebuilt() const { return rebuilt_; }
+  // Whether synchronised passes skip the bucket buffers: the default hook, no bucket views,
+  // the plain average (no Join divisor), and a group whose all_reduce of a tensor list works
+  // in place (c10d::ProcessGroup::all_reduce_in_place; the shm group). Then each bucket's
+  // gradients are averaged where they lie, by one coalesced all_reduce, and .grad() (or a
+  // private tensor put in its place at the end of the pass) holds the average: two passes
+  // over every gradient (into the bucket, and back) saved. The same on every rank, as the
+  // collectives must be. In such a pass .grad() turns from the local gradient into the
+  // average while backward goes on (a bucket's parameters once the bucket is launched).
+  bool averages_in_place() const;
   // Synchronised passes completed.
   int64_t iterations() const { return iterations_; }
   // All-reduces of the "used somewhere" flags issued so far (find_unused_parameters: one
@@ -147,6 +163,11 @@ class Reducer {
     std::vector<size_t> params;
     Tensor buffer;
     std::vector<Tensor> views;
+    // Direct passes (see averages_in_place()): the tensor each slot hands to the all-reduce, which
+    // averages it in place: the parameter's own .grad(), or a private tensor (a
+    // parameter marked ready without a hook, a sink's gradient, a gradient that is not a
+    // plain contiguous tensor) written back at the end of the pass.
+    std::vector<Tensor> direct;
     size_t pending{0};
     Future<Tensor> result;
     bool launched{false};
@@ -169,6 +190,10 @@ class Reducer {
   GradBucket make_grad_bucket(size_t b, const Tensor& buffer, const std::vector<Tensor>& views);
   void finalize();
   void reset_pass();
+  // A bucketed pass: copies parameter `index`'s gradient into its slot of `bucket`.
+  void copy_into_bucket(Bucket& bucket, size_t slot, size_t index, autograd::LeafGradient* g);
+  // The slot tensor of a direct pass for parameter `index` (see Bucket::direct).
+  Tensor direct_tensor(size_t index, autograd::LeafGradient* g) const;
   std::vector<size_t> unused_from_graph(const std::vector<Tensor>& outputs) const;
   std::chrono::milliseconds wait_timeout() const;
 
@@ -178,6 +203,9 @@ class Reducer {
   ReducerOptions options_;
   std::shared_ptr<Executor> executor_;
   CommHook comm_hook_;
+  bool default_hook_{true};     // comm_hook_ is allreduce_hook
+  bool in_place_group_{false};  // group_->all_reduce_in_place()
+  bool direct_{false};          // this pass is direct (decided by its first hook)
   std::vector<uint64_t> hook_handles_;
 
   std::vector<Bucket> buckets_;
