@@ -65,7 +65,10 @@
 // the parameters that got no gradient, with the find_unused_parameters hint);
 // InvalidArgument when a parameter is marked ready twice in one pass, for options out of
 // range, and for parameters that are not dense contiguous leaves requiring grad; a failed
-// collective's TimeoutError/NetworkError from the end of the pass.
+// collective's TimeoutError/NetworkError from the end of the pass. A failed bucketed pass
+// leaves .grad() as the local gradients; a failed in-place pass (averages_in_place()) may
+// leave some of them averaged, or partly so (the group has failed then: what it held is
+// not to be used).
 //
 // Example (DistributedDataParallel does this; users rarely hold a Reducer):
 //   ddp::Reducer reducer(params, names, group, {.gradient_as_bucket_view = true});
