@@ -281,13 +281,17 @@ void Reducer::hook(size_t index, autograd::LeafGradient& g) {
   mark_ready(index, &g);
 }
 
-Tensor Reducer::local_gradient(size_t index, autograd::LeafGradient* g) const {
+Tensor Reducer::local_gradient(size_t index, autograd::LeafGradient* g, bool* fresh) const {
+  if (fresh != nullptr) *fresh = false;
   if (sink_ == nullptr) return g ? g->grad : params_[index].grad();
   // Under a sink: what earlier passes left in it (no_sync, a retained graph's first pass)
   // plus this pass's own gradient.
   Tensor held = sink_->gradient(params_[index]);
   Tensor now = g ? g->grad : Tensor();
-  if (held.defined() && now.defined()) return add(held, now);
+  if (held.defined() && now.defined()) {
+    if (fresh != nullptr) *fresh = true;
+    return add(held, now);
+  }
   return held.defined() ? held : now;
 }
 
@@ -348,19 +352,17 @@ void Reducer::copy_into_bucket(Bucket& bucket, size_t slot, size_t index,
 
 Tensor Reducer::direct_tensor(size_t index, autograd::LeafGradient* g) const {
   const Tensor& p = params_[index];
-  Tensor grad = local_gradient(index, g);
+  bool fresh = false;
+  Tensor grad = local_gradient(index, g, &fresh);
   if (!grad.defined()) return zeros_like(p);
   const bool plain = grad.is_contiguous() && grad.dtype() == p.dtype() && grad.sizes() == p.sizes();
   // The accumulated .grad() itself when nothing else can be hurt by averaging it in place:
   // a hook's gradient with no sink is the parameter's own (accumulation keeps it private).
-  // A sink's sum of what it held and this pass's gradient (add) is a fresh tensor too; a
-  // sink's lone gradient may be shared with other parts of the graph, and a gradient
-  // marked ready without a hook is averaged only if some rank used the parameter.
+  // A sink's sum of what it held and this pass's gradient is a fresh tensor too; a sink's
+  // lone gradient may be shared with other parts of the graph, and a gradient marked ready
+  // without a hook is averaged only if some rank used the parameter.
+  if (plain && fresh) return grad;
   if (plain && g != nullptr && sink_ == nullptr && grad.is_same(p.grad())) return grad;
-  if (plain && g != nullptr && sink_ != nullptr && g->grad.defined() &&
-      sink_->gradient(p).defined()) {
-    return grad;
-  }
   return grad.to(p.dtype()).contiguous().clone();
 }
 

@@ -186,8 +186,9 @@ class Reducer {
   void hook(size_t index, autograd::LeafGradient& g);
   void mark_ready(size_t index, autograd::LeafGradient* g);
   // The gradient parameter `index` contributes to its bucket (`g` null: marked ready
-  // without a hook).
-  Tensor local_gradient(size_t index, autograd::LeafGradient* g) const;
+  // without a hook); `fresh`, when given, says whether it is a tensor made here (a sink's
+  // sum), which nothing else holds.
+  Tensor local_gradient(size_t index, autograd::LeafGradient* g, bool* fresh = nullptr) const;
   std::vector<char> all_reduce_used_flags();
   void launch_ready_buckets();
   GradBucket make_grad_bucket(size_t b, const Tensor& buffer, const std::vector<Tensor>& views);
