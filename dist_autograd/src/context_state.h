@@ -167,7 +167,8 @@ struct ContextState {
   Future<void> last_done GRADWIRE_GUARDED_BY(mutex);  // for a Wait asked again
   // Passes aborted here: their later messages are refused.
   std::set<uint64_t> aborted GRADWIRE_GUARDED_BY(mutex);
-  // Gradients that came ahead of their Discover, per pass (at most kMaxEarly in all).
+  // Gradients that came ahead of their Discover, per pass: at most kMaxEarly for each pass
+  // running here, and kMaxEarly for all the passes not started here together.
   std::map<uint64_t, std::vector<EarlyGradients>> early GRADWIRE_GUARDED_BY(mutex);
   static constexpr size_t kMaxEarly = 256;
   // Per initiator, the newest pass this worker took part in: gradients for an older pass

@@ -355,16 +355,24 @@ Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Prop
     }
     if (task == nullptr) {
       // Ahead of the Discover that names this send (discovery overlaps the backward): kept
-      // until it comes, answered then.
+      // until it comes, answered then. Bounded per pass this worker runs, and once for the
+      // passes it has not started: gradients for passes that may never come here cannot
+      // crowd out those of a pass that runs (whose discovery ends, taking or refusing them).
+      const bool runs_here = pass != state->passes.end();
       size_t kept = 0;
-      for (const auto& [id, waiting] : state->early)
-        kept += waiting.size();
+      for (const auto& [id, waiting] : state->early) {
+        const bool counts =
+            runs_here ? id == p.pass_id() : state->passes.find(id) == state->passes.end();
+        if (counts) kept += waiting.size();
+      }
       if (kept >= ContextState::kMaxEarly) {
         throw CallRejected("dist_autograd: worker " + self_.describe() + " already holds " +
                            std::to_string(ContextState::kMaxEarly) +
                            " gradients that came ahead of their discovery in context " +
-                           ctx_text(p.context_id()) + "; refused those for send " +
-                           ctx_text(p.message_id()));
+                           ctx_text(p.context_id()) +
+                           (runs_here ? " for pass " + ctx_text(p.pass_id())
+                                      : std::string(" for passes it has not started")) +
+                           "; refused those for send " + ctx_text(p.message_id()));
       }
       EarlyGradients early;
       early.message_id = p.message_id();

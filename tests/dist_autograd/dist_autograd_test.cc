@@ -168,6 +168,15 @@ TEST_F(DistAutograd, TheLastPartIsNamedOnceAndItsEndMayBeAwaitedThere) {
     seen->waited = w0->rpc_async<void>(last.name, "wait_part", id, pass_id);
     seen->called.try_set_value();
   };
+  // w1's part (its weight's gradient) goes on only once w1 has been named: so w0's part,
+  // which ends once its gradient has gone to w1 and discovery is over, ends first whatever
+  // the threads' timing (w1's answer to the Wait could otherwise reach w0 before w0's own
+  // thread ends its part, and with w0's part the last one nothing is named). Bounded: a pass
+  // that never names w1 fails below.
+  weights_.at(1).register_hook([seen](const Tensor&) -> Tensor {
+    seen->called.wait(10s);
+    return Tensor();
+  });
   Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // needs no gradient
   Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);
   da::backward(w(0), ctx.id(), {sum(y)}, options);
