@@ -436,6 +436,26 @@ size_t GraphTask::run_ready() {
   }
 }
 
+bool GraphTask::finish_if_idle() {
+  Impl& d = *impl_;
+  {
+    MutexLock lock(d.mutex);
+    d.check_usable("finish_if_idle");
+    if (!d.sealed || !d.ready.empty() || d.pending != 0 || d.running != 0 || d.finishing ||
+        d.holding || !d.callbacks.empty()) {
+      return false;
+    }
+    d.finishing = true;
+  }
+  try {
+    d.finish();
+  } catch (...) {
+    d.fail(std::current_exception());
+    throw;
+  }
+  return true;
+}
+
 bool GraphTask::completed() const {
   MutexLock lock(impl_->mutex);
   return impl_->completed;

@@ -270,13 +270,14 @@ class Container : public rpc::Interceptor,
   };
   Watched watch_parts(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
                       const std::set<int>& workers,
-                      const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part);
+                      const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part,
+                      bool hook_inline);
   // BackwardOptions::on_last_part: called once every part in `parts` (the other workers' of
   // `workers`, in order, then this one's) but one has ended well, when that one is another
   // worker's.
   void watch_for_last_part(
       uint64_t pass_id, const std::set<int>& workers, const std::vector<Future<void>>& parts,
-      const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part);
+      const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part, bool hook_inline);
   // A Wait: answer once this worker's part of the pass is over.
   Future<Value> on_wait(const WorkerInfo& caller, const wire::Wait& w);
   // This worker's part of a pass, for its initiator `caller` (a Wait, or part_done()): the

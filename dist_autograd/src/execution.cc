@@ -60,8 +60,9 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     {
       std::weak_ptr<Container> weak_self = weak_from_this();
       gradwire::detail::on_complete_inline(
-          found, [weak_self, state, pass_id, ctx, discovery_ns, on_last_part = options.on_last_part,
-                  watched](const Future<Found>& done) mutable {
+          found,
+          [weak_self, state, pass_id, ctx, discovery_ns, on_last_part = options.on_last_part,
+           hook_inline = options.on_last_part_inline, watched](const Future<Found>& done) mutable {
             if (done.has_error()) {
               watched.try_set_error(done.error());
               return;
@@ -76,7 +77,21 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
                                 {trace::Arg("context_id", ctx), trace::Arg("pass_id", pass_id),
                                  trace::Arg("workers", static_cast<uint64_t>(workers.size()))});
               }
-              watched.try_set_value(self->watch_parts(state, pass_id, workers, on_last_part));
+              Watched parts = self->watch_parts(state, pass_id, workers, on_last_part, hook_inline);
+              // Discovery is over everywhere: nothing here is held any more. A part whose
+              // nodes all ran meanwhile (a trainer's, once it sent the logits' gradient)
+              // then ends here, and with it perhaps every part but one (the last-part
+              // watch, dist_optim's early step), instead of once backward()'s thread,
+              // blocked below, has woken. A part with work left runs it there; the hold
+              // ends before that thread is let go, so that what it runs can finish.
+              if (std::shared_ptr<autograd::GraphTask> open = self->end_discovery(state, pass_id)) {
+                try {
+                  open->finish_if_idle();
+                } catch (...) {
+                  // The task holds the error; backward()'s wait reports it.
+                }
+              }
+              watched.try_set_value(std::move(parts));
             } catch (...) {
               watched.try_set_error(std::current_exception());
             }
@@ -109,13 +124,13 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     std::vector<Future<void>> parts = watched.value().parts;
     Future<void> all = rpc::join_fail_fast(parts);
     // Discovery is over everywhere (every Discover was answered, so every one sent here was
-    // taken): nothing is held any more.
-    if (std::shared_ptr<autograd::GraphTask> open = end_discovery(state, pass_id)) {
-      try {
-        open->run_ready();
-      } catch (...) {
-        // The task holds the error; the wait below reports it.
-      }
+    // taken): nothing is held any more. The thread that took the last answer ended the hold
+    // already, and finished the part if nothing was left to run; what is left runs here.
+    end_discovery(state, pass_id);
+    try {
+      task->run_ready();
+    } catch (...) {
+      // The task holds the error; the wait below reports it.
     }
     {
       // The initiator waits for every worker's part (its own included) to end.
@@ -150,7 +165,7 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
 
 Container::Watched Container::watch_parts(
     const std::shared_ptr<ContextState>& state, uint64_t pass_id, const std::set<int>& workers,
-    const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part) {
+    const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part, bool hook_inline) {
   Watched watched;
   watched.workers = workers;
   Future<void> own;
@@ -173,13 +188,13 @@ Container::Watched Container::watch_parts(
       watched.parts.push_back(watch_part(state, pass_id, agent->get_worker_info(w)));
   }
   watched.parts.push_back(std::move(own));
-  if (on_last_part) watch_for_last_part(pass_id, workers, watched.parts, on_last_part);
+  if (on_last_part) watch_for_last_part(pass_id, workers, watched.parts, on_last_part, hook_inline);
   return watched;
 }
 
 void Container::watch_for_last_part(
     uint64_t pass_id, const std::set<int>& workers, const std::vector<Future<void>>& parts,
-    const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part) {
+    const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part, bool hook_inline) {
   // `parts` holds the other workers' parts in `workers`' order, then this worker's.
   struct Left {
     Mutex mutex;
@@ -202,8 +217,8 @@ void Container::watch_for_last_part(
   const int self_id = self_.id;
   for (size_t i = 0; i < parts.size() && i < order.size(); ++i) {
     gradwire::detail::on_complete_inline(
-        parts[i], [left, worker = order[i], self_id, pass_id, weak_agent,
-                   on_last_part](const Future<void>& part) {
+        parts[i], [left, worker = order[i], self_id, pass_id, weak_agent, on_last_part,
+                   hook_inline](const Future<void>& part) {
           int last = -1;
           {
             MutexLock lock(left->mutex);
@@ -217,7 +232,9 @@ void Container::watch_for_last_part(
             left->over = true;
             last = *left->running.begin();
           }
-          // On the pool: what the hook sends is not sent from a transport's thread.
+          // On the pool, unless the hook said it never blocks (on_last_part_inline): then
+          // here, on the thread that ended the last part but one, which may be a
+          // transport's, without a pool thread's wake-up before what it sends.
           auto call = [weak_agent, pass_id, last, on_last_part] {
             try {
               std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
@@ -227,6 +244,10 @@ void Container::watch_for_last_part(
                                      << ctx_text(pass_id) << " threw: " << e.what();
             }
           };
+          if (hook_inline) {
+            call();
+            return;
+          }
           std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
           if (agent == nullptr) return;
           try {

@@ -12,6 +12,7 @@
 #endif
 
 #include "gradwire/autograd/grad_mode.h"
+#include "gradwire/core/logging.h"
 #include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/tensor/factory.h"
@@ -318,9 +319,26 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
   auto by_worker = std::make_shared<std::map<int, std::pair<size_t, RRef<detail::Shard>>>>();
   for (size_t i = 0; i < shards_.size(); ++i)
     by_worker->emplace(owners_[i].id, std::make_pair(i, shards_[i]));
-  options.on_last_part = [early, by_worker, context_id, early_timeout,
-                          theirs = std::move(options.on_last_part)](uint64_t pass_id,
-                                                                    const rpc::WorkerInfo& last) {
+  // The hook only sends (rpc_async), so it runs where the last part but one ends; a hook of
+  // the caller's own runs where the caller asked (on the pool unless it said inline).
+  std::function<void(uint64_t, const rpc::WorkerInfo&)> theirs = std::move(options.on_last_part);
+  if (theirs && !options.on_last_part_inline) {
+    theirs = [pool = agent_->executor(), hook = std::move(theirs)](uint64_t pass_id,
+                                                                   const rpc::WorkerInfo& last) {
+      // What this throws (a pool shut down with its agent) dist_autograd logs.
+      pool->execute([hook, pass_id, last] {
+        try {
+          hook(pass_id, last);
+        } catch (const std::exception& e) {
+          GRADWIRE_LOG(kWarning) << "dist_optim: BackwardOptions::on_last_part for pass " << pass_id
+                                 << " threw: " << e.what();
+        }
+      });
+    };
+  }
+  options.on_last_part_inline = true;
+  options.on_last_part = [early, by_worker, context_id, early_timeout, theirs = std::move(theirs)](
+                             uint64_t pass_id, const rpc::WorkerInfo& last) {
     auto it = by_worker->find(last.id);
     if (it != by_worker->end()) {  // else the part left is not an owner's
       MutexLock lock(early->mutex);

@@ -289,6 +289,55 @@ TEST(GraphTaskHold, AHoldThatShrinksQueuesWhatLeftItAndReleasingFinishesAnEmptyT
   EXPECT_NO_THROW(GraphTask::check_gradient(e, Tensor()));
 }
 
+// finish_if_idle(): what a distributed engine calls on a thread that must not run nodes
+// (a transport's) when discovery ends. It ends only a task with nothing left to do.
+TEST(GraphTaskHold, FinishIfIdleEndsOnlyATaskWithNothingLeftToRun) {
+  Tensor a = leaf({1, 2});
+  Tensor y = a * a;
+  Edge e = autograd::gradient_edge(y);
+  GraphTask task;
+  task.expect(e);
+  task.hold({e.function.get()});
+  EXPECT_FALSE(task.finish_if_idle()) << "never run: its queue is not live";
+  task.add_gradient(e, tensor<double>({1, 1}));
+  EXPECT_EQ(task.run_ready(), 0u);
+  EXPECT_FALSE(task.finish_if_idle()) << "a node is held";
+  task.hold({});
+  EXPECT_FALSE(task.finish_if_idle()) << "a node is ready";
+  EXPECT_EQ(task.run_ready(), 2u);
+  EXPECT_FALSE(task.finish_if_idle()) << "the hold has not ended";
+  EXPECT_FALSE(task.completed());
+  task.release_hold();
+  EXPECT_TRUE(task.finish_if_idle());
+  EXPECT_TRUE(task.completed());
+  task.completion().get(std::chrono::seconds(5));
+  EXPECT_EQ(vec(a.grad()), (std::vector<double>{2, 4}));
+  // Once finished, neither call does anything more.
+  EXPECT_FALSE(task.finish_if_idle());
+  EXPECT_EQ(task.run_ready(), 0u);
+  EXPECT_TRUE(task.completed());
+
+  // A queued callback is work: finish_if_idle leaves it to run_ready(), which runs it.
+  Tensor b = leaf({3});
+  Tensor z = b * b;
+  Edge f = autograd::gradient_edge(z);
+  GraphTask with_callback;
+  with_callback.expect(f);
+  with_callback.hold({});
+  with_callback.add_gradient(f, tensor<double>({1}));
+  EXPECT_EQ(with_callback.run_ready(), 2u);
+  std::atomic<int> ran{0};
+  with_callback.queue_callback([&] { ++ran; });
+  with_callback.release_hold();
+  EXPECT_FALSE(with_callback.finish_if_idle());
+  EXPECT_FALSE(with_callback.completed());
+  EXPECT_EQ(ran.load(), 0);
+  EXPECT_EQ(with_callback.run_ready(), 0u);
+  EXPECT_TRUE(with_callback.completed());
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_EQ(vec(b.grad()), (std::vector<double>{6}));
+}
+
 TEST(GraphTaskFeeding, MisuseIsRefusedWithTypedErrors) {
   Tensor a = leaf({1, 2});
   Tensor y = a * a;

@@ -472,6 +472,40 @@ TEST(ShmInPlace, ATensorListReducesBitForBitAsItsConcatenation) {
 // Tensors that share bytes (one listed twice, two overlapping views of one buffer) are each
 // reduced from their own input, as if alone, not from another's result: the overlap holds
 // the sum once, not twice.
+// kAvg divides each block of a rank's slice right after combining it: the result must be
+// bit for bit what summing in rank order and then Tensor::div_ give (a divisor of 3 rounds,
+// unlike 2), for float32 and float64, over several chunks of the area and blocks of a slice.
+TEST(ShmInPlace, AveragesAreBitForBitTheSumThenDiv) {
+  constexpr int kWorld = 3;
+  EXPECT_ALL_RANKS_OK(run_processes(
+      kWorld,
+      [](ProcessGroupShm& group, int rank) {
+        constexpr int64_t kN = 300'001;  // 1.2 MB of float32: two chunks of a 1 MiB area
+        for (DType dtype : {kFloat32, kFloat64}) {
+          auto input = [&](int r) {
+            std::mt19937 gen(static_cast<uint32_t>(11 + r));
+            std::normal_distribution<double> normal(0.0, 1.0);
+            std::vector<double> v(static_cast<size_t>(kN));
+            for (double& x : v)
+              x = normal(gen) * 1e3;
+            return tensor(v).to(dtype);
+          };
+          Tensor expected = add(add(input(0), input(1)), input(2));
+          expected.div_(Scalar(3.0));
+          Tensor mine = input(rank);
+          Tensor other = input(rank).narrow(0, 0, 5'000).clone();
+          group.all_reduce({mine, other}, {.op = ReduceOp::kAvg}).wait();
+          EXPECT_TRUE(equal(mine, expected)) << dtype_name(dtype);
+          EXPECT_TRUE(
+              equal(other, add(add(input(0).narrow(0, 0, 5'000), input(1).narrow(0, 0, 5'000)),
+                               input(2).narrow(0, 0, 5'000))
+                               .div_(Scalar(3.0))))
+              << dtype_name(dtype);
+        }
+      },
+      {}, ShmOptions{}));
+}
+
 TEST(ShmInPlace, TensorsSharingBytesAreEachReducedFromTheirOwnInput) {
   constexpr int kWorld = 2;
   EXPECT_ALL_RANKS_OK(run_processes(

@@ -280,6 +280,68 @@ TEST_F(DistAutograd, APassEndsWhileTheInitiatorsPoolIsBusy) {
               tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
 }
 
+// BackwardOptions::on_last_part_inline: the hook runs on the thread that ends the last part
+// but one, not on the pool. Every thread of w0's pool is busy; w1's part goes on only once
+// the hook has run. On the pool the hook would wait for a free thread and w1's hook would
+// give up after 10 s; inline, the hook runs when discovery ends w0's part (nothing is left to
+// run there: x needs no gradient), w1 is named, and the pass ends exact, the hook done
+// before backward() returns. The request it sends may wait on w1 for the part's end.
+TEST_F(DistAutograd, AnInlineLastPartHookRunsWithoutThePool) {
+  reg_.def("wait_part", [](const CallContext& ctx, uint64_t context_id, uint64_t pass_id) {
+    return da::part_done(ctx, context_id, pass_id);
+  });
+  struct Seen {
+    std::mutex mutex;
+    int calls = 0;
+    std::string worker;
+    std::optional<Future<void>> waited;
+    Future<void> called;
+  };
+  auto seen = std::make_shared<Seen>();
+  RpcAgent* w0 = &w(0);
+  da::Context ctx(w(0));
+  da::BackwardOptions options;
+  options.timeout = 30s;
+  options.on_last_part_inline = true;
+  options.on_last_part = [seen, w0, id = ctx.id()](uint64_t pass_id, const rpc::WorkerInfo& last) {
+    std::lock_guard<std::mutex> lock(seen->mutex);
+    ++seen->calls;
+    seen->worker = last.name;
+    seen->waited = w0->rpc_async<void>(last.name, "wait_part", id, pass_id);
+    seen->called.try_set_value();
+  };
+  weights_.at(1).register_hook([seen](const Tensor&) -> Tensor {
+    if (!seen->called.wait(10s)) throw std::runtime_error("the last-part hook never ran");
+    return Tensor();
+  });
+  Tensor x = tensor(std::vector<double>{1.0, 2.0, 3.0});  // needs no gradient
+  Tensor y = w(0).rpc_sync<Tensor>("w1", "project", x);
+  BlockedPool blocked(w(0));
+  ASSERT_TRUE(blocked.all_busy()) << "the pool's threads did not all take a task";
+  std::string failure;
+  try {
+    da::backward(w(0), ctx.id(), {sum(y)}, options);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const bool called_before_return = seen->called.completed();
+  blocked.open();
+  EXPECT_EQ(failure, "") << "the hook waited for the pool";
+  EXPECT_TRUE(called_before_return);
+  std::optional<Future<void>> waited;
+  {
+    std::lock_guard<std::mutex> lock(seen->mutex);
+    EXPECT_EQ(seen->calls, 1);
+    EXPECT_EQ(seen->worker, "w1");
+    waited = seen->waited;
+  }
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_NO_THROW(waited->get(10s));
+  // d/dW sum(x W) = x^T 1.
+  expect_near(da::get_gradients(w(1), ctx.id()).at(weights_.at(1)),
+              tensor(std::vector<double>{1, 1, 2, 2, 3, 3}, Shape{3, 2}));
+}
+
 // A Wait is served as it arrives, on the I/O thread, not on the callee's pool: w1 has one
 // pool thread, and it runs w1's part of the pass, where a hook waits until a third
 // dist_autograd request (after the Discover and the Propagate: the Wait) has begun to be

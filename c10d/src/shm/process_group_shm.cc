@@ -451,13 +451,35 @@ bool any_overlap(const std::vector<Tensor>& tensors) {
   return false;
 }
 
+// Bytes of a rank's slice combined, divided and copied back in one go (all_reduce_spans):
+// small enough to stay in a core's L2 with the inputs it was made from.
+constexpr size_t kFusedBlock = 64 << 10;
+
+// kAvg's division of `count` elements at p, for float32 and float64: what
+// Tensor::div_(Scalar(n)) computes for them (the divisor in the tensor's own dtype, one
+// correctly rounded division per element), with no tensor made per block.
+void divide_block(uint8_t* p, size_t count, DType dtype, int n) {
+  if (dtype == kFloat32) {
+    auto* x = reinterpret_cast<float*>(p);
+    const auto d = static_cast<float>(n);
+    for (size_t i = 0; i < count; ++i)
+      x[i] /= d;
+  } else {
+    auto* x = reinterpret_cast<double*>(p);
+    const auto d = static_cast<double>(n);
+    for (size_t i = 0; i < count; ++i)
+      x[i] /= d;
+  }
+}
+
 // all_reduce of `tensors` (one dtype, contiguous, no two overlapping) as one buffer, in
 // chunks of an area, with the fixed reduction order. Order of steps: input 0; then for each
 // chunk k: input k+1, reduced slice k, copy out k, so that the next chunk's copy-in overlaps
 // the peers' reduction of this one. A rank's own slice never goes through its input area
-// (it reads it from the tensors) and its result is copied into the tensors once published:
-// only what the peers need is copied, and nothing is packed or unpacked around the
-// exchange. kAvg's division is done here, on each rank's own slice.
+// (it reads it from the tensors) and its result goes back into the tensors block by block
+// as it is made (kFusedBlock, still in cache; after publishing, for a kAvg that
+// divide_block does not cover): only what the peers need is copied, and nothing is packed or
+// unpacked around the exchange. kAvg's division is done here, on each rank's own slice.
 void all_reduce_spans(ShmExchange& ex, const std::vector<Tensor>& tensors, ReduceOp op) {
   const int n = ex.size();
   const int me = ex.rank();
@@ -470,6 +492,8 @@ void all_reduce_spans(ShmExchange& ex, const std::vector<Tensor>& tensors, Reduc
   const auto chunk = static_cast<int64_t>(ex.area_bytes() / es);
   const int64_t chunks = (numel + chunk - 1) / chunk;
   const auto kernel = gloo_backend::reduce_kernel(dtype, op);
+  // kAvg divides in the fused pass only where divide_block does exactly what div_ does.
+  const bool fused = op != ReduceOp::kAvg || dtype == kFloat32 || dtype == kFloat64;
   int input_area[2] = {0, 0};
   uint32_t input_step[2] = {0, 0};
   auto count_of = [&](int64_t k) { return std::min(chunk, numel - k * chunk); };
@@ -508,7 +532,24 @@ void all_reduce_spans(ShmExchange& ex, const std::vector<Tensor>& tensors, Reduc
       if (r != me) peers[static_cast<size_t>(r)] = ex.peer_area(r, in, bytes) + b;
     }
     uint8_t* dst = ex.area(out) + b;
-    if (len > 0) {
+    if (len > 0 && fused) {
+      // Block by block, while each block is in this core's cache: combine, divide (kAvg),
+      // and copy the result into the tensors, over the input it was just read from.
+      data.pieces(at + b, len, [&](uint8_t* own, size_t off, size_t piece) {
+        for (size_t done = 0; done < piece; done += kFusedBlock) {
+          const size_t m = std::min(kFusedBlock, piece - done);
+          uint8_t* out_block = dst + off + done;
+          auto source = [&](int r) -> const uint8_t* {
+            return r == me ? own + done : peers[static_cast<size_t>(r)] + off + done;
+          };
+          kernel(out_block, source(0), source(1), m / es);
+          for (int r = 2; r < n; ++r)
+            kernel(out_block, out_block, source(r), m / es);
+          if (op == ReduceOp::kAvg) divide_block(out_block, m / es, dtype, n);
+          std::memcpy(own + done, out_block, m);
+        }
+      });
+    } else if (len > 0) {
       data.pieces(at + b, len, [&](const uint8_t* own, size_t off, size_t piece) {
         auto source = [&](int r) { return r == me ? own : peers[static_cast<size_t>(r)] + off; };
         kernel(dst + off, source(0), source(1), piece / es);
@@ -525,7 +566,7 @@ void all_reduce_spans(ShmExchange& ex, const std::vector<Tensor>& tensors, Reduc
     }
     ex.done_reading(in);
     ex.publish(out, bytes);
-    data.write(at + b, dst, len);
+    if (!fused) data.write(at + b, dst, len);
     ex.wait_all(ex.step());
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;

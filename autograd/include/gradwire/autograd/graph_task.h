@@ -106,6 +106,13 @@ class GraphTask {
   // callbacks, then completion()) when the last node has run. Rethrows the task's error.
   size_t run_ready();
 
+  // Finishes the task on this thread when that is all that is left to do: no node ready,
+  // waiting, running or held, and no callback queued (so finishing runs nothing but the
+  // completion's own continuations). Returns whether it did; false leaves the task as it
+  // was, for run_ready(). Any thread may call it, whatever it must not block on (a
+  // transport's, say). Rethrows the task's error.
+  bool finish_if_idle();
+
   // True once every node has run and every callback has returned without error.
   bool completed() const;
   // Completed (or failed) when the task is; wait on it with a timeout.

@@ -133,6 +133,12 @@ struct BackwardOptions {
   // Runs on the agent's pool, possibly after backward() has returned; it should not block
   // for long. What it throws is logged and otherwise ignored.
   std::function<void(uint64_t pass_id, const rpc::WorkerInfo& last)> on_last_part = nullptr;
+  // The hook never blocks and does little (it sends, say, one rpc_async): then it runs on the
+  // thread that saw the last part but one end, which may be a transport's or the one that
+  // ran that part's last node, instead of the pool: no pool thread has to wake up first
+  // (on a machine whose cores are all busy, that wake-up can come hundreds of microseconds
+  // late). A hook that blocks there stalls that thread's other work.
+  bool on_last_part_inline = false;
 };
 
 // Runs a backward pass from `roots` (one-element tensors get gradient 1) in context
