@@ -2,8 +2,6 @@
 // or named back in the answer to one), counting them in its part's graph task.
 #include "container.h"
 
-#include <sched.h>
-
 #include <limits>
 
 namespace gradwire::dist_autograd::internal {
@@ -323,12 +321,6 @@ void Container::refuse_early(std::vector<EarlyGradients> early, const std::excep
 
 void Container::run_soon(const std::shared_ptr<autograd::GraphTask>& task) {
   auto run = [task] {
-    // One yield before the part computes: the transport thread that handed this thread its
-    // gradients may have been preempted by this thread's wake-up on the same core, with
-    // what came right behind them (the Wait, an early optimizer step) still unread. With
-    // every core busy it would read them only once the computation ends, and answer them
-    // that much later; with a core to spare the yield returns at once.
-    ::sched_yield();
     try {
       task->run_ready();
     } catch (...) {
