@@ -10,6 +10,7 @@
 // float16, 2^-8 for bfloat16) for the 16-bit floats.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -570,6 +571,57 @@ TEST(ElementwiseWhere, ScalarSidesOverContiguousRuns) {
     expect_values(where(cond, v, 0), kept);
     expect_values(where(cond, five, v), flipped);
     expect_values(where(cond, five, zero), both);
+  }
+}
+
+// Long runs (the vectorized loops and their tails), every contiguous path (two tensors, a
+// scalar on either side, two scalars), elements of 1, 2, 4 and 8 bytes; a selection moves
+// bits unchanged (NaN payloads and -0.0 included).
+TEST(ElementwiseWhere, LongRunsSelectEveryElementBitForBit) {
+  constexpr int kN = 1001;
+  std::vector<double> bits, xs, ys;
+  for (int i = 0; i < kN; ++i) {
+    bits.push_back((i * 7) % 5 < 2 ? 1 : 0);
+    xs.push_back(i % 11 + 1);
+    ys.push_back(-(i % 13) - 1);
+  }
+  const Tensor cond = make(bits, kBool);
+  for (DType dt : {kUInt8, kFloat16, kInt32, kFloat32, kInt64, kFloat64}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    const Tensor x = make(xs, dt), y = make(ys, dt);
+    const Tensor three = make({3}, Shape{}, dt), four = make({4}, Shape{}, dt);
+    const std::vector<double> xv = values(x), yv = values(y);
+    std::vector<double> both, x_three, four_y, three_four;
+    for (int i = 0; i < kN; ++i) {
+      const bool c = bits[static_cast<size_t>(i)] != 0;
+      both.push_back(c ? xv[static_cast<size_t>(i)] : yv[static_cast<size_t>(i)]);
+      x_three.push_back(c ? xv[static_cast<size_t>(i)] : 3);
+      four_y.push_back(c ? 4 : yv[static_cast<size_t>(i)]);
+      three_four.push_back(c ? 3 : 4);
+    }
+    EXPECT_EQ(values(where(cond, x, y)), both);
+    EXPECT_EQ(values(where(cond, x, three)), x_three);
+    EXPECT_EQ(values(where(cond, four, y)), four_y);
+    EXPECT_EQ(values(where(cond, three, four)), three_four);
+  }
+  // Bits: a NaN with a payload and -0.0 come through as they were.
+  std::vector<float> a(kN), b(kN);
+  const float payload_nan = std::bit_cast<float>(uint32_t{0x7fc01234});
+  for (int i = 0; i < kN; ++i) {
+    a[static_cast<size_t>(i)] = i % 2 == 0 ? payload_nan : -0.0f;
+    b[static_cast<size_t>(i)] = static_cast<float>(i);
+  }
+  const Tensor fa = tensor<float>(a, {kN}), fb = tensor<float>(b, {kN});
+  const Tensor out = where(cond, fa, fb);
+  const Tensor out_scalar = where(cond, fa, 0.0);
+  const std::vector<float> o = out.to_vector<float>();
+  const std::vector<float> os = out_scalar.to_vector<float>();
+  for (int i = 0; i < kN; ++i) {
+    const auto k = static_cast<size_t>(i);
+    const uint32_t want = std::bit_cast<uint32_t>(bits[k] != 0 ? a[k] : b[k]);
+    const uint32_t want_scalar = std::bit_cast<uint32_t>(bits[k] != 0 ? a[k] : 0.0f);
+    ASSERT_EQ(std::bit_cast<uint32_t>(o[k]), want) << "element " << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(os[k]), want_scalar) << "element " << i;
   }
 }
 

@@ -420,6 +420,8 @@ struct BitsOf<8> {
 
 template <typename E>
 void where_typed(const LoopPlan<4>& plan, std::array<char*, 4> base) {
+  // Both values are read whatever the condition (they are in bounds either way): a select
+  // between two loaded values vectorizes, a load only under the condition does not.
   run_plan_parallel<4>(plan, base, [](std::array<char*, 4> p, std::array<int64_t, 4> s, int64_t n) {
     constexpr int64_t se = sizeof(E);
     if (s[0] == se && s[1] == 1 && s[2] == se && s[3] == se) {
@@ -427,8 +429,10 @@ void where_typed(const LoopPlan<4>& plan, std::array<char*, 4> base) {
       const uint8_t* __restrict c = reinterpret_cast<const uint8_t*>(p[1]);
       const E* __restrict x = reinterpret_cast<const E*>(p[2]);
       const E* __restrict y = reinterpret_cast<const E*>(p[3]);
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = c[i] != 0 ? x[i] : y[i];
+      for (int64_t i = 0; i < n; ++i) {
+        const E xi = x[i], yi = y[i];
+        o[i] = c[i] != 0 ? xi : yi;
+      }
       return;
     }
     // One side a scalar (ReLU's backward is where(out > 0, g, 0)): the same loop.
@@ -439,14 +443,18 @@ void where_typed(const LoopPlan<4>& plan, std::array<char*, 4> base) {
       const E* __restrict y = reinterpret_cast<const E*>(p[3]);
       if (s[2] == se && s[3] == 0) {
         const E yv = *y;
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = c[i] != 0 ? x[i] : yv;
+        for (int64_t i = 0; i < n; ++i) {
+          const E xi = x[i];
+          o[i] = c[i] != 0 ? xi : yv;
+        }
         return;
       }
       if (s[2] == 0 && s[3] == se) {
         const E xv = *x;
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = c[i] != 0 ? xv : y[i];
+        for (int64_t i = 0; i < n; ++i) {
+          const E yi = y[i];
+          o[i] = c[i] != 0 ? xv : yi;
+        }
         return;
       }
       if (s[2] == 0 && s[3] == 0) {
