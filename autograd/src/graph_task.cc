@@ -308,6 +308,16 @@ struct GraphTask::Impl {
     }
     done.try_set_value();
   }
+  // finish() for the caller that set `finishing`: a callback that throws fails the task,
+  // and the error goes on to the caller.
+  void finish_or_fail() {
+    try {
+      finish();
+    } catch (...) {
+      fail(std::current_exception());
+      throw;
+    }
+  }
 };
 
 GraphTask::GraphTask(ExecuteOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
@@ -402,12 +412,7 @@ size_t GraphTask::run_ready() {
       }
     }
     if (finish) {
-      try {
-        d.finish();
-      } catch (...) {
-        d.fail(std::current_exception());
-        throw;
-      }
+      d.finish_or_fail();
       return ran;
     }
     std::vector<Tensor> outputs;
@@ -447,12 +452,7 @@ bool GraphTask::finish_if_idle() {
     }
     d.finishing = true;
   }
-  try {
-    d.finish();
-  } catch (...) {
-    d.fail(std::current_exception());
-    throw;
-  }
+  d.finish_or_fail();
   return true;
 }
 

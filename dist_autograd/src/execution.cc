@@ -125,8 +125,8 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
     Future<void> all = rpc::join_fail_fast(parts);
     // Discovery is over everywhere (every Discover was answered, so every one sent here was
     // taken): nothing is held any more. The thread that took the last answer ended the hold
-    // already, and finished the part if nothing was left to run; what is left runs here.
-    end_discovery(state, pass_id);
+    // before letting this one go, and finished the part if nothing was left to run; what is
+    // left runs here.
     try {
       task->run_ready();
     } catch (...) {
