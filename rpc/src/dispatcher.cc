@@ -58,6 +58,18 @@ class AfterReply {
   std::vector<std::function<void()>> work_;
 };
 
+// Hides the enclosing request's run_after_reply list while a request served inline runs.
+class NoAfterReply {
+ public:
+  NoAfterReply() : previous_(t_after_reply) { t_after_reply = nullptr; }
+  ~NoAfterReply() { t_after_reply = previous_; }
+  NoAfterReply(const NoAfterReply&) = delete;
+  NoAfterReply& operator=(const NoAfterReply&) = delete;
+
+ private:
+  std::vector<std::function<void()>>* previous_;
+};
+
 class ServingMark {
  public:
   explicit ServingMark(const Dispatcher* dispatcher) : previous_(t_serving) {
@@ -196,6 +208,10 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
   // outside the request's scopes. Not on an I/O thread, where run_after_reply refuses.
   std::optional<AfterReply> after_reply;
   if (after_reply_here) after_reply.emplace();
+  // Served inline, perhaps on a pool thread that was sending (inside TensorPipe's loop) when
+  // the request came in: the request it was serving must not collect this one's work.
+  std::optional<NoAfterReply> no_after_reply;
+  if (!after_reply_here) no_after_reply.emplace();
   ServingMark serving(this);
   if (timing.arrived_ns != 0) timing.started_ns = trace::now_ns();
   std::shared_ptr<const Interceptors> interceptors = this->interceptors();

@@ -64,7 +64,7 @@ struct Fixture {
 
 Fixture read_fixture(const std::string& name) {
   const std::filesystem::path path =
-      std::filesystem::path(__FILE__).parent_path() / "fixtures" / (name + ".txt");
+      std::filesystem::path(GRADWIRE_TEST_SOURCE_DIR) / "fixtures" / (name + ".txt");
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path.string());
   Fixture f;

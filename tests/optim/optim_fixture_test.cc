@@ -30,8 +30,7 @@ struct Case {
 };
 
 std::vector<Case> read_fixtures() {
-  std::string dir = __FILE__;
-  dir = dir.substr(0, dir.find_last_of('/'));
+  const std::string dir = GRADWIRE_TEST_SOURCE_DIR;
   std::ifstream f(dir + "/fixtures/optimizer_steps.txt");
   EXPECT_TRUE(f.good()) << "cannot open " << dir << "/fixtures/optimizer_steps.txt";
   std::vector<Case> cases;

@@ -476,35 +476,53 @@ std::string this_thread_name() {
   return name;
 }
 
-// Execution::kInline runs a function on the I/O thread that received the request (not one
-// of the pool's threads, which are named "rpc-N"); the default runs it on the pool. An
-// inline function's returned future still replies when it completes, and its errors travel
-// like any other.
+// Execution::kInline runs a function on the thread that took the request from the transport,
+// with no hand-off to the pool: it is served while the pool's only thread is busy. (That
+// thread is the transport's I/O thread, or a thread that was inside TensorPipe's loop at that
+// moment, sending; so a pool thread only when the pool has one free to send.) The default
+// runs on the pool ("rpc-N"). An inline function's returned future still replies when it
+// completes, its errors travel like any other, and run_after_reply refuses inside it.
 TEST(RpcAgent, InlineFunctionsRunOnTheReceivingThreadAndPoolOnesOnThePool) {
   Registry reg;
-  reg.def("where_pool", [] { return this_thread_name(); });
+  Future<void> pool_busy;
+  Future<void> release_pool;
+  reg.def("hold_pool", [&] {
+    pool_busy.set_value();
+    release_pool.get(10s);  // the pool's only thread is held here until the test lets it go
+    return this_thread_name();
+  });
   reg.def(
       "where_inline", [] { return this_thread_name(); }, Execution::kInline);
+  reg.def(
+      "after_reply_inline", [] { return run_after_reply([] {}); }, Execution::kInline);
   Future<int64_t> gate;
   reg.def(
       "gate_inline", [&] { return gate; }, Execution::kInline);
   reg.def(
       "fail_inline", []() -> int64_t { throw std::runtime_error("inline failure"); },
       Execution::kInline);
-  Agents agents = start_agents(2, test_options(reg));
-  const std::string pool = agents[0]->rpc_sync<std::string>("w1", "where_pool");
+  AgentOptions options = test_options(reg);
+  options.num_worker_threads = 1;
+  Agents agents = start_agents(2, options);
+  Future<std::string> held = agents[0]->rpc_async<std::string>("w1", "hold_pool");
+  pool_busy.get(10s);
+  // Every inline call below is answered while w1's pool has no thread to run it on.
   const std::string io = agents[0]->rpc_sync<std::string>("w1", "where_inline");
-  EXPECT_EQ(pool.rfind("rpc-", 0), 0u) << pool;
-  EXPECT_NE(io.rfind("rpc-", 0), 0u) << io;
   EXPECT_FALSE(io.empty());
+  EXPECT_NE(io.rfind("rpc-", 0), 0u) << io;
+  EXPECT_FALSE(agents[0]->rpc_sync<bool>("w1", "after_reply_inline"));
   Future<int64_t> waiting = agents[0]->rpc_async<int64_t>("w1", "gate_inline");
-  // The I/O thread is free while the future is pending: other calls still get through.
-  EXPECT_EQ(agents[0]->rpc_sync<std::string>("w1", "where_inline"), io);
-  gate.set_value(7);
-  EXPECT_EQ(waiting.get(10s), 7);
+  // The receiving thread is free while the future is pending: other calls still get through.
+  EXPECT_NE(agents[0]->rpc_sync<std::string>("w1", "where_inline").rfind("rpc-", 0), 0u);
   const std::string text =
       error_text<RemoteError>([&] { agents[0]->rpc_sync<int64_t>("w1", "fail_inline"); });
   EXPECT_NE(text.find("inline failure"), std::string::npos) << text;
+  EXPECT_FALSE(held.completed());
+  release_pool.set_value();
+  const std::string pool = held.get(10s);
+  EXPECT_EQ(pool.rfind("rpc-", 0), 0u) << pool;
+  gate.set_value(7);  // completed on this thread: the reply is sent from the pool
+  EXPECT_EQ(waiting.get(10s), 7);
   expect_clean_shutdown(agents);
 }
 
