@@ -32,6 +32,8 @@ std::exception_ptr error_of_kind(ErrorKind kind, const std::string& message) {
 thread_local const Dispatcher* t_serving = nullptr;
 // What run_after_reply queued for the request served on this thread (null: none served).
 thread_local std::vector<std::function<void()>>* t_after_reply = nullptr;
+// How many SendingMarks are alive on this thread.
+thread_local int t_sending = 0;
 
 // Collects run_after_reply's work for one request and runs it as the request's serving ends
 // (after its reply, or after the handler returned an unfinished result).
@@ -159,6 +161,16 @@ void Dispatcher::start(std::shared_ptr<Executor> executor) {
   executor_ = std::move(executor);
 }
 
+SendingMark::SendingMark() {
+  ++t_sending;
+}
+SendingMark::~SendingMark() {
+  --t_sending;
+}
+bool sending_on_this_thread() {
+  return t_sending > 0;
+}
+
 bool Dispatcher::serving_on_this_thread() const {
   return t_serving == this;
 }
@@ -175,9 +187,13 @@ void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> fr
   if (function != nullptr)
     timing.stats = &served_stats_.entry(request.function, from->peer.id, from->peer.name);
   if (timing.stats != nullptr || trace::enabled()) timing.arrived_ns = trace::now_ns();
+  // A thread inside a send (SendingMark) that took this request from TensorPipe's loop runs
+  // nothing of it: the request goes to the pool, inline or not.
   const bool runs_inline =
-      function != nullptr ? function->execution() == Execution::kInline
-                          : entry != nullptr && execution_of(*entry, request) == Execution::kInline;
+      !sending_on_this_thread() &&
+      (function != nullptr
+           ? function->execution() == Execution::kInline
+           : entry != nullptr && execution_of(*entry, request) == Execution::kInline);
   // Functions and handlers that asked for it run right here, on the thread that received
   // the request (an I/O thread, or the executor when tensors had to be copied first); so
   // does everything else when that thread is already the executor's.
@@ -208,8 +224,8 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
   // outside the request's scopes. Not on an I/O thread, where run_after_reply refuses.
   std::optional<AfterReply> after_reply;
   if (after_reply_here) after_reply.emplace();
-  // Served inline, perhaps on a pool thread that was sending (inside TensorPipe's loop) when
-  // the request came in: the request it was serving must not collect this one's work.
+  // Served inline: whatever request this thread may be inside of (none, as the transport
+  // hands requests that reach a thread inside a send to the pool) collects none of its work.
   std::optional<NoAfterReply> no_after_reply;
   if (!after_reply_here) no_after_reply.emplace();
   ServingMark serving(this);

@@ -53,6 +53,21 @@ class ReplyWriter {
   virtual void request_done(const Link& link, size_t tensor_bytes) = 0;
 };
 
+// Marks the calling thread as handing work to TensorPipe (a write, a read, a connect) for
+// the mark's life. TensorPipe runs its loop on whichever thread enters it first, so such a
+// thread — a caller in rpc_async, a pool worker writing a reply — may deliver what arrived
+// meanwhile; serve() then hands even an inline request to the pool, so that no function runs
+// inside another's send (where the sender may hold a lock the function takes). Nests.
+class SendingMark {
+ public:
+  SendingMark();
+  ~SendingMark();
+  SendingMark(const SendingMark&) = delete;
+  SendingMark& operator=(const SendingMark&) = delete;
+};
+// Whether a SendingMark is alive on this thread.
+bool sending_on_this_thread();
+
 // Thread-safety: every method may be called from any thread. register_handler and
 // add_interceptor copy the table they change, so serving reads a snapshot without a lock
 // and sees each table whole. start() runs once, before the first serve().

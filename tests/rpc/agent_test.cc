@@ -476,12 +476,13 @@ std::string this_thread_name() {
   return name;
 }
 
-// Execution::kInline runs a function on the thread that took the request from the transport,
-// with no hand-off to the pool: it is served while the pool's only thread is busy. (That
-// thread is the transport's I/O thread, or a thread that was inside TensorPipe's loop at that
-// moment, sending; so a pool thread only when the pool has one free to send.) The default
-// runs on the pool ("rpc-N"). An inline function's returned future still replies when it
-// completes, its errors travel like any other, and run_after_reply refuses inside it.
+// Execution::kInline runs a function on the I/O thread that received the request, with no
+// hand-off to the pool: it is served while the pool's only thread is busy (held here so that
+// no pool thread is writing a reply, and so inside TensorPipe's loop, when a request comes:
+// such a thread hands requests to the pool, Dispatcher.AnInlineRequestTakenByASending...).
+// The default runs on the pool ("rpc-N"). An inline function's returned future still
+// replies when it completes, its errors travel like any other, and run_after_reply refuses
+// inside it.
 TEST(RpcAgent, InlineFunctionsRunOnTheReceivingThreadAndPoolOnesOnThePool) {
   Registry reg;
   Future<void> pool_busy;

@@ -69,6 +69,7 @@ using detail::describe_call;
 using detail::LateCall;
 using detail::ms_text;
 using detail::PendingCall;
+using detail::SendingMark;
 
 // What a message takes on the wire: its payload and the tensors that travel beside it
 // (lent tensors, copied by the receiver, are not counted).
@@ -868,7 +869,11 @@ std::shared_ptr<TensorPipeAgent::Connection> TensorPipeAgent::connection_to(
   // A peer lost earlier may be back at another address.
   if (lost_peers_[static_cast<size_t>(target.id)].load(std::memory_order_acquire))
     check_rejoined(target.id);
-  made->pipe = context_->connect(group_.url(target.id), tp::PipeOptions().remoteName(target.name));
+  {
+    const SendingMark sending;
+    made->pipe =
+        context_->connect(group_.url(target.id), tp::PipeOptions().remoteName(target.name));
+  }
   std::shared_ptr<Connection> existing;
   if (!slot.compare_exchange_strong(existing, made, std::memory_order_acq_rel)) {
     // The losing pipe is kept open until the context closes: closing it now can reach the
@@ -1059,6 +1064,9 @@ void TensorPipeAgent::write(const std::shared_ptr<Connection>& conn, EncodedMess
     tensor.targetDevice = tp::Device{tp::kCpuDeviceType, 0};
     out.tensors.push_back(std::move(tensor));
   }
+  // This thread may run TensorPipe's loop meanwhile, and so take other messages: any
+  // request among them goes to the pool (SendingMark).
+  const SendingMark sending;
   conn->pipe->write(std::move(out), [keep, on_done = std::move(on_done)](const tp::Error& error) {
     if (on_done) on_done(error ? error.what() : std::string());
   });
@@ -1099,6 +1107,7 @@ void TensorPipeAgent::accept_next() {
 
 void TensorPipeAgent::read_next(const std::shared_ptr<Connection>& conn) {
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  const SendingMark entering;  // called off the loop too (a new connection's first read)
   conn->pipe->readDescriptor([weak, conn](const tp::Error& error, tp::Descriptor descriptor) {
     auto self = weak.lock();
     if (self == nullptr) return;
@@ -1201,6 +1210,7 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
     return;
   }
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  const SendingMark entering;
   conn->pipe->read(
       std::move(allocation),
       [weak, conn, held, parsed = std::move(parsed), metadata = std::move(descriptor.metadata),
@@ -1280,6 +1290,7 @@ void TensorPipeAgent::refuse_busy(const std::shared_ptr<Connection>& conn, uint6
   if (close_after) return;
   // The message had no separate tensor data: complete its (empty) read and go on.
   std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
+  const SendingMark entering;
   conn->pipe->read(tp::Allocation{}, [weak, conn](const tp::Error& error) {
     auto self = weak.lock();
     if (self == nullptr) return;

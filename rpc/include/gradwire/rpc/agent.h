@@ -473,8 +473,8 @@ class RpcAgent {
   }
 
   // Throws InvalidArgument if `id` is taken (kCallHandler always is). `execution` as for
-  // registered functions (registry.h): kInline runs the handler on the thread that took the
-  // request from the transport (its I/O thread, or one that was sending), for handlers that
+  // registered functions (registry.h): kInline runs the handler on the I/O thread that
+  // received the request (on the pool when a sending thread took it), for handlers that
   // never block.
   virtual void register_handler(uint32_t id, std::string name, MessageHandler handler,
                                 Execution execution = Execution::kPool) = 0;

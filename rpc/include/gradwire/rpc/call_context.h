@@ -60,10 +60,9 @@ class CallContext {
 // should follow the answer but need not delay it (dist_autograd runs the nodes that the
 // gradients it just took made ready) then needs no hand-off to another thread. Several run
 // in the order given; one that throws is logged and the rest still run. Returns false, and
-// does not run `fn`, when this thread is not serving a request, or serves it inline
-// (Execution::kInline, or a handler's chooser said so; also when a pool thread serves it
-// inline while sending another request's reply): nothing may hold up the transport there, so
-// the caller hands the work to the pool instead.
+// does not run `fn`, when this thread is not serving a request, or serves it inline on an
+// I/O thread (Execution::kInline, or a handler's chooser said so): nothing may hold up the
+// transport there, so the caller hands the work to the pool instead.
 // Example:
 //   registry.def("take", [](const Tensor& t) {
 //     rpc::run_after_reply([t] { consume(t); });  // the caller is not kept waiting

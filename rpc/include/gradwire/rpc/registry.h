@@ -97,14 +97,15 @@ struct Signature {
 // Where the receiving agent runs a registered function.
 // - kPool (the default): on the agent's thread pool. Any function may block, wait for other
 //   calls, or take long.
-// - kInline: on the thread that takes the request from the transport, with no hand-off to
-//   the pool: about half the latency of a small call (a thread wake-up each way is most of
-//   it). That is the transport's I/O thread, or, when a thread was sending at that moment
-//   (TensorPipe's loop runs on whichever thread enters it first), that thread: a pool thread
-//   writing a reply, or a thread in rpc_async. Only for short functions that never block: no
-//   rpc_sync, no waiting on futures or locks held long, no large computations — while it
-//   runs, that thread delivers nothing else. A function returning Future<T> replies from the
-//   pool when the future completes.
+// - kInline: on the I/O thread that received the request, with no hand-off to the pool:
+//   about half the latency of a small call (a thread wake-up each way is most of it). Only
+//   for short functions that never block: no rpc_sync, no waiting on futures or locks held
+//   long, no large computations — while it runs, that I/O thread delivers nothing else. A
+//   function returning Future<T> replies from the pool when the future completes.
+//   TensorPipe runs its loop on whichever thread enters it first, so a thread that is
+//   sending (a caller in rpc_async, a pool thread writing a reply) sometimes takes a request
+//   off the wire; such a request goes to the pool instead, so that an inline function never
+//   runs inside somebody's send (where a lock it takes may be held).
 enum class Execution { kPool, kInline };
 
 // One registered function: its signature, where it runs, and the code that converts its
