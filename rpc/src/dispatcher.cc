@@ -224,8 +224,9 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
   // outside the request's scopes. Not on an I/O thread, where run_after_reply refuses.
   std::optional<AfterReply> after_reply;
   if (after_reply_here) after_reply.emplace();
-  // Served inline: whatever request this thread may be inside of (none, as the transport
-  // hands requests that reach a thread inside a send to the pool) collects none of its work.
+  // Served inline: no enclosing request collects its work. (The agent hands requests that
+  // reach a thread inside its calls into TensorPipe to the pool; this holds for any other
+  // transport a dispatcher serves.)
   std::optional<NoAfterReply> no_after_reply;
   if (!after_reply_here) no_after_reply.emplace();
   ServingMark serving(this);

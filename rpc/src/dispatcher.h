@@ -53,9 +53,9 @@ class ReplyWriter {
   virtual void request_done(const Link& link, size_t tensor_bytes) = 0;
 };
 
-// Marks the calling thread as handing work to TensorPipe (a write, a read, a connect) for
-// the mark's life. TensorPipe runs its loop on whichever thread enters it first, so such a
-// thread — a caller in rpc_async, a pool worker writing a reply — may deliver what arrived
+// Marks the calling thread as handing work to TensorPipe (a write, a read, a connect, a
+// close) for the mark's life. TensorPipe runs its loop on whichever thread enters it first, so such
+// a thread — a caller in rpc_async, a pool worker writing a reply — may deliver what arrived
 // meanwhile; serve() then hands even an inline request to the pool, so that no function runs
 // inside another's send (where the sender may hold a lock the function takes). Nests.
 class SendingMark {

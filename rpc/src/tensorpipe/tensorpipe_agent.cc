@@ -246,6 +246,9 @@ class TensorPipeAgent final : public RpcAgent,
 
   void accept_next();
   void read_next(const std::shared_ptr<Connection>& conn);
+  // Closes `pipe` as a marked entry into TensorPipe (SendingMark): the calling thread may run
+  // TensorPipe's loop meanwhile. Never with mutex_ held (the loop's callbacks take it).
+  static void close_pipe(const std::shared_ptr<tp::Pipe>& pipe);
   void on_descriptor(const std::shared_ptr<Connection>& conn, tp::Descriptor descriptor);
   void on_message(const std::shared_ptr<Connection>& conn,
                   std::shared_ptr<const ParsedEnvelope> parsed, std::string metadata,
@@ -883,16 +886,21 @@ std::shared_ptr<TensorPipeAgent::Connection> TensorPipeAgent::connection_to(
     spare_pipes_.push_back(std::move(made->pipe));
     return existing;
   }
+  bool closing = false;
   {
     // A close that began meanwhile has cleared the slots already or is about to.
     MutexLock lock(mutex_);
     if (state_ != State::kRunning) {
       std::shared_ptr<Connection> mine = made;
       slot.compare_exchange_strong(mine, nullptr);
-      made->pipe->close();
-      refuse_locked("send " + describe_call(request.handler, request.function) + " to worker " +
-                    target.describe());
+      closing = true;
     }
+  }
+  if (closing) {
+    close_pipe(made->pipe);  // outside mutex_
+    MutexLock lock(mutex_);
+    refuse_locked("send " + describe_call(request.handler, request.function) + " to worker " +
+                  target.describe());
   }
   read_next(made);
   return made;
@@ -1033,7 +1041,7 @@ void TensorPipeAgent::apply_fault(const FaultDecision& decision,
     case FaultDecision::Verdict::kCut:
       // Both ends then see the connection lost; the reason this side gives names the rule.
       conn->cut.store(true, std::memory_order_release);
-      conn->pipe->close();
+      close_pipe(conn->pipe);
       return;
     case FaultDecision::Verdict::kDelay: {
       std::weak_ptr<TensorPipeAgent> weak = weak_from_this();
@@ -1103,6 +1111,11 @@ void TensorPipeAgent::accept_next() {
     self->read_next(conn);
     self->accept_next();
   });
+}
+
+void TensorPipeAgent::close_pipe(const std::shared_ptr<tp::Pipe>& pipe) {
+  const SendingMark entering;
+  pipe->close();
 }
 
 void TensorPipeAgent::read_next(const std::shared_ptr<Connection>& conn) {
@@ -1176,7 +1189,7 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
                                                       self_.describe() + " was refused: " + limit)),
                     CallOutcome::kReplied, conn->serial);
       }
-      conn->pipe->close();
+      close_pipe(conn->pipe);
     }
     return;
   }
@@ -1285,7 +1298,7 @@ void TensorPipeAgent::refuse_busy(const std::shared_ptr<Connection>& conn, uint6
   reply.result = ErrorReply{ErrorKind::kBusy, why, self_.name, /*rejected=*/true};
   std::shared_ptr<tp::Pipe> pipe = conn->pipe;
   write(conn, encode(Envelope{std::move(reply)}), [pipe, close_after](const std::string&) {
-    if (close_after) pipe->close();
+    if (close_after) close_pipe(pipe);
   });
   if (close_after) return;
   // The message had no separate tensor data: complete its (empty) read and go on.
@@ -1382,7 +1395,7 @@ void TensorPipeAgent::on_malformed(const std::shared_ptr<Connection>& conn,
     // connection goes.
     std::shared_ptr<tp::Pipe> pipe = conn->pipe;
     write(conn, encode(Envelope{std::move(reply)}), [pipe, close_after](const std::string&) {
-      if (close_after) pipe->close();
+      if (close_after) close_pipe(pipe);
     });
     return;
   }
@@ -1392,7 +1405,7 @@ void TensorPipeAgent::on_malformed(const std::shared_ptr<Connection>& conn,
                                                         " sent a malformed reply: " + why)),
                 CallOutcome::kReplied, conn->serial);
   }
-  if (close_after) conn->pipe->close();
+  if (close_after) close_pipe(conn->pipe);
 }
 
 void TensorPipeAgent::on_lost_loans(const std::shared_ptr<Connection>& conn,
