@@ -372,6 +372,7 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
                  "gradwire::set_num_threads(1) in each rank and for single_ms; "
                  "torch.set_num_threads(1) + OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1 in the "
                  "PyTorch ranks"});
+    p.push_back({"blas_core", blas_core()});
     p.push_back({"statistic", statistic});
   };
   const size_t main_index = static_cast<size_t>(

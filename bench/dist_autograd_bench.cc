@@ -320,6 +320,7 @@ void measure(int64_t n, int steps, const std::string& autograd_metric,
                         "gradwire::set_num_threads(1) in each process and for local_ms; "
                         "torch.set_num_threads(1) + OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1 in "
                         "the PyTorch processes"});
+    f.params.push_back({"blas_core", blas_core()});
     f.params.push_back({"statistic", statistic});
     f.params.push_back({"local_ms", local_ms});
     f.params.push_back({"local", local_what});

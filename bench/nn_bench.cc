@@ -85,7 +85,8 @@ const Register mlp_bench({"nn.mlp_step_ms"}, [](const auto& emit) {
             {"threads_how",
              "GRADWIRE_BENCH_THREADS or online CPUs; gradwire::set_num_threads(n) here, "
              "torch.set_num_threads(n) + OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=n in the peer"},
-            {"intra_op_threads", double(get_num_threads())}}};
+            {"intra_op_threads", double(get_num_threads())},
+            {"blas_core", blas_core()}}};
   if (theirs) {
     const double theirs_ms = median(*theirs) * 1e3;
     f.params.push_back({"pytorch", "torch " + version});

@@ -597,6 +597,7 @@ const Register ps_bench({"ps.samples_per_s", "ps.samples_per_s_trainers"}, [](co
     f.params.push_back({"threads_how",
                         "gradwire::set_num_threads(1) in each process; torch.set_num_threads(1) + "
                         "OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1 in the PyTorch processes"});
+    f.params.push_back({"blas_core", blas_core()});
     f.params.push_back({"statistic",
                         "all trainers' samples over the window from the first "
                         "trainer's start to the last one's end, " +

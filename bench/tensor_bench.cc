@@ -48,6 +48,7 @@ const Register gemm_bench({"tensor.gemm_gflops"}, [](const auto& emit) {
                {"k", double(n)},
                {"dtype", "float32"},
                {"baseline", "cblas_sgemm (OpenBLAS with the intra-op thread count)"},
+               {"blas_core", blas_core()},
                {"baseline_gflops", base},
                {"ratio", ours / base},
                {"target_ratio_min", 0.95}}});

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include "gradwire/core/check.h"
@@ -24,6 +25,16 @@
 
 // Debian 12's OpenBLAS (0.3.21) has only this process-wide setter, no per-thread one.
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" char* openblas_get_corename(void);
+
+namespace gradwire {
+
+std::string blas_core() {
+  const char* name = openblas_get_corename();
+  return name == nullptr ? std::string() : std::string(name);
+}
+
+}  // namespace gradwire
 
 namespace gradwire::detail::cpu {
 

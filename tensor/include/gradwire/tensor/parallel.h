@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace gradwire {
 
@@ -37,6 +38,12 @@ namespace gradwire {
 int get_num_threads();
 // Sets it for the whole process; n >= 1, 1 meaning every op runs on its caller's thread.
 void set_num_threads(int n);
+
+// The kernel set OpenBLAS runs matrix products with, by OpenBLAS's own name ("Haswell",
+// "SkylakeX", "Cooperlake", "Zen", ...): the one it picked for this CPU when it loaded, or
+// the one OPENBLAS_CORETYPE named. The benchmarks report it beside every figure that
+// multiplies matrices, so that figures from different machines say which kernels made them.
+std::string blas_core();
 
 // Whether the calling thread is running a parallel_for chunk or is an intra-op worker;
 // a parallel_for from such a thread runs serially.
