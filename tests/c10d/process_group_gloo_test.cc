@@ -822,10 +822,14 @@ TEST(GlooFailures, WorkWaitTimesOutWithoutFailingTheGroup) {
 }
 
 TEST(GlooFailures, MonitoredBarrierNamesEveryMissingRank) {
+  // Every rank stays (its connections open) until ranks 0 and 1 have both timed out: a
+  // rank that left earlier would close its connections under rank 1's wait, which then
+  // fails with the closed connection instead of timing out.
   EXPECT_ALL_RANKS_OK(run_group(Mode::kProcesses, 4, [](ProcessGroup& group, int rank) {
     group.monitored_barrier(10s);  // everyone arrives
+    const std::vector<std::string> reports = {"reported0", "reported1"};
     if (rank >= 2) {
-      group.store()->wait({"reported"}, 20s);
+      group.store()->wait(reports, 20s);
       return;
     }
     try {
@@ -835,11 +839,12 @@ TEST(GlooFailures, MonitoredBarrierNamesEveryMissingRank) {
       const std::string what = e.what();
       if (rank == 0) {
         EXPECT_NE(what.find("ranks [2, 3] did not arrive"), std::string::npos) << what;
-        group.store()->set("reported", std::string_view("1"));
       } else {
         EXPECT_NE(what.find("rank 0 did not release"), std::string::npos) << what;
       }
     }
+    group.store()->set(reports[static_cast<size_t>(rank)], std::string_view("1"));
+    group.store()->wait(reports, 20s);
   }));
 }
 
