@@ -171,6 +171,14 @@ bool sending_on_this_thread() {
   return t_sending > 0;
 }
 
+ThreadPool& Dispatcher::inline_thread() {
+  std::call_once(inline_once_, [this] {
+    inline_thread_ =
+        std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "gw-inline"});
+  });
+  return *inline_thread_;
+}
+
 bool Dispatcher::serving_on_this_thread() const {
   return t_serving == this;
 }
@@ -187,13 +195,13 @@ void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> fr
   if (function != nullptr)
     timing.stats = &served_stats_.entry(request.function, from->peer.id, from->peer.name);
   if (timing.stats != nullptr || trace::enabled()) timing.arrived_ns = trace::now_ns();
+  const bool inline_execution =
+      function != nullptr ? function->execution() == Execution::kInline
+                          : entry != nullptr && execution_of(*entry, request) == Execution::kInline;
   // A thread inside a send (SendingMark) that took this request from TensorPipe's loop runs
-  // nothing of it: the request goes to the pool, inline or not.
-  const bool runs_inline =
-      !sending_on_this_thread() &&
-      (function != nullptr
-           ? function->execution() == Execution::kInline
-           : entry != nullptr && execution_of(*entry, request) == Execution::kInline);
+  // nothing of it: an inline request goes to the inline thread, the others to the pool.
+  const bool sending = sending_on_this_thread();
+  const bool runs_inline = inline_execution && !sending;
   // Functions and handlers that asked for it run right here, on the thread that received
   // the request (an I/O thread, or the executor when tensors had to be copied first); so
   // does everything else when that thread is already the executor's.
@@ -205,6 +213,15 @@ void Dispatcher::serve(std::shared_ptr<RpcAgent> agent, std::shared_ptr<Link> fr
     return;
   }
   try {
+    if (inline_execution) {
+      // Served as on an I/O thread: what it asks to run after its reply goes to the pool.
+      inline_thread().execute([this, agent, from, request = std::move(request), handlers, entry,
+                               function, tensor_bytes, timing]() mutable {
+        run(agent, from, request, handlers, entry, function, tensor_bytes, timing,
+            /*after_reply_here=*/false);
+      });
+      return;
+    }
     executor_->execute([this, agent, from, request = std::move(request), handlers, entry, function,
                         tensor_bytes, timing]() mutable {
       run(agent, from, request, handlers, entry, function, tensor_bytes, timing,

@@ -20,6 +20,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -56,8 +57,10 @@ class ReplyWriter {
 // Marks the calling thread as handing work to TensorPipe (a write, a read, a connect, a
 // close) for the mark's life. TensorPipe runs its loop on whichever thread enters it first, so such
 // a thread — a caller in rpc_async, a pool worker writing a reply — may deliver what arrived
-// meanwhile; serve() then hands even an inline request to the pool, so that no function runs
-// inside another's send (where the sender may hold a lock the function takes). Nests.
+// meanwhile; serve() then hands an inline request to the dispatcher's inline thread, so that
+// no function runs inside another's send (where the sender may hold a lock the function
+// takes), and none waits for a pool whose threads may all be busy (a Wait that only an inline
+// run can answer while the pool computes). Nests.
 class SendingMark {
  public:
   SendingMark();
@@ -160,6 +163,12 @@ class Dispatcher {
   Mutex changes_mutex_;
   std::atomic<std::shared_ptr<const Handlers>> handlers_;
   std::atomic<std::shared_ptr<const Interceptors>> interceptors_;
+
+  // One thread ("gw-inline-0") for the inline requests a sending thread took (SendingMark):
+  // made on first need; last, so that it drains its queue while the rest is still alive.
+  ThreadPool& inline_thread();
+  std::once_flag inline_once_;
+  std::unique_ptr<ThreadPool> inline_thread_;
 };
 
 }  // namespace gradwire::rpc::detail

@@ -53,7 +53,7 @@ Request call_of(uint64_t id, std::string function) {
 // An inline function runs on the thread that hands the request over; but a thread inside a
 // send (a SendingMark: TensorPipe may run its loop, and so deliver requests, on a thread that
 // is writing) runs none of it: the request goes to the pool, whose thread answers it.
-TEST(Dispatcher, AnInlineRequestTakenByASendingThreadRunsOnThePool) {
+TEST(Dispatcher, AnInlineRequestTakenByASendingThreadRunsOnTheInlineThreadWhileThePoolIsBusy) {
   Registry reg;
   Mutex mutex;
   std::map<uint64_t, std::thread::id> ran_on;
@@ -81,11 +81,19 @@ TEST(Dispatcher, AnInlineRequestTakenByASendingThreadRunsOnThePool) {
     request.args.emplace_back(static_cast<int64_t>(id));
     Future<Response> reply = replies.expect(id);
     dispatcher.serve(agent, link, std::move(request), 0);
+    return reply;
+  };
+  auto answered = [](Future<Response> reply, const std::string& function) {
     const Response response = reply.get(10s);
     EXPECT_TRUE(std::holds_alternative<Value>(response.result)) << function;
   };
   const std::thread::id here = std::this_thread::get_id();
-  serve(1, "inline");
+  answered(serve(1, "inline"), "inline");
+  answered(serve(2, "pool"), "pool");
+  // The pool's only thread is held until the inline request below is answered: a request
+  // that waited for the pool would never be.
+  Future<bool> gate;
+  Future<bool> held = pool->submit([gate] { return gate.get(20s); });
   {
     const detail::SendingMark sending;
     EXPECT_TRUE(detail::sending_on_this_thread());
@@ -93,19 +101,22 @@ TEST(Dispatcher, AnInlineRequestTakenByASendingThreadRunsOnThePool) {
       const detail::SendingMark nested;  // marks nest
     }
     EXPECT_TRUE(detail::sending_on_this_thread());
-    serve(2, "inline");
-    serve(3, "pool");
+    answered(serve(3, "inline"), "inline");
+    Future<Response> pooled = serve(4, "pool");
+    EXPECT_FALSE(pooled.completed());  // behind the held thread
+    gate.set_value(true);
+    answered(pooled, "pool");
   }
+  EXPECT_TRUE(held.get(10s));
   EXPECT_FALSE(detail::sending_on_this_thread());
-  serve(4, "pool");
-  serve(5, "inline");
+  answered(serve(5, "inline"), "inline");
   MutexLock lock(mutex);
   EXPECT_EQ(ran_on[1], here);
   EXPECT_NE(ran_on[2], here);
   EXPECT_NE(ran_on[3], here);
-  EXPECT_NE(ran_on[4], here);
+  EXPECT_NE(ran_on[3], ran_on[2]);  // not the pool's thread
+  EXPECT_EQ(ran_on[4], ran_on[2]);  // the pool's one thread
   EXPECT_EQ(ran_on[5], here);
-  EXPECT_EQ(ran_on[2], ran_on[4]);  // the pool's one thread
   lock.unlock();
   pool->shutdown();
   agent->shutdown();

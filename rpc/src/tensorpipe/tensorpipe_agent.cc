@@ -1072,8 +1072,8 @@ void TensorPipeAgent::write(const std::shared_ptr<Connection>& conn, EncodedMess
     tensor.targetDevice = tp::Device{tp::kCpuDeviceType, 0};
     out.tensors.push_back(std::move(tensor));
   }
-  // This thread may run TensorPipe's loop meanwhile, and so take other messages: any
-  // request among them goes to the pool (SendingMark).
+  // This thread may run TensorPipe's loop meanwhile, and so take other messages: no
+  // request among them runs here (SendingMark).
   const SendingMark sending;
   conn->pipe->write(std::move(out), [keep, on_done = std::move(on_done)](const tp::Error& error) {
     if (on_done) on_done(error ? error.what() : std::string());

@@ -474,8 +474,8 @@ class RpcAgent {
 
   // Throws InvalidArgument if `id` is taken (kCallHandler always is). `execution` as for
   // registered functions (registry.h): kInline runs the handler on the I/O thread that
-  // received the request (on the pool when a sending thread took it), for handlers that
-  // never block.
+  // received the request (on the agent's inline thread when a sending thread took it), for
+  // handlers that never block.
   virtual void register_handler(uint32_t id, std::string name, MessageHandler handler,
                                 Execution execution = Execution::kPool) = 0;
   // The same, with the place chosen per request: `choose` says kInline for the requests

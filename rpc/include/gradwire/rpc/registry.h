@@ -104,8 +104,9 @@ struct Signature {
 //   function returning Future<T> replies from the pool when the future completes.
 //   TensorPipe runs its loop on whichever thread enters it first, so a thread that is
 //   sending (a caller in rpc_async, a pool thread writing a reply) sometimes takes a request
-//   off the wire; such a request goes to the pool instead, so that an inline function never
-//   runs inside somebody's send (where a lock it takes may be held).
+//   off the wire; such a request runs on the agent's inline thread instead (one thread,
+//   started when first needed), so that an inline function never runs inside somebody's
+//   send (where a lock it takes may be held) and never waits for a busy pool.
 enum class Execution { kPool, kInline };
 
 // One registered function: its signature, where it runs, and the code that converts its
