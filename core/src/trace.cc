@@ -15,6 +15,7 @@
 #include <new>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradwire/core/env.h"
@@ -95,8 +96,10 @@ void for_each_ring_exclusive(F&& fn) {
   }
   for (const auto& ring : rings) {
     ring->reading.store(true, std::memory_order_seq_cst);
-    while (ring->writing.load(std::memory_order_seq_cst)) {
-      // The writer is copying one event in: a few nanoseconds.
+    for (int spins = 0; ring->writing.load(std::memory_order_seq_cst); ++spins) {
+      // The writer is copying one event in: a few nanoseconds, unless it lost its core in
+      // the middle; then it may be waiting for this very core, so give it up between looks.
+      if (spins >= 64) std::this_thread::yield();
     }
     // fn may let the writer go early itself, once it has copied what it needs.
     fn(*ring);
