@@ -241,9 +241,9 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
   // outside the request's scopes. Not on an I/O thread, where run_after_reply refuses.
   std::optional<AfterReply> after_reply;
   if (after_reply_here) after_reply.emplace();
-  // Served inline: no enclosing request collects its work. (The agent hands requests that
-  // reach a thread inside its calls into TensorPipe to the pool; this holds for any other
-  // transport a dispatcher serves.)
+  // Served inline: no enclosing request collects its work. (serve() hands inline requests
+  // that reach a thread inside a call into TensorPipe to the inline thread; this holds for
+  // any other transport a dispatcher serves.)
   std::optional<NoAfterReply> no_after_reply;
   if (!after_reply_here) no_after_reply.emplace();
   ServingMark serving(this);

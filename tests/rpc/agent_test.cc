@@ -479,7 +479,7 @@ std::string this_thread_name() {
 // Execution::kInline runs a function on the I/O thread that received the request, with no
 // hand-off to the pool: it is served while the pool's only thread is busy (held here so that
 // no pool thread is writing a reply, and so inside TensorPipe's loop, when a request comes:
-// such a thread hands requests to the pool, Dispatcher.AnInlineRequestTakenByASending...).
+// such a thread hands inline requests to the inline thread, Dispatcher.AnInlineRequest...).
 // The default runs on the pool ("rpc-N"). An inline function's returned future still
 // replies when it completes, its errors travel like any other, and run_after_reply refuses
 // inside it.

@@ -52,7 +52,8 @@ Request call_of(uint64_t id, std::string function) {
 
 // An inline function runs on the thread that hands the request over; but a thread inside a
 // send (a SendingMark: TensorPipe may run its loop, and so deliver requests, on a thread that
-// is writing) runs none of it: the request goes to the pool, whose thread answers it.
+// is writing) runs none of it: an inline request goes to the dispatcher's inline thread, and
+// is answered even while the pool's only thread is held; a pool request waits for the pool.
 TEST(Dispatcher, AnInlineRequestTakenByASendingThreadRunsOnTheInlineThreadWhileThePoolIsBusy) {
   Registry reg;
   Mutex mutex;

@@ -41,8 +41,9 @@ struct And {
 };
 
 // The loops promise no overlap (restrict) so that the compiler vectorises them without
-// runtime alias checks (this file is built at -O3: c10d/CMakeLists.txt). Gloo passes out == a (or out == b) or three distinct buffers, never a
-// partial overlap; every op here is commutative, so the in-place forms cover both.
+// runtime alias checks (this file is built at -O3: c10d/CMakeLists.txt). Gloo passes out == a (or
+// out == b) or three distinct buffers, never a partial overlap; every op here is commutative, so
+// the in-place forms cover both.
 template <typename T, typename Op>
 void combine_into(T* __restrict o, const T* __restrict y, size_t n) {
   for (size_t i = 0; i < n; ++i)
