@@ -270,8 +270,10 @@ def main():
         matplotlib.use("Agg")
         matplotlib.rcParams["svg.hashsalt"] = "gradwire"
         import matplotlib.pyplot as plt
-    except ImportError:
-        sys.exit("plot-bench: matplotlib is missing (scripts/install-deps.sh --bench installs it)")
+    except ImportError as e:
+        sys.exit("plot-bench: matplotlib cannot be imported by " + sys.executable + " (" + str(e) +
+                 "); scripts/install-deps.sh --bench installs Debian's python3-matplotlib, for "
+                 "/usr/bin/python3 (the interpreter this script names)")
     rows = read_rows(args.inputs)
     if not rows:
         sys.exit("plot-bench: no gradwire-bench rows in " + ", ".join(args.inputs))
