@@ -25,8 +25,9 @@
 // dist_autograd.step_ms, the medians of the step's phases on w0 (forward_ms: context and
 // forward call; backward_ms: sum and backward; get_gradients_ms; release_ms: the context's
 // end, which releases it on w0 and sends its release to w1 without waiting for the answer). The
-// agents keep their defaults otherwise: x, y and the gradient of x (256 KiB each) are below
-// direct_copy_min_bytes, so they go through the local transport's rings (the ring channel).
+// agents keep their defaults otherwise: x, y and the gradient of x (256 KiB each, 1 MiB each
+// in step_ms_512) are below direct_copy_min_bytes (tensors larger than 1 MiB are lent), so
+// they go through the local transport's rings (the ring channel).
 //
 // Threads: every process uses kThreads intra-op threads (gradwire::set_num_threads in the
 // ranks and for the local steps; torch.set_num_threads + OMP_NUM_THREADS +

@@ -54,8 +54,9 @@ struct StreamOptions {
   enum class Family { kTcp, kLocal, kUnix };
   Family family = Family::kTcp;
   // kLocal: one ring's capacity per direction (a power of two in [4 KiB, 64 MiB]). The ring
-  // channel writes tensors below the agent's direct_copy_min_bytes (1 MiB) through a
-  // connection of their own: at this size such a tensor goes in one piece.
+  // channel writes tensors below the agent's direct_copy_min_bytes (up to 1 MiB) through a
+  // connection of their own: most go in one piece; one that fills the ring (1 MiB, with its
+  // frame's header) is written on as the reader drains it.
   size_t ring_bytes{size_t{1} << 20};
   // Shared secret for the handshake; empty: none.
   std::string secret;

@@ -187,11 +187,12 @@ struct AgentOptions {
   // direct_copy_threads threads, and then tells the sender it is done. It needs the
   // permission to read a peer's memory (same user, ptrace not restricted); each worker
   // checks that at start and otherwise everything travels through TensorPipe as usual.
-  // direct_copy_threads in [0, 64]; 0 turns direct copies off. Below 1 MiB a pair that
-  // talks over the local transport does better through its rings (the ring channel: two
-  // memcpys through memory that stays in the cache, no control messages; benchmarks.md), so
-  // that is the default threshold.
-  size_t direct_copy_min_bytes{1u << 20};
+  // direct_copy_threads in [0, 64]; 0 turns direct copies off. Up to 1 MiB (a 512x512
+  // float32 tensor is exactly that) a pair that talks over the local transport does better
+  // through its rings (the ring channel: two memcpys through memory that stays in the cache,
+  // no control messages, no copying threads to wake; benchmarks.md), so by default only
+  // tensors larger than 1 MiB are lent.
+  size_t direct_copy_min_bytes{(size_t{1} << 20) + 1};
   int direct_copy_threads{4};
   // Per destination worker name.
   std::map<std::string, DeviceMap> device_maps;
