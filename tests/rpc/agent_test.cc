@@ -1430,6 +1430,11 @@ TEST(RpcAgentLifecycle, ALostConnectionEndsCallsAsConnectionLost) {
   EXPECT_EQ(seen->take().back(), "A finished hold connection lost (own state) with error");
   hold.release.count_down();
   agents[0]->shutdown(false);
+  // The handler w1 left running still uses `hold` and `reg`: it must be done before they go.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (agents[1]->metrics().running_handlers > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  EXPECT_EQ(agents[1]->metrics().running_handlers, 0);
 }
 
 // Sets a thread-local while the agent works for one request.
@@ -1793,7 +1798,9 @@ TEST(RpcAgentFaults, LosingAPeerWakesAGracefulShutdownWaitingOnItsCalls) {
   HeldFunction hold;
   hold.define(reg, "hold", 1);
   AgentOptions options = test_options(reg);
-  options.close_timeout = 100ms;
+  // w1's close closes its connections first, then waits for its handler, released below
+  // once w0 has seen the loss: no handler is left running past the test.
+  options.close_timeout = 20s;
   auto store = std::make_shared<c10d::HashStore>(20s);
   Agents agents = start_agents(2, options, store);
   Future<int64_t> held = agents[0]->rpc_async<int64_t>("w1", "hold");
@@ -1809,14 +1816,17 @@ TEST(RpcAgentFaults, LosingAPeerWakesAGracefulShutdownWaitingOnItsCalls) {
   while (!agents[0]->metrics().shutting_down && std::chrono::steady_clock::now() < deadline)
     std::this_thread::yield();
   ASSERT_TRUE(agents[0]->metrics().shutting_down);
-  agents[1]->shutdown(false);  // the connection goes; w0's call fails with it
+  // The connection goes; w0's call fails with it.
+  std::thread killer([&] { agents[1]->shutdown(false); });
   closer.join();
   // Woken by the loss, not by join_timeout (20 s).
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
   EXPECT_EQ(error, "(no exception)");
-  ASSERT_TRUE(held.wait(1s));
-  EXPECT_THROW(held.value(), NetworkError);
+  const bool failed = held.wait(1s);
   hold.release.count_down();
+  killer.join();
+  ASSERT_TRUE(failed);
+  EXPECT_THROW(held.value(), NetworkError);
 }
 
 }  // namespace
