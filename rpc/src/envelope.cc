@@ -4,7 +4,10 @@
 
 #include "envelope_scan.h"
 
+#include <google/protobuf/arena.h>
+
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -223,12 +226,21 @@ struct Decoder {
 
 // Scanned first (envelope_scan.h: every count bounded before Protobuf allocates for it),
 // then parsed once.
-wire::Envelope parse(const std::string& payload, const EnvelopeLimits& limits) {
+// `env` is empty.
+void parse(const std::string& payload, const EnvelopeLimits& limits, wire::Envelope& env) {
   EnvelopeShape shape;
   scan_envelope(payload, limits, shape);
-  wire::Envelope env;
   if (!env.ParseFromString(payload)) malformed("the payload does not parse");
-  return env;
+}
+
+// An arena whose first block is `block`: the messages of one small envelope, and their
+// strings, take no allocation of their own and are dropped together. Larger ones continue
+// in blocks the arena allocates.
+google::protobuf::ArenaOptions arena_options(char* block, size_t size) {
+  google::protobuf::ArenaOptions options;
+  options.initial_block = block;
+  options.initial_block_size = size;
+  return options;
 }
 
 ErrorKind error_kind_from(uint32_t kind) {
@@ -267,7 +279,11 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
   EncodedMessage msg;
   Encoding enc{msg, {}, {}};
   msg.target_device = target_device;
-  wire::Envelope env;
+  // Built on an arena that starts on the stack: no allocation per field or nested message,
+  // and nothing to free one by one once serialized.
+  alignas(std::max_align_t) char block[2048];
+  google::protobuf::Arena arena(arena_options(block, sizeof(block)));
+  wire::Envelope& env = *google::protobuf::Arena::CreateMessage<wire::Envelope>(&arena);
   env.set_version(kEnvelopeVersion);
   if (const Release* release = std::get_if<Release>(&envelope.body)) {
     wire::Release* out = env.mutable_release();
@@ -443,8 +459,20 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
 
 }  // namespace
 
+struct ParsedEnvelope::Storage {
+  // Enough for a call or reply with a few small arguments and inline tensors, and small
+  // enough with the arena for malloc's per-thread cache (chunks up to 1 KiB).
+  alignas(std::max_align_t) char block[976];
+  google::protobuf::Arena arena{arena_options(block, sizeof(block))};
+};
+
 ParsedEnvelope::ParsedEnvelope(const std::string& payload, const EnvelopeLimits& limits)
-    : message_(std::make_unique<wire::Envelope>(parse(payload, limits))) {}
+    : storage_(new Storage) {  // default-initialized: the block is not zeroed first
+  static_assert(sizeof(Storage) <= 1024);
+  wire::Envelope* env = google::protobuf::Arena::CreateMessage<wire::Envelope>(&storage_->arena);
+  parse(payload, limits, *env);
+  message_ = env;
+}
 ParsedEnvelope::~ParsedEnvelope() = default;
 bool ParsedEnvelope::is_request() const {
   return message_->has_request();
@@ -457,8 +485,13 @@ uint64_t ParsedEnvelope::id() const {
   if (message_->has_response()) return message_->response().id();
   return 0;
 }
-ParsedEnvelope::ParsedEnvelope(ParsedEnvelope&&) noexcept = default;
-ParsedEnvelope& ParsedEnvelope::operator=(ParsedEnvelope&&) noexcept = default;
+ParsedEnvelope::ParsedEnvelope(ParsedEnvelope&& other) noexcept
+    : storage_(std::move(other.storage_)), message_(std::exchange(other.message_, nullptr)) {}
+ParsedEnvelope& ParsedEnvelope::operator=(ParsedEnvelope&& other) noexcept {
+  storage_ = std::move(other.storage_);
+  message_ = std::exchange(other.message_, nullptr);
+  return *this;
+}
 
 std::vector<IncomingTensor> peek_tensors(const std::string& payload, const EnvelopeLimits& limits) {
   return peek_tensors(ParsedEnvelope(payload, limits), limits);
