@@ -124,7 +124,12 @@ Tensor run_binary(const char* op, BinaryOp kind, const Tensor& a, const Tensor& 
                   Scalar alpha = 1) {
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   Tensor out = empty(shape, TensorOptions(binary_out_dtype(kind, compute)).device(a.device()));
-  detail::device_binary(kind, out, a.to(compute).expand(shape), b.to(compute).expand(shape), alpha);
+  // An operand already of the result's shape is read as it is: no view to make.
+  auto operand = [&](const Tensor& t) {
+    Tensor as = t.to(compute);
+    return as.sizes() == shape ? as : as.expand(shape);
+  };
+  detail::device_binary(kind, out, operand(a), operand(b), alpha);
   return out;
 }
 

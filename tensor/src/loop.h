@@ -33,33 +33,28 @@ LoopPlan<N> make_plan(const Shape& shape, const std::array<Shape, N>& byte_strid
   LoopPlan<N> plan;
   for (int64_t s : shape)
     plan.numel *= s;
-  // Keep dims of size != 1, outermost first.
+  // Dims of size != 1, outermost first; dim d merges into the one kept before it when, for
+  // every operand, that one's stride == stride[d] * size[d]. Built in place, each vector
+  // allocated once: a plan is made for every elementwise op, however small.
+  plan.sizes.reserve(shape.size());
+  for (size_t k = 0; k < N; ++k)
+    plan.strides[k].reserve(shape.size());
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
-    plan.sizes.push_back(shape[d]);
-    for (size_t k = 0; k < N; ++k)
-      plan.strides[k].push_back(byte_strides[k][d]);
-  }
-  // Merge dim d-1 into d when, for every operand, stride[d-1] == stride[d] * size[d].
-  Shape sizes;
-  std::array<Shape, N> strides;
-  for (size_t d = 0; d < plan.sizes.size(); ++d) {
-    bool merge = !sizes.empty();
+    bool merge = !plan.sizes.empty();
     for (size_t k = 0; k < N && merge; ++k) {
-      merge = strides[k].back() == plan.strides[k][d] * plan.sizes[d];
+      merge = plan.strides[k].back() == byte_strides[k][d] * shape[d];
     }
     if (merge) {
-      sizes.back() *= plan.sizes[d];
+      plan.sizes.back() *= shape[d];
       for (size_t k = 0; k < N; ++k)
-        strides[k].back() = plan.strides[k][d];
+        plan.strides[k].back() = byte_strides[k][d];
     } else {
-      sizes.push_back(plan.sizes[d]);
+      plan.sizes.push_back(shape[d]);
       for (size_t k = 0; k < N; ++k)
-        strides[k].push_back(plan.strides[k][d]);
+        plan.strides[k].push_back(byte_strides[k][d]);
     }
   }
-  plan.sizes = std::move(sizes);
-  plan.strides = std::move(strides);
   return plan;
 }
 
