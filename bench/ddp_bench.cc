@@ -19,7 +19,10 @@
 //   ddp.step_ms with params.backend "shm": 2 ranks, bucket_cap_mb 25, against the same
 //                           PyTorch and single-process figures (targets: <= 1.2x the
 //                           single-process step, <= PyTorch / 1.3), and 4 ranks (no PyTorch
-//                           figure: its peer runs two ranks).
+//                           figure: its peer runs two ranks). The 2-rank row also carries
+//                           this host's floor for the ratio, alone_together_ms: two
+//                           processes each running the single-process step at once, with no
+//                           DDP and no communication (floor_ratio_to_single).
 //
 // Threads: every process uses kThreads intra-op threads (gradwire::set_num_threads here and
 // in the ranks; torch.set_num_threads + OMP_NUM_THREADS + OPENBLAS_NUM_THREADS in the
@@ -262,6 +265,30 @@ std::vector<double> shm_rank_body(std::shared_ptr<c10d::Store> store, int rank, 
 
 const std::vector<int> kShmWorlds = {2, 4};
 
+// The floor of ratio_to_single on this host: kWorld processes each running the one-process
+// step (no DDP, no group, no communication) at the same time, kThreads threads each, started
+// together through the store. Returns rank 0's median step.
+std::vector<double> alone_together_body(std::shared_ptr<c10d::Store> store, int rank) {
+  set_num_threads(kThreads);
+  auto net = make_mlp();
+  optim::SGD sgd(net->parameters(), optim::SGDOptions{.lr = 0.01});
+  const std::pair<Tensor, Tensor> data = batch(rank);
+  auto step = [&] {
+    sgd.zero_grad();
+    nn::cross_entropy((*net)(data.first), data.second).backward();
+    sgd.step();
+  };
+  auto start_together = [&] {
+    store->set("ready" + std::to_string(rank), std::string_view("1"));
+    std::vector<std::string> keys;
+    for (int r = 0; r < kWorld; ++r)
+      keys.push_back("ready" + std::to_string(r));
+    store->wait(keys);
+  };
+  const double seconds = median_step(step, start_together);
+  return {seconds};
+}
+
 // Our single-process step of the same model on rank 0's batch, with kThreads threads.
 double single_step() {
   const int saved = get_num_threads();
@@ -289,6 +316,7 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
   std::vector<double> buckets(kBucketMb.size(), nan);
   std::vector<double> cpu(kBucketMb.size(), nan);  // of the best round
   double no_sync = inf, allreduce = inf, numel = nan, single = inf, theirs = inf;
+  double together = inf;  // alone_together_body's median step, best round
   std::string why, version;
   bool have_theirs = true;
   // Per kShmWorlds entry: best median step, its CPU per step, best all_reduce.
@@ -350,6 +378,12 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
       }
     }
     single = std::min(single, single_step());
+    const std::vector<double> pair = run_rank_processes(
+        server.port(), "ddp_alone" + std::to_string(r), kWorld, alone_together_body, "ddp alone");
+    if (pair.size() != 1)
+      throw std::runtime_error("ddp bench: the one-process steps returned " +
+                               std::to_string(pair.size()) + " figures");
+    together = std::min(together, pair[0]);
   }
 
   const std::string statistic = "median of " + std::to_string(kSteps) + " steps after " +
@@ -438,7 +472,19 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
     }
     g.params.push_back({"single_ms", single_ms});
     g.params.push_back({"ratio_to_single", shm_ms / single_ms});
-    if (world == kWorld) g.params.push_back({"target_ratio_to_single_max", 1.2});
+    if (world == kWorld) {
+      g.params.push_back({"target_ratio_to_single_max", 1.2});
+      g.params.push_back({"alone_together_ms", together * 1e3});
+      g.params.push_back({"floor_ratio_to_single", together / single});
+      g.params.push_back(
+          {"alone_together",
+           "this host's floor for ratio_to_single: " + std::to_string(kWorld) +
+               " processes each running the one-process step (no DDP, no communication) at "
+               "once, " +
+               std::to_string(kThreads) +
+               " thread each, rank 0's median, best of the rounds (floor_ratio_to_single: "
+               "alone_together_ms / single_ms)"});
+    }
     g.params.push_back({"gloo_ms", ours_ms});
     g.params.push_back({"ratio_to_gloo", shm_ms / ours_ms});
     g.params.push_back({"cpu_ms_per_step", shm[w][1] * 1e3});

@@ -2,13 +2,17 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "bench.h"
 #include "gradwire/c10d/store.h"
@@ -30,7 +34,7 @@ void no_delay(int fd) {
 
 }  // namespace
 
-int listen_for_echo(c10d::Store& store) {
+int listen_for_echo(c10d::Store& store, const std::string& key) {
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
   check(listener >= 0, "socket");
   sockaddr_in addr{};
@@ -40,7 +44,7 @@ int listen_for_echo(c10d::Store& store) {
   check(::listen(listener, 1) == 0, "listen");
   socklen_t len = sizeof addr;
   ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  store.set("echo_port", std::to_string(ntohs(addr.sin_port)));
+  store.set(key, std::to_string(ntohs(addr.sin_port)));
   return listener;
 }
 
@@ -56,12 +60,58 @@ void serve_echo(int listener) {
   ::close(listener);
 }
 
-std::vector<double> ping_pong(c10d::Store& store, int count, int warmup) {
+void serve_echo_handoff(int listener) {
+  const int fd = ::accept(listener, nullptr, nullptr);
+  check(fd >= 0, "accept");
+  no_delay(fd);
+  std::mutex mutex;
+  std::condition_variable ready;
+  bool have = false;
+  bool closed = false;
+  char pending = 0;
+  std::thread writer([&] {
+    for (;;) {
+      std::unique_lock lock(mutex);
+      ready.wait(lock, [&] { return have || closed; });
+      if (!have) return;
+      const char byte = pending;
+      have = false;
+      lock.unlock();
+      if (::write(fd, &byte, 1) != 1) return;
+    }
+  });
+  char byte = 0;
+  for (;;) {
+    const ssize_t got = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+    if (got == 1) {
+      {
+        const std::lock_guard lock(mutex);
+        pending = byte;
+        have = true;
+      }
+      ready.notify_one();
+    } else if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      ::sched_yield();
+    } else {
+      break;  // closed by the client (or failed): the round trips are over
+    }
+  }
+  {
+    const std::lock_guard lock(mutex);
+    closed = true;
+  }
+  ready.notify_one();
+  writer.join();
+  ::close(fd);
+  ::close(listener);
+}
+
+std::vector<double> ping_pong(c10d::Store& store, int count, int warmup, const std::string& key) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   check(fd >= 0, "socket");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(store.get_string("echo_port"))));
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(store.get_string(key))));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   check(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "connect");
   no_delay(fd);

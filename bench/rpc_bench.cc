@@ -4,7 +4,10 @@
 //   rpc.latency_us         p50 and p99 of rpc_sync "add" on two 2-element float32
 //                          tensors; baseline: a raw TCP_NODELAY ping-pong between the same
 //                          two processes (params.tcp_pingpong_us), and PyTorch's
-//                          rpc_sync(torch.add) (params.pytorch_us)
+//                          rpc_sync(torch.add) (params.pytorch_us); diagnostic: the same
+//                          ping-pong with one hand-off between threads on the echoing side
+//                          (params.handoff_pingpong_us, bench/pingpong.h), the floor of a
+//                          call served on a pool thread
 //   rpc.latency_inline_us  the same with "add" registered Execution::kInline (run on the
 //                          callee's I/O thread, no hand-off to its pool); same baselines
 //   rpc.bandwidth_gbps     rpc_sync "sum" of one float32 tensor of 1, 16 and 64 MiB
@@ -79,6 +82,16 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   }
   std::vector<double> pings;
   if (rank == 0) pings = ping_pong(*store, kPingPongs, 200);
+  // Then the same with one hand-off between threads on rank 1 (serve_echo_handoff).
+  std::thread handoff_echo;
+  if (rank == 1) {
+    echo.join();
+    const int listener = listen_for_echo(*store, "echo_handoff_port");
+    handoff_echo = std::thread([listener] { serve_echo_handoff(listener); });
+  }
+  std::vector<double> handoff_pings;
+  if (rank == 0) handoff_pings = ping_pong(*store, kPingPongs, 200, "echo_handoff_port");
+  if (rank == 1) handoff_echo.join();
 
   rpc::AgentOptions options;
   options.registry = &reg;
@@ -133,9 +146,9 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
     }
     out.push_back(median(untraced));
     out.push_back(median(traced));
+    out.push_back(median(handoff_pings));
   }
   agent->shutdown();
-  if (rank == 1) echo.join();
   return out;
 }
 
@@ -162,9 +175,9 @@ const Register rpc_bench(
       const size_t n = 2 + kBandwidthBytes.size() + 1;
       const double inf = std::numeric_limits<double>::infinity();
       const double nan = std::numeric_limits<double>::quiet_NaN();
-      // ours: the figures of PyTorch's order, the ping-pong, the inline p50 and p99, then the
-      // untraced and traced p50.
-      std::vector<double> ours(n + 5, inf);
+      // ours: the figures of PyTorch's order, the ping-pong, the inline p50 and p99, the
+      // untraced and traced p50, then the ping-pong with a hand-off.
+      std::vector<double> ours(n + 6, inf);
       std::vector<double> theirs(n, inf);
       std::vector<double> memcpy_s(kBandwidthBytes.size(), inf);
       std::string why;
@@ -205,6 +218,7 @@ const Register rpc_bench(
         }
       };
       const double ping_us = ours[n] * 1e6;
+      const double handoff_ping_us = ours[n + 5] * 1e6;
       const char* labels[] = {"p50", "p99"};
       // The default (the callee runs add on its pool), then rpc.latency_inline_us: the same
       // call registered with Execution::kInline (run on the callee's I/O thread).
@@ -221,7 +235,13 @@ const Register rpc_bench(
                     {"execution", variant == 0 ? "pool" : "inline"},
                     {"workers", "2 processes on 127.0.0.1"},
                     {"tcp_pingpong_us", ping_us},
-                    {"ratio_to_pingpong", us / ping_us}}};
+                    {"ratio_to_pingpong", us / ping_us},
+                    {"handoff_pingpong_us", handoff_ping_us},
+                    {"ratio_to_handoff_pingpong", us / handoff_ping_us},
+                    {"handoff_pingpong",
+                     "diagnostic: the same ping-pong with one hand-off between threads on the "
+                     "echoing side (a polling reader wakes a writer waiting on a condition "
+                     "variable), median: the floor of the pool path on this host"}}};
           pytorch(f, "torch.distributed.rpc rpc_sync(torch.add), TensorPipe agent", "pytorch_us",
                   theirs[q] * 1e6);
           f.params.push_back({"pytorch_over_ours", have_theirs ? theirs[q] / seconds : nan});
