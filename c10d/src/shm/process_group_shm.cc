@@ -130,7 +130,10 @@ RankRecord decode(const Bytes& bytes, int rank, const std::string& what) {
   }
   // The name is ours to open: "/gradwire-shm-<16 hex>-<rank>" and nothing else.
   const std::string prefix = "/gradwire-shm-";
-  const std::string suffix = "-" + std::to_string(rank);
+  // Appended, not "-" + to_string(...): g++ 12 at -O3 (this file's level) warns falsely
+  // (-Wrestrict) on a literal prepended to a temporary string.
+  std::string suffix(1, '-');
+  suffix += std::to_string(rank);
   bool ok = r.segment.size() == prefix.size() + 16 + suffix.size() &&
             r.segment.compare(0, prefix.size(), prefix) == 0 &&
             r.segment.compare(prefix.size() + 16, suffix.size(), suffix) == 0;
