@@ -107,9 +107,11 @@ struct PeerTimings {
 };
 
 // Runs `script` (in bench/pytorch) with `args` under $GRADWIRE_BENCH_PYTHON or
-// /usr/bin/python3, with `env` ("NAME=value ..." or empty) prepended. Returns nullopt, with
-// the reason in `why`, when python, torch or the script is unavailable or printed an
-// error, so a figure can still be reported without its baseline.
+// /usr/bin/python3, with `env` ("NAME=value ..." or empty) prepended; a run in which the
+// script reported an error of its own (a PyTorch process that failed) is run once more,
+// saying so on stderr. Returns nullopt, with the reason in `why`, when python, torch or the
+// script is unavailable, or the script reported an error both times, so a figure can still
+// be reported without its baseline.
 std::optional<PeerTimings> run_pytorch_peer(const std::string& script, const std::string& args,
                                             const std::string& env, std::string& why);
 

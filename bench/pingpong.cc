@@ -77,7 +77,7 @@ void serve_echo_handoff(int listener) {
       const char byte = pending;
       have = false;
       lock.unlock();
-      if (::write(fd, &byte, 1) != 1) return;
+      if (::send(fd, &byte, 1, MSG_NOSIGNAL) != 1) return;
     }
   });
   char byte = 0;
