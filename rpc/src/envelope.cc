@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -28,11 +31,20 @@ namespace {
 
 // ---- encoding
 
-// The message being built, and each of its tensors' requires_grad, in message order.
+// A tensor of the message being encoded, ready to travel, and how it travels.
+struct StagedTensor {
+  Tensor data;  // a contiguous CPU block
+  Device target;
+  bool requires_grad = false;
+  Shape expand_to;  // empty, or the broadcast shape it travels for
+  bool is_inline = false;
+  std::optional<Loan> loan;
+};
+
+// The message's tensors, in message order (one block for all of them).
 struct Encoding {
-  EncodedMessage& msg;
-  std::vector<bool> requires_grad;
-  std::vector<Shape> expand_to;  // per tensor: empty, or the broadcast shape it travels for
+  const DeviceMapper& target_device;
+  std::vector<StagedTensor> staged;
 };
 
 // A broadcast view (stride 0 along a dimension of size > 1, as an expand makes it) travels
@@ -48,33 +60,13 @@ Tensor compact_of_broadcast(const Tensor& t) {
   return compact;
 }
 
-void encode_value(const Value& v, wire::Value* out, Encoding& enc) {
-  EncodedMessage& msg = enc.msg;
+// Stages every tensor of `v`, in the order the message numbers them (a list's items in
+// order, a map entry's key before its value): what travels, where it goes, its flags.
+void collect_tensors(const Value& v, Encoding& enc) {
   switch (v.type()) {
-    case ValueType::kNone:
-      out->mutable_none();
-      return;
-    case ValueType::kBool:
-      out->set_bool_value(v.as_bool());
-      return;
-    case ValueType::kInt:
-      out->set_int_value(v.as_int());
-      return;
-    case ValueType::kDouble:
-      out->set_double_value(v.as_double());
-      return;
-    case ValueType::kString:
-      out->set_string_value(v.as_string());
-      return;
-    case ValueType::kBytes: {
-      const Bytes& b = v.as_bytes();
-      out->set_bytes_value(std::string(b.begin(), b.end()));
-      return;
-    }
     case ValueType::kTensor: {
       const Tensor& t = v.as_tensor();
       if (!t.defined()) throw InvalidArgument("an undefined Tensor cannot be sent");
-      out->set_tensor_index(static_cast<uint32_t>(msg.tensors.size()));
       // A tensor that requires grad travels as data and a flag: detached, neither the
       // staging nor the packing below records anything in the sender's graph (the receiver
       // starts a graph of its own).
@@ -88,46 +80,235 @@ void encode_value(const Value& v, wire::Value* out, Encoding& enc) {
         expand_to = travel.sizes();
         travel = compact;
       }
-      msg.tensors.push_back(travel.contiguous());
-      msg.targets.push_back(msg.target_device ? msg.target_device(t.device()) : Device::cpu());
-      enc.requires_grad.push_back(requires_grad);
-      enc.expand_to.push_back(std::move(expand_to));
+      if (enc.staged.empty()) enc.staged.reserve(8);
+      StagedTensor& staged = enc.staged.emplace_back();
+      staged.data = travel.contiguous();
+      staged.target = enc.target_device ? enc.target_device(t.device()) : Device::cpu();
+      staged.requires_grad = requires_grad;
+      staged.expand_to = std::move(expand_to);
       return;
     }
-    case ValueType::kList: {
-      wire::ListValue* list = out->mutable_list();
+    case ValueType::kList:
       for (const Value& item : v.as_list())
-        encode_value(item, list->add_items(), enc);
+        collect_tensors(item, enc);
+      return;
+    case ValueType::kMap:
+      for (const auto& [key, value] : v.as_map()) {
+        collect_tensors(key, enc);
+        collect_tensors(value, enc);
+      }
+      return;
+    default:
+      return;
+  }
+}
+
+// Protobuf's wire format (envelope.proto), written back to front: a nested message's fields
+// go in before its length and tag, so every length is known when it is written and nothing
+// is sized twice. The bytes are the ones Protobuf's own serializer writes for the same
+// message (fields in number order, proto3 defaults left out except in a oneof, repeated
+// numbers packed); EnvelopeTest.EncodingIsProtobufsOwnBytes holds it to that. Building
+// Protobuf's message objects only to serialize them was half of a small call's encoding.
+class BackWriter {
+ public:
+  enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLength = 2 };
+
+  BackWriter() = default;
+  BackWriter(const BackWriter&) = delete;
+  BackWriter& operator=(const BackWriter&) = delete;
+
+  // Bytes written so far: a nested message's start, for end_message.
+  size_t size() const { return cap_ - pos_; }
+  std::string str() const { return std::string(data() + pos_, size()); }
+
+  void raw(const void* p, size_t n) {
+    if (n == 0) return;
+    reserve(n);
+    pos_ -= n;
+    std::memcpy(data() + pos_, p, n);
+  }
+  void varint(uint64_t v) {
+    if (v < 0x80 && pos_ > 0) {  // most tags, lengths and numbers: one byte
+      data()[--pos_] = static_cast<char>(v);
+      return;
+    }
+    long_varint(v);
+  }
+  void tag(uint32_t field, WireType type) { varint(uint64_t{field} << 3 | type); }
+  void fixed64(uint64_t v) {
+    uint8_t out[8];
+    for (int i = 0; i < 8; ++i)
+      out[i] = static_cast<uint8_t>(v >> (8 * i));
+    raw(out, sizeof(out));
+  }
+
+  // Fields without presence: left out when they hold their default.
+  void uint_field(uint32_t field, uint64_t v) {
+    if (v == 0) return;
+    varint(v);
+    tag(field, kVarint);
+  }
+  void int32_field(uint32_t field, int32_t v) {
+    // A negative int32 is sign-extended to ten bytes, as Protobuf writes it.
+    uint_field(field, static_cast<uint64_t>(static_cast<int64_t>(v)));
+  }
+  void bool_field(uint32_t field, bool v) { uint_field(field, v ? 1 : 0); }
+  void bytes_field(uint32_t field, const void* p, size_t n) {
+    if (n == 0) return;
+    bytes_always(field, p, n);
+  }
+  void bytes_field(uint32_t field, const std::string& s) { bytes_field(field, s.data(), s.size()); }
+  void bytes_field(uint32_t field, const Bytes& b) { bytes_field(field, b.data(), b.size()); }
+  void fixed64_field(uint32_t field, uint64_t v) {
+    if (v == 0) return;
+    fixed64(v);
+    tag(field, kFixed64);
+  }
+  void packed_field(uint32_t field, const std::vector<int64_t>& values) {
+    if (values.empty()) return;
+    const size_t start = size();
+    for (size_t i = values.size(); i-- > 0;)
+      varint(static_cast<uint64_t>(values[i]));
+    end_message(field, start);
+  }
+  // A oneof member is written whatever it holds.
+  void bytes_always(uint32_t field, const void* p, size_t n) {
+    raw(p, n);
+    varint(n);
+    tag(field, kLength);
+  }
+  // Closes the message (or packed field) whose content was written since `start`.
+  void end_message(uint32_t field, size_t start) {
+    varint(size() - start);
+    tag(field, kLength);
+  }
+
+ private:
+  [[gnu::noinline]] void long_varint(uint64_t v) {
+    uint8_t out[10];
+    size_t n = 0;
+    while (v >= 0x80) {
+      out[n++] = static_cast<uint8_t>(v | 0x80);
+      v >>= 7;
+    }
+    out[n++] = static_cast<uint8_t>(v);
+    raw(out, n);
+  }
+  char* data() { return heap_ ? heap_.get() : inline_; }
+  const char* data() const { return heap_ ? heap_.get() : inline_; }
+  // Room for n more bytes in front: a larger block, what is written moved to its end.
+  void reserve(size_t n) {
+    if (n <= pos_) return;
+    const size_t used = size();
+    const size_t cap = std::max(cap_ * 2, used + n + 256);
+    std::unique_ptr<char[]> grown(new char[cap]);
+    std::memcpy(grown.get() + cap - used, data() + pos_, used);
+    heap_ = std::move(grown);
+    cap_ = cap;
+    pos_ = cap - used;
+  }
+
+  char inline_[1024];
+  std::unique_ptr<char[]> heap_;
+  size_t cap_ = sizeof(inline_);
+  size_t pos_ = sizeof(inline_);
+};
+
+// A Value's fields. Back to front, so its tensors are met last first: `next_tensor` counts
+// down from the message's tensor count to each one's index.
+void write_value(const Value& v, BackWriter& w, uint32_t& next_tensor) {
+  switch (v.type()) {
+    case ValueType::kNone:
+      w.end_message(1, w.size());  // an empty NoneValue
+      return;
+    case ValueType::kBool:
+      w.varint(v.as_bool() ? 1 : 0);
+      w.tag(2, BackWriter::kVarint);
+      return;
+    case ValueType::kInt: {
+      const int64_t i = v.as_int();
+      w.varint((static_cast<uint64_t>(i) << 1) ^ static_cast<uint64_t>(i >> 63));  // sint64
+      w.tag(3, BackWriter::kVarint);
+      return;
+    }
+    case ValueType::kDouble: {
+      uint64_t bits = 0;
+      const double d = v.as_double();
+      static_assert(sizeof(bits) == sizeof(d));
+      std::memcpy(&bits, &d, sizeof(bits));
+      w.fixed64(bits);
+      w.tag(4, BackWriter::kFixed64);
+      return;
+    }
+    case ValueType::kString: {
+      const std::string& s = v.as_string();
+      w.bytes_always(5, s.data(), s.size());
+      return;
+    }
+    case ValueType::kBytes: {
+      const Bytes& b = v.as_bytes();
+      w.bytes_always(6, b.data(), b.size());
+      return;
+    }
+    case ValueType::kTensor:
+      w.varint(--next_tensor);
+      w.tag(7, BackWriter::kVarint);
+      return;
+    case ValueType::kList: {
+      const size_t list = w.size();
+      const Value::List& items = v.as_list();
+      for (size_t i = items.size(); i-- > 0;) {
+        const size_t item = w.size();
+        write_value(items[i], w, next_tensor);
+        w.end_message(1, item);
+      }
+      w.end_message(8, list);
       return;
     }
     case ValueType::kMap: {
-      wire::MapValue* map = out->mutable_map();
-      for (const auto& [key, value] : v.as_map()) {
-        wire::MapEntry* entry = map->add_entries();
-        encode_value(key, entry->mutable_key(), enc);
-        encode_value(value, entry->mutable_value(), enc);
+      const size_t map = w.size();
+      const Value::Map& entries = v.as_map();
+      for (size_t i = entries.size(); i-- > 0;) {
+        const size_t entry = w.size();
+        const size_t value = w.size();
+        write_value(entries[i].second, w, next_tensor);
+        w.end_message(2, value);
+        const size_t key = w.size();
+        write_value(entries[i].first, w, next_tensor);
+        w.end_message(1, key);
+        w.end_message(1, entry);
       }
+      w.end_message(9, map);
       return;
     }
     case ValueType::kRRef: {
       const RRefDescriptor& r = v.as_rref();
-      wire::RRefValue* out_r = out->mutable_rref();
-      out_r->set_owner(r.owner);
-      out_r->set_rref_id(r.rref_id);
-      out_r->set_fork_id(r.fork_id);
-      out_r->set_type_name(r.type_name);
+      const size_t rref = w.size();
+      w.bytes_field(4, r.type_name);
+      w.uint_field(3, r.fork_id);
+      w.uint_field(2, r.rref_id);
+      w.int32_field(1, r.owner);
+      w.end_message(10, rref);
       return;
     }
   }
 }
 
-template <typename Repeated>
-void encode_extensions(const Extensions& extensions, Repeated* out) {
-  for (const auto& [key, value] : extensions) {
-    wire::Extension* e = out->Add();
-    e->set_key(key);
-    e->set_value(std::string(value.begin(), value.end()));
+// A Request's or Response's extensions (field `field`), in key order.
+void write_extensions(const Extensions& extensions, uint32_t field, BackWriter& w) {
+  for (auto it = extensions.rbegin(); it != extensions.rend(); ++it) {
+    const size_t e = w.size();
+    w.bytes_field(2, it->second);
+    w.bytes_field(1, it->first);
+    w.end_message(field, e);
   }
+}
+
+void write_loan(const Loan& loan, uint32_t field, BackWriter& w) {
+  const size_t l = w.size();
+  w.fixed64_field(2, loan.token);
+  w.uint_field(1, loan.slot);
+  w.end_message(field, l);
 }
 
 // ---- decoding
@@ -277,88 +458,94 @@ size_t IncomingTensor::logical_nbytes() const {
 EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device,
                       size_t inline_tensor_bytes, const Lender& lender) {
   EncodedMessage msg;
-  Encoding enc{msg, {}, {}};
-  msg.target_device = target_device;
-  // Built on an arena that starts on the stack: no allocation per field or nested message,
-  // and nothing to free one by one once serialized.
-  alignas(std::max_align_t) char block[2048];
-  google::protobuf::Arena arena(arena_options(block, sizeof(block)));
-  wire::Envelope& env = *google::protobuf::Arena::CreateMessage<wire::Envelope>(&arena);
-  env.set_version(kEnvelopeVersion);
+  Encoding enc{target_device, {}};
+  BackWriter w;
   if (const Release* release = std::get_if<Release>(&envelope.body)) {
-    wire::Release* out = env.mutable_release();
-    for (const Loan& loan : release->loans) {
-      wire::Loan* l = out->add_loans();
-      l->set_slot(loan.slot);
-      l->set_token(loan.token);
-    }
-    msg.target_device = nullptr;
-    msg.payload = env.SerializeAsString();
+    const size_t body = w.size();
+    for (size_t i = release->loans.size(); i-- > 0;)
+      write_loan(release->loans[i], 1, w);
+    w.end_message(5, body);
+    w.uint_field(1, kEnvelopeVersion);
+    msg.payload = w.str();
     return msg;
   }
-  if (const Request* req = std::get_if<Request>(&envelope.body)) {
-    wire::Request* out = env.mutable_request();
-    out->set_id(req->id);
-    out->set_handler(req->handler);
-    out->set_function(req->function);
+  const Request* req = std::get_if<Request>(&envelope.body);
+  const Response* resp = req == nullptr ? &std::get<Response>(envelope.body) : nullptr;
+  const Value* result = resp != nullptr ? std::get_if<Value>(&resp->result) : nullptr;
+  if (req != nullptr) {
     for (const Value& arg : req->args)
-      encode_value(arg, out->add_args(), enc);
-    out->set_autograd_context_id(req->autograd_context_id);
-    out->set_autograd_message_id(req->autograd_message_id);
-    out->set_timeout_ms(static_cast<uint64_t>(std::max<int64_t>(0, req->timeout.count())));
-    out->set_payload(std::string(req->payload.begin(), req->payload.end()));
-    encode_extensions(req->extensions, out->mutable_extensions());
-  } else {
-    const Response& resp = std::get<Response>(envelope.body);
-    wire::Response* out = env.mutable_response();
-    out->set_id(resp.id);
-    out->set_autograd_context_id(resp.autograd_context_id);
-    out->set_autograd_message_id(resp.autograd_message_id);
-    if (const Value* value = std::get_if<Value>(&resp.result)) {
-      encode_value(*value, out->mutable_value(), enc);
-    } else {
-      const ErrorReply& err = std::get<ErrorReply>(resp.result);
-      wire::ErrorReply* out_err = out->mutable_error();
-      out_err->set_kind(static_cast<uint32_t>(err.kind));
-      out_err->set_message(err.message);
-      out_err->set_worker(err.worker);
-      out_err->set_rejected(err.rejected);
-    }
-    encode_extensions(resp.extensions, out->mutable_extensions());
+      collect_tensors(arg, enc);
+  } else if (result != nullptr) {
+    collect_tensors(*result, enc);
   }
   // Small tensors travel inside the envelope: one TensorPipe message part instead of a
   // channel transfer each, which is most of the cost of a small call.
-  std::vector<Tensor> out_of_line;
-  std::vector<Device> out_of_line_targets;
   size_t inlined = 0;
-  for (size_t i = 0; i < msg.tensors.size(); ++i) {
-    const Tensor& t = msg.tensors[i];
-    wire::TensorDesc* desc = env.add_tensors();
-    desc->set_dtype(static_cast<uint32_t>(t.dtype()));
-    for (int64_t s : t.sizes())
-      desc->add_sizes(s);
-    desc->set_device_type(msg.targets[i].is_cuda() ? 1 : 0);
-    desc->set_device_index(msg.targets[i].index);
-    desc->set_requires_grad(enc.requires_grad[i]);
-    for (int64_t s : enc.expand_to[i])
-      desc->add_expand_to(s);
-    const size_t bytes = t.nbytes();
+  for (StagedTensor& t : enc.staged) {
+    const size_t bytes = t.data.nbytes();
     if (bytes <= inline_tensor_bytes && inlined + bytes <= kMaxInlineBytesPerMessage) {
-      desc->set_inline_data(static_cast<const char*>(t.data_ptr()), bytes);
-      desc->set_is_inline(true);
+      t.is_inline = true;
       inlined += bytes;
-    } else if (std::optional<Loan> loan = lender ? lender(t) : std::nullopt) {
-      desc->mutable_loan()->set_slot(loan->slot);
-      desc->mutable_loan()->set_token(loan->token);
+    } else if (std::optional<Loan> loan = lender ? lender(t.data) : std::nullopt) {
+      t.loan = loan;
     } else {
-      out_of_line.push_back(t);
-      out_of_line_targets.push_back(msg.targets[i]);
+      msg.tensors.push_back(t.data);
+      msg.targets.push_back(t.target);
     }
   }
-  msg.tensors = std::move(out_of_line);
-  msg.targets = std::move(out_of_line_targets);
-  msg.target_device = nullptr;
-  msg.payload = env.SerializeAsString();
+  // Envelope { version = 1; request = 2 | response = 3; tensors = 4 }, last field first.
+  for (size_t i = enc.staged.size(); i-- > 0;) {
+    const size_t desc = w.size();
+    const StagedTensor& t = enc.staged[i];
+    w.packed_field(9, t.expand_to);
+    w.bool_field(8, t.requires_grad);
+    if (t.loan) write_loan(*t.loan, 7, w);
+    if (t.is_inline) w.bytes_field(6, t.data.data_ptr(), t.data.nbytes());
+    w.bool_field(5, t.is_inline);
+    w.int32_field(4, t.target.index);
+    w.int32_field(3, t.target.is_cuda() ? 1 : 0);
+    w.packed_field(2, t.data.sizes());
+    w.uint_field(1, static_cast<uint32_t>(t.data.dtype()));
+    w.end_message(4, desc);
+  }
+  auto next_tensor = static_cast<uint32_t>(enc.staged.size());
+  const size_t body = w.size();
+  if (req != nullptr) {
+    write_extensions(req->extensions, 9, w);
+    w.bytes_field(8, req->payload);
+    w.uint_field(7, static_cast<uint64_t>(std::max<int64_t>(0, req->timeout.count())));
+    w.uint_field(6, req->autograd_message_id);
+    w.uint_field(5, req->autograd_context_id);
+    for (size_t i = req->args.size(); i-- > 0;) {
+      const size_t arg = w.size();
+      write_value(req->args[i], w, next_tensor);
+      w.end_message(4, arg);
+    }
+    w.bytes_field(3, req->function);
+    w.uint_field(2, req->handler);
+    w.uint_field(1, req->id);
+    w.end_message(2, body);
+  } else {
+    write_extensions(resp->extensions, 7, w);
+    w.uint_field(6, resp->autograd_message_id);
+    w.uint_field(5, resp->autograd_context_id);
+    const size_t one = w.size();
+    if (result != nullptr) {
+      write_value(*result, w, next_tensor);
+      w.end_message(2, one);
+    } else {
+      const ErrorReply& err = std::get<ErrorReply>(resp->result);
+      w.bool_field(4, err.rejected);
+      w.bytes_field(3, err.worker);
+      w.bytes_field(2, err.message);
+      w.uint_field(1, static_cast<uint32_t>(err.kind));
+      w.end_message(3, one);
+    }
+    w.uint_field(1, resp->id);
+    w.end_message(3, body);
+  }
+  w.uint_field(1, kEnvelopeVersion);
+  msg.payload = w.str();
   return msg;
 }
 

@@ -77,7 +77,6 @@ struct EncodedMessage {
   std::string payload;
   std::vector<Tensor> tensors;  // not those lent
   std::vector<Device> targets;
-  DeviceMapper target_device;  // used while encoding only
 };
 
 // Offered each tensor that does not travel inline (contiguous, on the CPU): a Loan it
@@ -88,7 +87,9 @@ using Lender = std::function<std::optional<Loan>(const Tensor& tensor)>;
 // Tensors of at most `inline_tensor_bytes` travel inside the payload (up to
 // kMaxInlineBytesPerMessage in all); `lender` may take the others; the rest are
 // EncodedMessage::tensors. Each tensor's requires_grad() travels as a flag; its data is
-// taken detached, so encoding records nothing in an autograd graph.
+// taken detached, so encoding records nothing in an autograd graph. The payload is written
+// directly in Protobuf's wire format (no message objects are built), byte for byte what
+// Protobuf's serializer writes for the same envelope.
 inline constexpr size_t kDefaultInlineTensorBytes = 16 * 1024;
 inline constexpr size_t kMaxInlineBytesPerMessage = 1 << 20;
 EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device = nullptr,

@@ -1,8 +1,12 @@
 // The envelope: requests and responses round-trip with their tensors, requires_grad flags
 // and extensions; hostile payloads (random bytes, truncations, bad indices, limits
-// exceeded, unknown versions) are InvalidArguments, never crashes.
+// exceeded, unknown versions) are InvalidArguments, never crashes. The encoder writes the
+// bytes Protobuf's own serializer writes for the same message.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +17,7 @@
 #include "gradwire/tensor/autograd_hooks.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "proto/envelope.pb.h"
 #include "wire.h"
 
 namespace gradwire::rpc {
@@ -584,6 +589,183 @@ TEST(EnvelopeTest, MismatchedTensorsAndIndicesAreRejected) {
               decode(forged, {zeros({2})});
             }).find("tensor index 1 is out of range (the message has 1 tensors)"),
             std::string::npos);
+}
+
+// Protobuf's own bytes for `payload`: parsed by the generated code and serialized again
+// (fields in number order, defaults left out, repeated numbers packed).
+std::string reserialized(const std::string& payload) {
+  wire::Envelope env;
+  EXPECT_TRUE(env.ParseFromString(payload));
+  return env.SerializeAsString();
+}
+
+// A value of every kind, nested up to `depth`, from `rng`.
+Value random_value(std::mt19937& rng, int depth) {
+  const int kinds = depth > 0 ? 10 : 8;
+  switch (rng() % kinds) {
+    case 0:
+      return Value();
+    case 1:
+      return Value(rng() % 2 == 0);
+    case 2: {
+      const int64_t magnitudes[] = {0, 1, -1, 63, -64, 1 << 20, INT64_MIN, INT64_MAX};
+      return Value(magnitudes[rng() % 8] + static_cast<int64_t>(rng() % 3));
+    }
+    case 3: {
+      const double doubles[] = {0.0, -0.0, 2.5, -1e300, std::numeric_limits<double>::quiet_NaN()};
+      return Value(doubles[rng() % 5]);
+    }
+    case 4:
+      return Value(std::string(rng() % 3 == 0 ? 0 : rng() % 200, 'x'));
+    case 5:
+      return Value(Bytes(rng() % 3 == 0 ? 0 : rng() % 40, 7));
+    case 6: {
+      const int64_t n = static_cast<int64_t>(rng() % 5);
+      Tensor t = arange(Scalar(n * 3), kFloat32).view({n, 3});
+      if (rng() % 4 == 0) t = t.t();  // strided: packed before it travels
+      if (rng() % 4 == 0) t = full({1}, Scalar(2.0), kFloat64).expand({4, 5});  // broadcast
+      if (rng() % 5 == 0) t = arange(Scalar(5000), kInt64);  // beside the payload
+      return Value(t);
+    }
+    case 7: {
+      const int32_t owners[] = {-1, 0, 3};
+      return Value(RRefDescriptor{owners[rng() % 3], rng() % 2 == 0 ? 0 : uint64_t{1} << 50,
+                                  rng() % 9, rng() % 2 == 0 ? "" : "PS"});
+    }
+    case 8: {
+      Value::List items;
+      for (size_t i = rng() % 4; i > 0; --i)
+        items.push_back(random_value(rng, depth - 1));
+      return Value::list(std::move(items));
+    }
+    default: {
+      Value::Map entries;
+      for (size_t i = rng() % 4; i > 0; --i)
+        entries.emplace_back(Value(static_cast<int64_t>(i)), random_value(rng, depth - 1));
+      return Value::map(std::move(entries));
+    }
+  }
+}
+
+// Whether `got` is what `sent` decodes as: tensors by dtype, shape and elements, doubles
+// bit for bit (NaN included), everything else as Value compares it.
+bool same_value(const Value& sent, const Value& got) {
+  if (sent.type() != got.type()) return false;
+  switch (sent.type()) {
+    case ValueType::kTensor: {
+      const Tensor& a = sent.as_tensor();
+      const Tensor& b = got.as_tensor();
+      return a.dtype() == b.dtype() && a.sizes() == b.sizes() && equal(a, b);
+    }
+    case ValueType::kDouble: {
+      const double a = sent.as_double();
+      const double b = got.as_double();
+      return std::memcmp(&a, &b, sizeof(a)) == 0;
+    }
+    case ValueType::kList: {
+      const Value::List& a = sent.as_list();
+      const Value::List& b = got.as_list();
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!same_value(a[i], b[i])) return false;
+      return true;
+    }
+    case ValueType::kMap: {
+      const Value::Map& a = sent.as_map();
+      const Value::Map& b = got.as_map();
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!same_value(a[i].first, b[i].first) || !same_value(a[i].second, b[i].second))
+          return false;
+      return true;
+    }
+    default:
+      return sent == got;
+  }
+}
+
+TEST(EnvelopeTest, EncodingIsProtobufsOwnBytes) {
+  std::mt19937 rng(20261128);
+  int lent = 0;
+  const Lender lender = [&](const Tensor& t) -> std::optional<Loan> {
+    if (t.nbytes() % 2 == 0 && ++lent % 2 == 0) return Loan{static_cast<uint32_t>(lent), 0xabcd};
+    return std::nullopt;
+  };
+  const DeviceMapper to_cuda = [](const Device&) { return Device::cuda(2); };
+  for (int i = 0; i < 400; ++i) {
+    Request req;
+    req.id = i % 3 == 0 ? 0 : uint64_t{1} << (i % 64);
+    req.handler = static_cast<uint32_t>(i % 5);
+    req.function = i % 4 == 0 ? "" : "f" + std::to_string(i);
+    for (size_t a = rng() % 5; a > 0; --a)
+      req.args.push_back(random_value(rng, 3));
+    req.autograd_context_id = i % 2 == 0 ? 0 : 77;
+    req.autograd_message_id = i % 3 == 0 ? 0 : 78;
+    req.timeout = std::chrono::milliseconds(i % 4 == 0 ? -5 : i * 10);
+    req.payload = Bytes(static_cast<size_t>(i % 7), 1);
+    if (i % 2 == 0) req.extensions = {{"", {}}, {"b", {1}}, {"a", {}}};
+    for (const size_t inline_bytes : {size_t{0}, size_t{16} << 10}) {
+      const EncodedMessage m =
+          encode(Envelope{req}, i % 9 == 0 ? to_cuda : nullptr, inline_bytes, lender);
+      ASSERT_EQ(m.payload, reserialized(m.payload)) << "request " << i;
+      // And it says what was sent (no loans, no devices, so that it can travel here).
+      const Request back =
+          std::get<Request>(transport(encode(Envelope{req}, nullptr, inline_bytes)).body);
+      EXPECT_EQ(back.id, req.id);
+      EXPECT_EQ(back.handler, req.handler);
+      EXPECT_EQ(back.function, req.function);
+      EXPECT_EQ(back.autograd_context_id, req.autograd_context_id);
+      EXPECT_EQ(back.autograd_message_id, req.autograd_message_id);
+      EXPECT_EQ(back.timeout, std::max(req.timeout, std::chrono::milliseconds(0)));
+      EXPECT_EQ(back.payload, req.payload);
+      EXPECT_EQ(back.extensions, req.extensions);
+      ASSERT_EQ(back.args.size(), req.args.size());
+      for (size_t a = 0; a < req.args.size(); ++a)
+        EXPECT_TRUE(same_value(req.args[a], back.args[a])) << "request " << i << ", argument " << a;
+    }
+    Response resp;
+    resp.id = req.id;
+    resp.autograd_context_id = req.autograd_context_id;
+    resp.autograd_message_id = req.autograd_message_id;
+    resp.extensions = req.extensions;
+    if (i % 3 == 0) {
+      resp.result = ErrorReply{static_cast<ErrorKind>(i % 7), i % 2 == 0 ? "" : "went wrong",
+                               i % 4 == 0 ? "" : "w1", i % 5 == 0};
+    } else {
+      resp.result = random_value(rng, 4);
+    }
+    const EncodedMessage r = encode(Envelope{resp}, nullptr, kDefaultInlineTensorBytes, lender);
+    ASSERT_EQ(r.payload, reserialized(r.payload)) << "response " << i;
+    const Response got = std::get<Response>(transport(encode(Envelope{resp})).body);
+    EXPECT_EQ(got.id, resp.id);
+    EXPECT_EQ(got.autograd_context_id, resp.autograd_context_id);
+    EXPECT_EQ(got.autograd_message_id, resp.autograd_message_id);
+    EXPECT_EQ(got.extensions, resp.extensions);
+    if (const auto* err = std::get_if<ErrorReply>(&resp.result)) {
+      const ErrorReply& e = std::get<ErrorReply>(got.result);
+      EXPECT_EQ(e.kind, err->kind);
+      EXPECT_EQ(e.message, err->message);
+      EXPECT_EQ(e.worker, err->worker);
+      EXPECT_EQ(e.rejected, err->rejected);
+    } else {
+      EXPECT_TRUE(same_value(std::get<Value>(resp.result), std::get<Value>(got.result)))
+          << "response " << i;
+    }
+  }
+  Release release;
+  release.loans = {{0, 0}, {3, 1}, {4294967295u, ~uint64_t{0}}};
+  const EncodedMessage m = encode(Envelope{release});
+  EXPECT_EQ(m.payload, reserialized(m.payload));
+  EXPECT_EQ(std::get<Release>(transport(m).body).loans, release.loans);
+  // Large enough to outgrow the encoder's first block several times.
+  Request big;
+  big.function = "big";
+  big.args = {Value(std::string(100000, 'y')), Value(arange(Scalar(4000), kFloat32))};
+  const EncodedMessage b = encode(Envelope{big});
+  EXPECT_EQ(b.payload, reserialized(b.payload));
+  const Request back = std::get<Request>(transport(b).body);
+  EXPECT_EQ(back.args[0].as_string(), std::string(100000, 'y'));
+  EXPECT_TRUE(equal(back.args[1].as_tensor(), arange(Scalar(4000), kFloat32)));
 }
 
 TEST(EnvelopeTest, GarbageNeverCrashes) {
