@@ -214,6 +214,15 @@ class BackWriter {
   size_t pos_ = sizeof(inline_);
 };
 
+void write_value(const Value& v, BackWriter& w, uint32_t& next_tensor);
+
+// `v` as the message field `field` of the message being written.
+void write_value_field(const Value& v, uint32_t field, BackWriter& w, uint32_t& next_tensor) {
+  const size_t start = w.size();
+  write_value(v, w, next_tensor);
+  w.end_message(field, start);
+}
+
 // A Value's fields. Back to front, so its tensors are met last first: `next_tensor` counts
 // down from the message's tensor count to each one's index.
 void write_value(const Value& v, BackWriter& w, uint32_t& next_tensor) {
@@ -257,11 +266,8 @@ void write_value(const Value& v, BackWriter& w, uint32_t& next_tensor) {
     case ValueType::kList: {
       const size_t list = w.size();
       const Value::List& items = v.as_list();
-      for (size_t i = items.size(); i-- > 0;) {
-        const size_t item = w.size();
-        write_value(items[i], w, next_tensor);
-        w.end_message(1, item);
-      }
+      for (size_t i = items.size(); i-- > 0;)
+        write_value_field(items[i], 1, w, next_tensor);
       w.end_message(8, list);
       return;
     }
@@ -270,12 +276,8 @@ void write_value(const Value& v, BackWriter& w, uint32_t& next_tensor) {
       const Value::Map& entries = v.as_map();
       for (size_t i = entries.size(); i-- > 0;) {
         const size_t entry = w.size();
-        const size_t value = w.size();
-        write_value(entries[i].second, w, next_tensor);
-        w.end_message(2, value);
-        const size_t key = w.size();
-        write_value(entries[i].first, w, next_tensor);
-        w.end_message(1, key);
+        write_value_field(entries[i].second, 2, w, next_tensor);
+        write_value_field(entries[i].first, 1, w, next_tensor);
         w.end_message(1, entry);
       }
       w.end_message(9, map);
@@ -516,11 +518,8 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
     w.uint_field(7, static_cast<uint64_t>(std::max<int64_t>(0, req->timeout.count())));
     w.uint_field(6, req->autograd_message_id);
     w.uint_field(5, req->autograd_context_id);
-    for (size_t i = req->args.size(); i-- > 0;) {
-      const size_t arg = w.size();
-      write_value(req->args[i], w, next_tensor);
-      w.end_message(4, arg);
-    }
+    for (size_t i = req->args.size(); i-- > 0;)
+      write_value_field(req->args[i], 4, w, next_tensor);
     w.bytes_field(3, req->function);
     w.uint_field(2, req->handler);
     w.uint_field(1, req->id);
@@ -529,11 +528,10 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
     write_extensions(resp->extensions, 7, w);
     w.uint_field(6, resp->autograd_message_id);
     w.uint_field(5, resp->autograd_context_id);
-    const size_t one = w.size();
     if (result != nullptr) {
-      write_value(*result, w, next_tensor);
-      w.end_message(2, one);
+      write_value_field(*result, 2, w, next_tensor);
     } else {
+      const size_t one = w.size();
       const ErrorReply& err = std::get<ErrorReply>(resp->result);
       w.bool_field(4, err.rejected);
       w.bytes_field(3, err.worker);
