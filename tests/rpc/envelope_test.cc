@@ -608,8 +608,10 @@ Value random_value(std::mt19937& rng, int depth) {
     case 1:
       return Value(rng() % 2 == 0);
     case 2: {
-      const int64_t magnitudes[] = {0, 1, -1, 63, -64, 1 << 20, INT64_MIN, INT64_MAX};
-      return Value(magnitudes[rng() % 8] + static_cast<int64_t>(rng() % 3));
+      // The varint lengths' edges, the extremes, and anything (C++20 converts modulo 2^64).
+      const int64_t edges[] = {0, 1, -1, 63, 64, -64, -65, 1 << 20, INT64_MIN, INT64_MAX};
+      if (rng() % 3 == 0) return Value(static_cast<int64_t>(uint64_t{rng()} << 32 | rng()));
+      return Value(edges[rng() % 10]);
     }
     case 3: {
       const double doubles[] = {0.0, -0.0, 2.5, -1e300, std::numeric_limits<double>::quiet_NaN()};
