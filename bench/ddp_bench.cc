@@ -265,11 +265,10 @@ std::vector<double> shm_rank_body(std::shared_ptr<c10d::Store> store, int rank, 
 
 const std::vector<int> kShmWorlds = {2, 4};
 
-// The floor of ratio_to_single on this host: kWorld processes each running the one-process
-// step (no DDP, no group, no communication) at the same time, kThreads threads each, started
-// together through the store. Returns rank 0's median step.
-std::vector<double> alone_together_body(std::shared_ptr<c10d::Store> store, int rank) {
-  set_num_threads(kThreads);
+// The median seconds of our one-process step (no DDP) of the model on `rank`'s batch, in the
+// calling thread's intra-op setting; `sync` runs between the warm-up and the timed steps.
+template <typename Sync>
+double one_process_step(int rank, Sync&& sync) {
   auto net = make_mlp();
   optim::SGD sgd(net->parameters(), optim::SGDOptions{.lr = 0.01});
   const std::pair<Tensor, Tensor> data = batch(rank);
@@ -278,6 +277,14 @@ std::vector<double> alone_together_body(std::shared_ptr<c10d::Store> store, int 
     nn::cross_entropy((*net)(data.first), data.second).backward();
     sgd.step();
   };
+  return median_step(step, sync);
+}
+
+// The floor of ratio_to_single on this host: kWorld processes each running the one-process
+// step (no DDP, no group, no communication) at the same time, kThreads threads each, started
+// together through the store. Returns rank 0's median step.
+std::vector<double> alone_together_body(std::shared_ptr<c10d::Store> store, int rank) {
+  set_num_threads(kThreads);
   auto start_together = [&] {
     store->set("ready" + std::to_string(rank), std::string_view("1"));
     std::vector<std::string> keys;
@@ -285,25 +292,14 @@ std::vector<double> alone_together_body(std::shared_ptr<c10d::Store> store, int 
       keys.push_back("ready" + std::to_string(r));
     store->wait(keys);
   };
-  const double seconds = median_step(step, start_together);
-  return {seconds};
+  return {one_process_step(rank, start_together)};
 }
 
 // Our single-process step of the same model on rank 0's batch, with kThreads threads.
 double single_step() {
   const int saved = get_num_threads();
   set_num_threads(kThreads);
-  auto net = make_mlp();
-  optim::SGD sgd(net->parameters(), optim::SGDOptions{.lr = 0.01});
-  const std::pair<Tensor, Tensor> data = batch(0);
-  const Tensor& x = data.first;
-  const Tensor& y = data.second;
-  auto step = [&] {
-    sgd.zero_grad();
-    nn::cross_entropy((*net)(x), y).backward();
-    sgd.step();
-  };
-  const double seconds = median_step(step, [] {});
+  const double seconds = one_process_step(0, [] {});
   set_num_threads(saved);
   return seconds;
 }
