@@ -85,21 +85,30 @@ Rendezvous::Rendezvous(const Options& options) : options_(options) {
   uint16_t port = static_cast<uint16_t>(options_.standalone() ? 0 : options_.rdzv_port);
   // Whoever can bind the endpoint hosts the store; everyone else (a launcher on another
   // host, a second one on this host, or all when gradwire-store listens there) is a client.
+  std::string not_hosted;  // why this launcher does not host the store
   try {
     server_ = std::make_unique<c10d::TCPStoreServer>(
         c10d::TCPStoreServerOptions{.bind_host = host, .port = port});
     port = server_->port();
-  } catch (const NetworkError&) {
+  } catch (const NetworkError& e) {
     if (options_.standalone()) throw;
+    not_hosted = e.what();
   }
   // The first connection may wait for the launcher that hosts the store to start; once
   // connected, a store that goes away must be noticed within the heartbeat timeout.
-  {
+  try {
     c10d::TCPStore first(c10d::TCPStoreOptions{.host = host,
                                                .port = port,
                                                .timeout = options_.rdzv_timeout,
                                                .connect_timeout = options_.rdzv_timeout});
     first.check({key("gen")});
+  } catch (const NetworkError& e) {
+    // Neither host nor client: say both, since the reason it could not host (the port
+    // taken by another program, say) is often the reason no store answers there either.
+    if (not_hosted.empty()) throw;
+    throw NetworkError("gradwire-run: the rendezvous store at " + host + ":" +
+                       std::to_string(port) + " could not be hosted here (" + not_hosted +
+                       ") and none answered there: " + e.what());
   }
   store_ = std::make_unique<c10d::TCPStore>(
       c10d::TCPStoreOptions{.host = host,

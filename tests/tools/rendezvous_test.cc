@@ -3,7 +3,10 @@
 // Covers rank assignment (arrival order, --node-rank, unequal --nproc-per-node),
 // coordinated restarts, --max-restarts exhaustion on every node, a node that arrives late
 // to an elastic job, and a launcher killed while its workers run.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <map>
 #include <set>
@@ -159,6 +162,28 @@ TEST(Rendezvous, ANodeRankHeldTwiceIsRefused) {
 }
 
 // A worker failing on one node restarts every node's workers, with the restart counted.
+// A port taken by another program (bound here, not listening): the launcher can neither host
+// the store there nor reach one, and says both, naming the port, within --rdzv-timeout.
+TEST(Rendezvous, AnEndpointTakenByAnotherProgramIsNamedWithWhyItCouldNotBeHosted) {
+  const int port = free_port();
+  const int taken = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string ep = "127.0.0.1:" + std::to_string(port);
+  Launch alone(
+      {"--rdzv-endpoint", ep, "--nnodes", "2", "--rdzv-timeout", "2s", "--no-prefix", "true"});
+  EXPECT_NE(alone.wait(), 0);
+  ::close(taken);
+  EXPECT_TRUE(has(alone.err(), "the rendezvous store at " + ep + " could not be hosted here"))
+      << alone.err();
+  EXPECT_TRUE(has(alone.err(), "address already in use")) << alone.err();
+  EXPECT_TRUE(has(alone.err(), "none answered there")) << alone.err();
+}
+
 TEST(Rendezvous, AFailureOnOneNodeRestartsEveryNode) {
   const std::string ep = endpoint();
   const std::string script = std::string(kReport) +
