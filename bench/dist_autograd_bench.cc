@@ -21,13 +21,17 @@
 //                          one-process step of ~8-10 ms, the scale of the figures issue 30
 //                          was filed with), 80 steps per round, same baselines
 // Diagnostics: rpc_mm_ms, a plain rpc_sync of "mm" on a tensor that does not require grad
-// (no context): the forward call's transfers and matmul without dist_autograd; and, in
-// dist_autograd.step_ms, the medians of the step's phases on w0 (forward_ms: context and
-// forward call; backward_ms: sum and backward; get_gradients_ms; release_ms: the context's
-// end, which releases it on w0 and sends its release to w1 without waiting for the answer). The
-// agents keep their defaults otherwise: x, y and the gradient of x (256 KiB each, 1 MiB each
-// in step_ms_512) are below direct_copy_min_bytes (tensors larger than 1 MiB are lent), so
-// they go through the local transport's rings (the ring channel).
+// (no context): the forward call's transfers and matmul without dist_autograd; in
+// dist_autograd.step_ms and step_ms_512, rpc_bw_ms, a plain rpc_sync of "bw" that carries what
+// the backward's crossing does (a one-element gradient out, made whole on w1 around the two
+// products of the matmul's backward, x's gradient back), the three products timed alone in one
+// process (local_mm_ms, local_bw_ms), and from them calls_floor_ms: local_ms plus what the two
+// plain calls add to their products, the same two crossings the step makes; and the medians of the
+// step's phases on w0 (forward_ms: context and forward call; backward_ms: sum and backward;
+// get_gradients_ms; release_ms: the context's end, which releases it on w0 and sends its release to
+// w1 without waiting for the answer). The agents keep their defaults otherwise: x, y and the
+// gradient of x (256 KiB each, 1 MiB each in step_ms_512) are below direct_copy_min_bytes (tensors
+// larger than 1 MiB are lent), so they go through the local transport's rings (the ring channel).
 //
 // Threads: every process uses kThreads intra-op threads (gradwire::set_num_threads in the
 // ranks and for the local steps; torch.set_num_threads + OMP_NUM_THREADS +
@@ -112,6 +116,7 @@ enum Figures : size_t {
   kBackward,
   kGetGradients,
   kRelease,
+  kRpcBackward,
   kCount
 };
 // What the PyTorch peer prints: the first three.
@@ -119,10 +124,21 @@ constexpr size_t kPeerCount = kForward;
 
 std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int64_t n, int steps) {
   set_num_threads(kThreads);
-  Tensor weight;  // w1's weight for "mm"
-  if (rank == 1) weight = make_weight(n);
+  Tensor weight;   // w1's weight for "mm"
+  Tensor saved_x;  // w1's copy of x for "bw", as the matmul's backward node keeps it
+  if (rank == 1) {
+    weight = make_weight(n);
+    saved_x = make_x(n).detach();
+  }
   rpc::Registry reg;
   reg.def("mm", [&weight](const Tensor& x) { return matmul(x, weight); });
+  // The matmul's backward without autograd: the gradient of sum(y) made whole from one
+  // element, W's gradient x^T g (computed, dropped) and x's gradient g W^T returned.
+  reg.def("bw", [&weight, &saved_x, n](const Tensor& g) {
+    const Tensor whole = g.expand({n, n}).contiguous();
+    const Tensor grad_w = matmul(saved_x.transpose(0, 1), whole);
+    return matmul(whole, weight.detach().transpose(0, 1));
+  });
   reg.def("make_weight", [n] { return make_weight(n); });
   reg.def("mm_rref",
           [](const rref::RRef<Tensor>& w, const Tensor& x) { return matmul(x, *w.local_value()); });
@@ -178,11 +194,14 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int6
         return g;
       };
       auto rpc_mm = [&] { return agent->rpc_sync<Tensor>("w1", "mm", x_plain); };
+      const Tensor one = ones({1, 1});
+      auto rpc_bw = [&] { return agent->rpc_sync<Tensor>("w1", "bw", one); };
       const Tensor want = expected_grad_x(make_weight(n), n);
       for (int i = 0; i < kWarmup; ++i) {
         autograd_step();
         optim_step();
         rpc_mm();
+        rpc_bw();
       }
       expect(allclose(autograd_step(), want, 1e-4, 1e-3), "wrong gradient of x");
       record_phases = true;
@@ -193,6 +212,8 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int6
           times[kOptim].push_back(time_once(optim_step));
         for (int i = 0; i < steps / kBlocks; ++i)
           times[kRpcMm].push_back(time_once(rpc_mm));
+        for (int i = 0; i < steps / kBlocks; ++i)
+          times[kRpcBackward].push_back(time_once(rpc_bw));
       }
       for (size_t k = 0; k < kCount; ++k)
         out[k] = median(times[k]);
@@ -213,8 +234,15 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int6
   return out;
 }
 
-// The same two steps in this process with a local weight (median seconds of each).
-std::pair<double, double> local_steps(int64_t n, int steps) {
+// The same two steps in this process with a local weight, and the products of the plain calls
+// alone (median seconds of each).
+struct LocalTimes {
+  double autograd;
+  double optim;
+  double mm;  // matmul(x, W), what "mm" computes
+  double bw;  // what "bw" computes: the gradient made whole, x^T g and g W^T
+};
+LocalTimes local_steps(int64_t n, int steps) {
   const int saved = get_num_threads();
   set_num_threads(kThreads);
   const Tensor x = make_x(n);
@@ -233,21 +261,38 @@ std::pair<double, double> local_steps(int64_t n, int steps) {
     g = x.grad();
     sgd.step();
   };
+  const Tensor x_plain = x.detach();
+  const Tensor w_plain = w.detach();
+  const Tensor one = ones({1, 1});
+  auto mm = [&] { g = matmul(x_plain, w_plain); };
+  auto bw = [&] {
+    const Tensor whole = one.expand({n, n}).contiguous();
+    const Tensor grad_w = matmul(x_plain.transpose(0, 1), whole);
+    g = matmul(whole, w_plain.transpose(0, 1));
+  };
   const Tensor want = expected_grad_x(w, n);
+  for (int i = 0; i < kWarmup; ++i) {
+    mm();
+    bw();
+  }
   for (int i = 0; i < kWarmup; ++i)
     autograd_step();
   expect(allclose(g, want, 1e-4, 1e-3), "wrong local gradient of x");
   for (int i = 0; i < kWarmup; ++i)
     optim_step();
-  std::vector<double> autograd_times, optim_times;
+  std::vector<double> autograd_times, optim_times, mm_times, bw_times;
   for (int b = 0; b < kBlocks; ++b) {
     for (int i = 0; i < steps / kBlocks; ++i)
       autograd_times.push_back(time_once(autograd_step));
     for (int i = 0; i < steps / kBlocks; ++i)
       optim_times.push_back(time_once(optim_step));
+    for (int i = 0; i < steps / kBlocks; ++i)
+      mm_times.push_back(time_once(mm));
+    for (int i = 0; i < steps / kBlocks; ++i)
+      bw_times.push_back(time_once(bw));
   }
   set_num_threads(saved);
-  return {median(autograd_times), median(optim_times)};
+  return {median(autograd_times), median(optim_times), median(mm_times), median(bw_times)};
 }
 
 // Both steps with x and W of side n, `steps` timed steps of each kind per round; emits the
@@ -260,7 +305,7 @@ void measure(int64_t n, int steps, const std::string& autograd_metric,
   c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
   std::vector<double> ours(kCount, inf);
   std::vector<double> theirs(kPeerCount, inf);
-  double local_autograd = inf, local_optim = inf;
+  double local_autograd = inf, local_optim = inf, local_mm = inf, local_bw = inf;
   std::string why, version;
   bool have_theirs = true;
   const std::string threads = std::to_string(kThreads);
@@ -297,9 +342,11 @@ void measure(int64_t n, int steps, const std::string& autograd_metric,
           theirs[k] = std::min(theirs[k], peer->seconds[k]);
       }
     }
-    const auto [a, o] = local_steps(n, steps);
-    local_autograd = std::min(local_autograd, a);
-    local_optim = std::min(local_optim, o);
+    const LocalTimes local = local_steps(n, steps);
+    local_autograd = std::min(local_autograd, local.autograd);
+    local_optim = std::min(local_optim, local.optim);
+    local_mm = std::min(local_mm, local.mm);
+    local_bw = std::min(local_bw, local.bw);
   }
 
   const std::string statistic =
@@ -346,6 +393,20 @@ void measure(int64_t n, int steps, const std::string& autograd_metric,
       f.params.push_back({"backward_ms", ours[kBackward] * 1e3});
       f.params.push_back({"get_gradients_ms", ours[kGetGradients] * 1e3});
       f.params.push_back({"release_ms", ours[kRelease] * 1e3});
+      const double floor_ms =
+          local_ms + (ours[kRpcMm] - local_mm) * 1e3 + (ours[kRpcBackward] - local_bw) * 1e3;
+      f.params.push_back({"rpc_bw_ms", ours[kRpcBackward] * 1e3});
+      f.params.push_back({"local_mm_ms", local_mm * 1e3});
+      f.params.push_back({"local_bw_ms", local_bw * 1e3});
+      f.params.push_back({"calls_floor_ms", floor_ms});
+      f.params.push_back({"calls_floor_ratio_to_local", floor_ms / local_ms});
+      f.params.push_back({"calls_floor",
+                          "diagnostic: local_ms + (rpc_mm_ms - local_mm_ms) + (rpc_bw_ms - "
+                          "local_bw_ms): what two plain calls add, in this run, to the products "
+                          "they carry; the step crosses between the workers the same way (x "
+                          "out and y back around x W; a one-element gradient out and x's "
+                          "gradient back around the matmul's backward), so what it takes above "
+                          "this is dist_autograd's own cost"});
       f.params.push_back({"phases",
                           "diagnostic: medians of the timed steps' phases on w0 (context + "
                           "forward rpc_sync; sum + backward; get_gradients; the context's "
