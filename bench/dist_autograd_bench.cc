@@ -204,6 +204,8 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int6
         rpc_bw();
       }
       expect(allclose(autograd_step(), want, 1e-4, 1e-3), "wrong gradient of x");
+      expect(allclose(rpc_bw(), want, 1e-4, 1e-3),
+             "wrong gradient of x from the plain \"bw\" call");
       record_phases = true;
       for (int b = 0; b < kBlocks; ++b) {
         for (int i = 0; i < steps / kBlocks; ++i)
