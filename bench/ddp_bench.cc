@@ -191,7 +191,8 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
 
 // What shm_rank_body returns: the median step, CPU seconds per step, the median all_reduce
 // of every gradient at once, then (two ranks only, else -1) the A/B of ab_steps.
-constexpr size_t kShmFigures = 9;
+constexpr size_t kAbFigures = 7;
+constexpr size_t kShmFigures = 3 + kAbFigures;
 constexpr int kAbRounds = 8;
 constexpr int kAbBlock = 8;
 
@@ -200,7 +201,9 @@ constexpr int kAbBlock = 8;
 // the DDP step as measured (`step`), the same with gradient_as_bucket_view (no copies between
 // gradients and buckets), the step under no_sync (no all-reduce), and a no_sync step followed
 // by a barrier and one all_reduce of every gradient at once (nothing overlapped); out[4..5]:
-// the barrier's part of that (the ranks waiting for each other) and the all_reduce's.
+// the barrier's part of that (the ranks waiting for each other) and the all_reduce's; out[6]:
+// the one-process step (no DDP: a model of its own, plain autograd and SGD) in the same
+// processes, both ranks at once, blocks started together by a barrier like the others.
 template <typename Step>
 void ab_steps(const std::shared_ptr<c10d::ProcessGroup>& group, ddp::DistributedDataParallel& model,
               Step& step, const std::pair<Tensor, Tensor>& data, double* out) {
@@ -218,23 +221,32 @@ void ab_steps(const std::shared_ptr<c10d::ProcessGroup>& group, ddp::Distributed
     step();
   };
   Tensor flat = full({parameter_count(*net)}, Scalar(1), kFloat32);
-  std::vector<double> t[6];
+  auto plain_net = make_mlp();
+  optim::SGD plain_sgd(plain_net->parameters(), optim::SGDOptions{.lr = 0.01});
+  auto plain_step = [&] {
+    plain_sgd.zero_grad();
+    nn::cross_entropy((*plain_net)(data.first), data.second).backward();
+    plain_sgd.step();
+  };
+  std::vector<double> t[kAbFigures];
   auto then_all_reduce = [&] {
     no_sync_step();
     t[4].push_back(time_once([&] { group->barrier().wait(); }));
     t[5].push_back(time_once([&] { group->all_reduce(flat).wait(); }));
   };
-  std::vector<std::function<void()>> variants = {step, view_step, no_sync_step, then_all_reduce};
+  // Each variant with the t[] entry its step times go to.
+  const std::vector<std::pair<std::function<void()>, size_t>> variants = {
+      {step, 0}, {view_step, 1}, {no_sync_step, 2}, {then_all_reduce, 3}, {plain_step, 6}};
   for (auto& v : variants)
-    v();
+    v.first();
   for (int round = 0; round < kAbRounds; ++round) {
-    for (size_t k = 0; k < variants.size(); ++k) {
+    for (const auto& [variant, at] : variants) {
       group->barrier().wait();
       for (int i = 0; i < kAbBlock; ++i)
-        t[k].push_back(time_once(variants[k]));
+        t[at].push_back(time_once(variant));
     }
   }
-  for (size_t k = 0; k < 6; ++k)
+  for (size_t k = 0; k < kAbFigures; ++k)
     out[k] = median(t[k]);
 }
 
@@ -486,11 +498,15 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
     g.params.push_back({"cpu_ms_per_step", shm[w][1] * 1e3});
     g.params.push_back({"allreduce_ms", shm[w][2] * 1e3});
     if (world == kWorld) {
-      const char* names[] = {"ab_step_ms",    "ab_bucket_view_ms",
-                             "ab_no_sync_ms", "ab_no_sync_then_allreduce_ms",
-                             "ab_barrier_ms", "ab_allreduce_ms"};
-      for (size_t k = 0; k < 6; ++k)
+      const char* names[kAbFigures] = {
+          "ab_step_ms",    "ab_bucket_view_ms", "ab_no_sync_ms", "ab_no_sync_then_allreduce_ms",
+          "ab_barrier_ms", "ab_allreduce_ms",   "ab_plain_ms"};
+      for (size_t k = 0; k < kAbFigures; ++k)
         g.params.push_back({names[k], shm[w][3 + k] >= 0 ? shm[w][3 + k] * 1e3 : nan});
+      // The step over the one-process step both ranks ran in the same processes, in blocks
+      // alternating with it: what DDP adds, with the host's share (two ranks computing at
+      // once, the moment's load) the same on both sides.
+      g.params.push_back({"ab_ratio_to_plain", shm[w][3] / shm[w][9]});
       g.params.push_back(
           {"ab", "diagnostic, same processes, the best round's: " + std::to_string(kAbRounds) +
                      " rounds of alternating blocks of " + std::to_string(kAbBlock) +
@@ -499,7 +515,8 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
                      "(ab_no_sync_ms), and a no_sync step then a barrier (ab_barrier_ms: the "
                      "ranks waiting for each other) and one all_reduce of every gradient "
                      "(ab_allreduce_ms), nothing overlapped (ab_no_sync_then_allreduce_ms: the "
-                     "three together)"});
+                     "three together); and the one-process step without DDP, both ranks at "
+                     "once (ab_plain_ms; ab_ratio_to_plain: ab_step_ms over it)"});
     }
     emit(g);
   }
