@@ -506,7 +506,9 @@ const Register ddp_bench({"ddp.step_ms", "ddp.step_ms_bucket_mb"}, [](const auto
       // The step over the one-process step both ranks ran in the same processes, in blocks
       // alternating with it: what DDP adds, with the host's share (two ranks computing at
       // once, the moment's load) the same on both sides.
-      g.params.push_back({"ab_ratio_to_plain", shm[w][3] / shm[w][9]});
+      const double ab_step = shm[w][3];                    // names[0]
+      const double ab_plain = shm[w][3 + kAbFigures - 1];  // names[kAbFigures - 1]
+      g.params.push_back({"ab_ratio_to_plain", ab_step / ab_plain});
       g.params.push_back(
           {"ab", "diagnostic, same processes, the best round's: " + std::to_string(kAbRounds) +
                      " rounds of alternating blocks of " + std::to_string(kAbBlock) +

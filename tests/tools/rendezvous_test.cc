@@ -161,7 +161,6 @@ TEST(Rendezvous, ANodeRankHeldTwiceIsRefused) {
       << waited.err();
 }
 
-// A worker failing on one node restarts every node's workers, with the restart counted.
 // A port taken by another program (bound here, not listening): the launcher can neither host
 // the store there nor reach one, and says both, naming the port, within --rdzv-timeout.
 TEST(Rendezvous, AnEndpointTakenByAnotherProgramIsNamedWithWhyItCouldNotBeHosted) {
@@ -184,6 +183,7 @@ TEST(Rendezvous, AnEndpointTakenByAnotherProgramIsNamedWithWhyItCouldNotBeHosted
   EXPECT_TRUE(has(alone.err(), "none answered there")) << alone.err();
 }
 
+// A worker failing on one node restarts every node's workers, with the restart counted.
 TEST(Rendezvous, AFailureOnOneNodeRestartsEveryNode) {
   const std::string ep = endpoint();
   const std::string script = std::string(kReport) +
