@@ -13,6 +13,16 @@
 // reply past the frame limit is refused instead of built. A connection past the high water
 // mark is not read, and the frames already read but not handled wait in its `in` buffer
 // (at most one read plus one partial frame) until its replies drain.
+//
+// CPU: a request costs in proportion to its own bytes, its reply and the waits it completes
+// (list_keys sizes its reply from key_bytes_, a running total, instead of summing every
+// key), and each request is charged its bytes, its reply's and kRequestWork to its
+// connection's budget for the loop turn (kTurnWork). A connection that spends its budget is
+// not read for the rest of the turn: the frames it sent stay in its `in` buffer, as under
+// back-pressure, and it is served again once the loop has polled every other connection
+// (turn_check_ resumes it after the next poll; the idle handle turn_idle_ keeps that poll
+// from blocking meanwhile). So a pipeline of any length holds the loop for one budget at a
+// time.
 #include "gradwire/c10d/tcp_store_server.h"
 
 #include <netdb.h>
@@ -56,6 +66,12 @@ using proto::Reply;
 
 // Bytes of a frame's header: length, opcode, request id.
 constexpr uint64_t kFrameHeader = proto::kLengthBytes + proto::kMinFrame;
+
+// The work one connection's requests may do in one loop turn, in bytes of request and
+// reply, each request also counting kRequestWork (a stream of tiny requests is work too).
+// Past it the connection waits for the next turn.
+constexpr uint64_t kTurnWork = 256 * 1024;
+constexpr uint64_t kRequestWork = 64;
 
 // A key quoted for a log line or an error message.
 std::string quoted(std::string_view key) {
@@ -182,6 +198,10 @@ class TCPStoreServer::Impl {
     bool dirty = false;
     bool paused = false;     // not read: too many unsent replies (back-pressure)
     uint64_t paused_ms = 0;  // loop time when it was paused
+    bool yielded = false;    // not read: its work budget of the turn is spent
+    uint64_t yield_at = 0;   // the turn it yielded in
+    uint64_t work_at = 0;    // the turn `work` is charged to
+    uint64_t work = 0;       // request and reply bytes (and kRequestWork each) in that turn
     std::string in;          // frames read but not handled yet (a partial one at least)
     std::string out;         // replies not yet handed to the kernel
     uint64_t queued = 0;     // bytes in uv_write requests not completed yet
@@ -204,6 +224,7 @@ class TCPStoreServer::Impl {
   static void on_log_timer(uv_timer_t* timer);
   static void on_handshake_timer(uv_timer_t* timer);
   static void on_slow_timer(uv_timer_t* timer);
+  static void on_turn_check(uv_check_t* check);
 
   void accept_one();
   // Refuses a connection past max_connections: tells it why and closes it.
@@ -248,6 +269,12 @@ class TCPStoreServer::Impl {
   // Back-pressure: stop reading `c`, and read it again (handling the frames it holds).
   void pause(Connection* c);
   void resume(Connection* c);
+  // Charges the work of one request to `c`'s turn; past kTurnWork `c` yields: it is not
+  // read again before the loop has polled the other connections.
+  void charge(Connection* c, uint64_t work);
+  // Reads `c` again when neither back-pressure nor its turn budget holds it, handling the
+  // frames it holds first (which may hold it again).
+  void read_again(Connection* c);
   void flush_dirty();
   void flush(Connection* c);
   // Drops `c`, telling it why (best effort) and logging it (summarised); `refused`: a final
@@ -271,6 +298,7 @@ class TCPStoreServer::Impl {
   uv_timer_t slow_timer_{};                    // runs while some connection is paused
   std::function<void(uint8_t)> request_hook_;  // tests only
   uint64_t stored_bytes_ = 0;                  // key and value bytes in data_
+  uint64_t key_bytes_ = 0;                     // key bytes in data_ (list_keys' reply size)
   uint64_t parked_bytes_ = 0;                  // KeyList::bytes() of every parked waiter
   size_t parked_ = 0;                          // parked waiters
   std::unordered_set<Connection*> paused_;
@@ -295,6 +323,11 @@ class TCPStoreServer::Impl {
   std::multimap<uint64_t, Waiter*> deadlines_;
   std::unordered_set<Connection*> connections_;
   std::vector<Connection*> dirty_;
+  // A turn runs from one check callback (after a poll) to the next, so it holds one poll.
+  uv_check_t turn_check_{};  // ends the turn; resumes the connections that yielded before it
+  uv_idle_t turn_idle_{};    // active while some connection yielded: the poll does not block
+  uint64_t turn_ = 1;
+  std::vector<Connection*> yielded_;  // connections waiting for a later turn
   char read_buffer_[64 * 1024];
 };
 
@@ -316,6 +349,11 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions options)
   handshake_timer_.data = this;
   uv_timer_init(&loop_, &slow_timer_);
   slow_timer_.data = this;
+  uv_check_init(&loop_, &turn_check_);
+  turn_check_.data = this;
+  uv_check_start(&turn_check_, &Impl::on_turn_check);
+  uv_idle_init(&loop_, &turn_idle_);
+  turn_idle_.data = this;
   uv_async_init(&loop_, &stop_, &Impl::on_stop);
   stop_.data = this;
 
@@ -326,6 +364,8 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions options)
     uv_close(reinterpret_cast<uv_handle_t*>(&log_timer_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&handshake_timer_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&slow_timer_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&turn_check_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&turn_idle_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&stop_), nullptr);
     uv_run(&loop_, UV_RUN_DEFAULT);
     uv_loop_close(&loop_);
@@ -429,6 +469,8 @@ void TCPStoreServer::Impl::on_stop(uv_async_t* async) {
   uv_close(reinterpret_cast<uv_handle_t*>(&self->log_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->handshake_timer_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->slow_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&self->turn_check_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&self->turn_idle_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_), nullptr);
   if (auto line = self->drops_.summarise("connections")) {
     self->log_.log(LogLevel::kWarning, self->tag() + "dropped " + *line);
@@ -562,7 +604,7 @@ void TCPStoreServer::Impl::consume(Connection* c, const char* data, size_t size)
     avail = c->in.size();
   }
   size_t used = 0;
-  while (!c->paused && avail - used >= proto::kLengthBytes) {
+  while (!c->paused && !c->yielded && avail - used >= proto::kLengthBytes) {
     const auto* frame = reinterpret_cast<const uint8_t*>(p + used);
     const uint32_t len = proto::load_u32(frame);
     const uint64_t limit = c->hello_done ? frame_limit_ : proto::kMaxHandshakeFrame;
@@ -573,8 +615,11 @@ void TCPStoreServer::Impl::consume(Connection* c, const char* data, size_t size)
       return;
     }
     if (avail - used < proto::kLengthBytes + len) break;
+    const size_t replied = c->out.size();
     if (!handle_frame(c, frame + proto::kLengthBytes, len) || c->closing) return;
     used += proto::kLengthBytes + len;
+    charge(c, kRequestWork + proto::kLengthBytes + len +
+                  (c->out.size() > replied ? c->out.size() - replied : 0));
   }
   if (carried) {
     c->in.erase(0, used);
@@ -907,9 +952,9 @@ bool TCPStoreServer::Impl::handle_request(Connection* c, uint8_t op, uint32_t id
     }
     case Op::kListKeys: {
       if (!r.done()) return bad("list_keys");
-      uint64_t payload = 4;
-      for (const auto& entry : data_)
-        payload += 4 + entry.first.size();
+      // Sized from the running totals: a listing past the frame limit is refused at the
+      // cost of its refusal, not of a walk over every key.
+      const uint64_t payload = 4 + 4 * uint64_t{data_.size()} + key_bytes_;
       if (!room_for(c, id, payload)) return !c->closing;
       FrameWriter w = reply(c, Reply::kKeys, id);
       w.u32(static_cast<uint32_t>(data_.size()));
@@ -956,6 +1001,7 @@ void TCPStoreServer::Impl::open_journal() {
           case StoreJournal::Kind::kSet:
             stored_bytes_ += static_cast<uint64_t>(set_growth(key, value));
             if (it == data_.end()) {
+              key_bytes_ += key.size();
               data_.emplace(std::string(key), std::string(value));
             } else {
               it->second.assign(value.data(), value.size());
@@ -964,6 +1010,7 @@ void TCPStoreServer::Impl::open_journal() {
           case StoreJournal::Kind::kAppend:
             stored_bytes_ += value.size() + (it == data_.end() ? key.size() : 0);
             if (it == data_.end()) {
+              key_bytes_ += key.size();
               data_.emplace(std::string(key), std::string(value));
             } else {
               it->second.append(value);
@@ -972,6 +1019,7 @@ void TCPStoreServer::Impl::open_journal() {
           case StoreJournal::Kind::kDelete:
             if (it != data_.end()) {
               stored_bytes_ -= it->first.size() + it->second.size();
+              key_bytes_ -= it->first.size();
               data_.erase(it);
             }
             break;
@@ -1038,6 +1086,7 @@ void TCPStoreServer::Impl::set_key(std::string_view key, std::string_view value)
   stored_bytes_ += static_cast<uint64_t>(set_growth(key, value));
   auto it = data_.find(key);
   if (it == data_.end()) {
+    key_bytes_ += key.size();
     data_.emplace(std::string(key), std::string(value));
     notify(key);
   } else {
@@ -1057,6 +1106,7 @@ void TCPStoreServer::Impl::erase_key(std::string_view key) {
   auto it = data_.find(key);
   if (journal_) journal_->record(StoreJournal::Kind::kDelete, key);
   stored_bytes_ -= it->first.size() + it->second.size();
+  key_bytes_ -= it->first.size();
   data_.erase(it);
 }
 
@@ -1308,11 +1358,59 @@ void TCPStoreServer::Impl::resume(Connection* c) {
   if (!c->paused || c->closing) return;
   c->paused = false;
   paused_.erase(c);
-  // The frames read before the pause come first; they may pause it again.
+  read_again(c);
+}
+
+void TCPStoreServer::Impl::read_again(Connection* c) {
+  if (c->paused || c->yielded || c->closing) return;
+  // The frames read before the pause or the yield come first; they may hold it again.
   consume(c, nullptr, 0);
-  if (!c->paused && !c->closing) {
+  if (!c->paused && !c->yielded && !c->closing) {
     uv_read_start(reinterpret_cast<uv_stream_t*>(&c->handle), &Impl::on_alloc, &Impl::on_read);
   }
+}
+
+void TCPStoreServer::Impl::charge(Connection* c, uint64_t work) {
+  if (c->work_at < turn_) {
+    c->work_at = turn_;
+    c->work = 0;
+  }
+  c->work += work;
+  if (c->work < kTurnWork || c->yielded || c->closing) return;
+  c->yielded = true;
+  c->yield_at = turn_;
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));
+  yielded_.push_back(c);
+  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&turn_idle_)) == 0 && !stopping_) {
+    uv_idle_start(&turn_idle_, [](uv_idle_t*) {});
+  }
+}
+
+void TCPStoreServer::Impl::on_turn_check(uv_check_t* check) {
+  Impl* self = static_cast<Impl*>(check->data);
+  if (!self->yielded_.empty()) {
+    // Those that yielded before this turn's poll are served again: every connection that
+    // was ready in that poll has had its turn since. Those that yielded in it wait for the
+    // next poll. A resumed one has a fresh budget, for the rest of this callback and the
+    // next turn together.
+    std::vector<Connection*> due;
+    std::vector<Connection*> later;
+    for (Connection* c : self->yielded_)
+      (c->yield_at < self->turn_ ? due : later).push_back(c);
+    self->yielded_.swap(later);
+    for (Connection* c : due) {
+      // Closed by another connection's request meanwhile: still allocated (handles are
+      // freed in close callbacks, after this one), and done with.
+      if (c->closing) continue;
+      c->yielded = false;
+      c->work_at = self->turn_ + 1;
+      c->work = 0;
+      self->read_again(c);
+    }
+    if (self->yielded_.empty()) uv_idle_stop(&self->turn_idle_);
+    self->flush_dirty();
+  }
+  ++self->turn_;
 }
 
 void TCPStoreServer::Impl::on_slow_timer(uv_timer_t* timer) {
@@ -1498,6 +1596,7 @@ void TCPStoreServer::Impl::close_connection(Connection* c, bool reset) {
   while (!c->waiters.empty())
     remove_waiter(*c->waiters.begin());
   paused_.erase(c);
+  if (c->yielded) std::erase(yielded_, c);
   connections_.erase(c);
   num_clients_.fetch_sub(1, std::memory_order_relaxed);
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));

@@ -29,6 +29,13 @@
 // closes that request's connection only. Keys in logs and errors are escaped and cut
 // (gradwire::printable).
 //
+// CPU: a request costs the loop in proportion to its own bytes, its reply and the waits it
+// completes; list_keys is sized from a running total of the key bytes, so a listing past
+// the frame limit is refused at the cost of the refusal, not of a walk over every key. A
+// connection whose pipelined requests pass 256 KiB of request and reply bytes in one loop
+// turn is not read again until the loop has polled every other connection, so one client's
+// pipeline, however long, holds up the others for one such budget at a time.
+//
 // A TCPStore with is_master starts one of these in-process; the gradwire-store program
 // runs one standalone. Destroying the server closes every client connection, so their
 // pending calls fail at once with NetworkError.
