@@ -13,6 +13,10 @@
 // ends it too (not counted), and the launchers that remain form the next one.
 // docs/launcher.md describes the flags, the environment, the protocol and the failure rules.
 //
+// Secrets (run_secret.h): a job uses GRADWIRE_SECRET / GRADWIRE_SECRET_FILE when the user
+// set one; else a single-node job makes up its own (its store and its workers require it),
+// and a job of several nodes runs unauthenticated, with a warning at start.
+//
 // Errors: a bad command line prints what was wrong and exits with 2, and so does a
 // --node-rank another node holds. A rendezvous that fails (timeout, store gone) exits 1.
 // Workers that fail past --max-restarts end every node with that worker's status.
@@ -28,9 +32,11 @@
 #include <optional>
 #include <string>
 
+#include "gradwire/core/auth.h"
 #include "gradwire/core/error.h"
 #include "run_options.h"
 #include "run_rendezvous.h"
+#include "run_secret.h"
 #include "run_workers.h"
 
 namespace gradwire::run {
@@ -55,11 +61,42 @@ std::string why_of(const std::string& stop) {
   return stop;
 }
 
+// Said at the start of a job of several nodes that has no secret: its store and its
+// workers let anyone in.
+void warn_unauthenticated(const Options& o) {
+  const bool v6 = o.rdzv_host.find(':') != std::string::npos;
+  const std::string endpoint =
+      (v6 ? "[" + o.rdzv_host + "]" : o.rdzv_host) + ":" + std::to_string(o.rdzv_port);
+  std::fprintf(stderr,
+               "gradwire-run: WARNING: this job of several nodes has no shared secret "
+               "(GRADWIRE_SECRET or GRADWIRE_SECRET_FILE): anyone on the network who can reach "
+               "the rendezvous store at %s can join the job, change its membership and send "
+               "every worker to an address of their choosing, and the workers' stores and rpc "
+               "agents accept anyone too. Give every node the same secret, e.g. "
+               "GRADWIRE_SECRET_FILE naming a file that holds the output of "
+               "`openssl rand -hex 32` (docs/launcher.md, Secrets).\n",
+               endpoint.c_str());
+}
+
 int run(const Options& o) {
-  Rendezvous rdzv(o);
+  // The user's secret, if any, is used as it is (the workers inherit it); else a single
+  // node makes up its own.
+  std::string own_secret;
+  if (gradwire::resolve_secret("").empty()) {
+    if (o.max_nodes == 1) {
+      own_secret = generate_secret();
+    } else {
+      warn_unauthenticated(o);
+    }
+  }
+  Rendezvous rdzv(o, own_secret);
   // Until here a signal ends the launcher at once (no worker runs yet); from now on it
   // reaches the workers, or ends a rendezvous wait.
   install_signal_handlers();
+  // Written only now, so that the launcher always removes it: a signal ends the launcher
+  // through its return from here on.
+  std::optional<SecretFile> secret_file;
+  if (!own_secret.empty()) secret_file.emplace(own_secret);
   if (!o.standalone()) {
     std::fprintf(stderr, "gradwire-run: rendezvous '%s' on the store at %s%s\n", o.run_id.c_str(),
                  rdzv.endpoint().c_str(), rdzv.hosts_store() ? " (hosted by this launcher)" : "");
@@ -82,7 +119,7 @@ int run(const Options& o) {
     };
     GroupResult result;
     {
-      LocalGroup group(o, *plan);
+      LocalGroup group(o, *plan, secret_file ? secret_file->path() : std::string());
       result = group.run(
           kTickMs, [&] { return guarded([&] { return rdzv.watch(); }); },
           [&](int rank, int status) {

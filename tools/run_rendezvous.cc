@@ -79,7 +79,7 @@ std::pair<int, int64_t> parse_closed(const std::string& text) {
 
 }  // namespace
 
-Rendezvous::Rendezvous(const Options& options) : options_(options) {
+Rendezvous::Rendezvous(const Options& options, const std::string& own_secret) : options_(options) {
   prefix_ = "/gradwire-run/" + options_.run_id + "/";
   const std::string host = options_.standalone() ? "127.0.0.1" : options_.rdzv_host;
   uint16_t port = static_cast<uint16_t>(options_.standalone() ? 0 : options_.rdzv_port);
@@ -88,19 +88,23 @@ Rendezvous::Rendezvous(const Options& options) : options_(options) {
   std::string not_hosted;  // why this launcher does not host the store
   try {
     server_ = std::make_unique<c10d::TCPStoreServer>(
-        c10d::TCPStoreServerOptions{.bind_host = host, .port = port});
+        c10d::TCPStoreServerOptions{.bind_host = host, .port = port, .secret = own_secret});
     port = server_->port();
   } catch (const NetworkError& e) {
     if (options_.standalone()) throw;
     not_hosted = e.what();
   }
+  // A secret made up here guards the store hosted here; another store is reached with the
+  // environment's secret (empty: resolved from the environment).
+  const std::string secret = server_ != nullptr ? own_secret : std::string();
   // The first connection may wait for the launcher that hosts the store to start; once
   // connected, a store that goes away must be noticed within the heartbeat timeout.
   try {
     c10d::TCPStore first(c10d::TCPStoreOptions{.host = host,
                                                .port = port,
                                                .timeout = options_.rdzv_timeout,
-                                               .connect_timeout = options_.rdzv_timeout});
+                                               .connect_timeout = options_.rdzv_timeout,
+                                               .secret = secret});
     first.check({key("gen")});
   } catch (const NetworkError& e) {
     // Neither host nor client: say both, since the reason it could not host (the port
@@ -115,7 +119,8 @@ Rendezvous::Rendezvous(const Options& options) : options_(options) {
                             .port = port,
                             .timeout = options_.rdzv_timeout,
                             .connect_timeout = options_.heartbeat_timeout,
-                            .wait_grace = std::chrono::milliseconds(2000)});
+                            .wait_grace = std::chrono::milliseconds(2000),
+                            .secret = secret});
   advertised_ = net::advertised_host(host);
   host_id_ = net::host_id();
   std::random_device rd;

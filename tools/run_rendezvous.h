@@ -31,6 +31,10 @@
 // Heartbeats carry no clock: a node is considered gone when its number has not changed for
 // --rdzv-heartbeat-timeout as seen by the node watching it.
 //
+// Authentication: the store and its clients use the job's secret (run_secret.h). A secret
+// the launcher made up for a single-node job guards the store only when this launcher hosts
+// it; a store found elsewhere (a gradwire-store) is reached with the environment's secret.
+//
 // Thread-safety: one thread uses a Rendezvous.
 // Errors: TimeoutError when a rendezvous does not complete within --rdzv-timeout;
 // NetworkError when the store cannot be reached (or goes away); InvalidArgument for a node
@@ -54,7 +58,10 @@ namespace gradwire::run {
 
 class Rendezvous {
  public:
-  explicit Rendezvous(const Options& options);
+  // `own_secret`: the secret this launcher made up for a single-node job, required by the
+  // store it hosts; empty: the environment's secret (GRADWIRE_SECRET, GRADWIRE_SECRET_FILE),
+  // if any.
+  Rendezvous(const Options& options, const std::string& own_secret);
   ~Rendezvous();
 
   // Whether this launcher hosts the store server.

@@ -157,8 +157,8 @@ struct LocalGroup::Worker {
   std::optional<int> status;
 };
 
-LocalGroup::LocalGroup(const Options& options, GroupPlan plan)
-    : options_(options), plan_(std::move(plan)) {
+LocalGroup::LocalGroup(const Options& options, GroupPlan plan, std::string secret_file)
+    : options_(options), plan_(std::move(plan)), secret_file_(std::move(secret_file)) {
   workers_.reserve(static_cast<size_t>(options_.nproc_per_node) * 2);
   for (int r = 0; r < options_.nproc_per_node; ++r)
     spawn(r, plan_.restart_count, /*alone=*/false);
@@ -186,6 +186,10 @@ void LocalGroup::spawn(int local_rank, int restarts, bool alone) {
     bool ours = false;
     for (const char* k : kOurNames)
       ours = ours || entry.rfind(std::string(k) + "=", 0) == 0;
+    if (!secret_file_.empty()) {
+      ours = ours || entry.rfind("GRADWIRE_SECRET=", 0) == 0 ||
+             entry.rfind("GRADWIRE_SECRET_FILE=", 0) == 0;
+    }
     omp_set = omp_set || entry.rfind("OMP_NUM_THREADS=", 0) == 0;
     if (!ours) env.push_back(std::move(entry));
   }
@@ -208,6 +212,7 @@ void LocalGroup::spawn(int local_rank, int restarts, bool alone) {
   put("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts));
   put("TORCHELASTIC_RUN_ID", o.run_id);
   put("GRADWIRE_RUN_GENERATION", std::to_string(plan_.generation));
+  if (!secret_file_.empty()) put("GRADWIRE_SECRET_FILE", secret_file_);
   if (!omp_set && o.nproc_per_node > 1) put("OMP_NUM_THREADS", "1");
   if (alone) {
     put("GRADWIRE_RPC_REJOIN", "1");

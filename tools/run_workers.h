@@ -63,8 +63,11 @@ struct GroupResult {
 
 class LocalGroup {
  public:
-  // Starts the workers. Throws std::runtime_error when a pipe, fork or log file fails.
-  LocalGroup(const Options& options, GroupPlan plan);
+  // Starts the workers. `secret_file`: the file holding the secret this launcher made up
+  // for the job, named to every worker as GRADWIRE_SECRET_FILE (in place of inherited
+  // GRADWIRE_SECRET and GRADWIRE_SECRET_FILE, which are then empty); empty: the workers
+  // inherit the launcher's. Throws std::runtime_error when a pipe, fork or log file fails.
+  LocalGroup(const Options& options, GroupPlan plan, std::string secret_file = {});
   ~LocalGroup();
   LocalGroup(const LocalGroup&) = delete;
   LocalGroup& operator=(const LocalGroup&) = delete;
@@ -86,6 +89,7 @@ class LocalGroup {
 
   const Options& options_;
   GroupPlan plan_;
+  std::string secret_file_;
   std::vector<Worker> workers_;
 };
 
