@@ -2,7 +2,10 @@
 // comes from a worker it concerns.
 #include "container.h"
 
+#include <string_view>
 #include <utility>
+
+#include "dist_autograd_scan.h"
 #include "gradwire/core/printable.h"
 
 namespace gradwire::dist_autograd::internal {
@@ -192,8 +195,8 @@ rpc::Execution Container::execution_of(const rpc::Request& request) {
   // part does not delay it, so the thread that ends the part writes the answer. What ending
   // the hold makes ready runs on the pool (run_soon). The rest goes to the pool: a Discover
   // walks the graph and may send Discovers on (no work for a transport thread), and a
-  // payload that does not parse is refused there. Only a small payload is parsed here; a
-  // Wait is a few bytes.
+  // payload that does not parse is refused there. Only a small payload is parsed here (too
+  // small to name more than dist_autograd_scan.h allows); a Wait is a few bytes.
   constexpr size_t kLargestInline = 256;
   wire::DistAutogradMessage message;
   if (request.payload.empty() || request.payload.size() > kLargestInline ||
@@ -212,9 +215,14 @@ Future<Value> Container::handle(const CallContext& ctx, const rpc::Request& requ
     throw CallRejected("dist_autograd: worker " + self_.describe() + " refused a message from '" +
                        printable(caller.name) + "', which is not a member of the group");
   }
+  if (request.payload.empty()) {
+    throw CallRejected("malformed dist_autograd message: the payload does not parse");
+  }
+  // Counted before Protobuf builds anything of it (dist_autograd_scan.h).
+  check_message_counts(std::string_view(reinterpret_cast<const char*>(request.payload.data()),
+                                        request.payload.size()));
   wire::DistAutogradMessage message;
-  if (request.payload.empty() ||
-      !message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()))) {
+  if (!message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()))) {
     throw CallRejected("malformed dist_autograd message: the payload does not parse");
   }
   switch (message.op_case()) {

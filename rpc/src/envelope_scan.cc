@@ -1,5 +1,6 @@
 // The envelope's pre-scan (envelope_scan.h): Protobuf's wire format walked by hand against
-// envelope.proto's field numbers. Keep the table in message() in step with the .proto.
+// envelope.proto's field numbers. Keep on_varint() and on_bytes() in step with the .proto
+// (tests/security/peer_message_scan_test.cc checks every repeated field against it).
 #include "envelope_scan.h"
 
 #include <string>
@@ -44,6 +45,12 @@ std::string count_text(size_t n) {
   return std::to_string(n);
 }
 
+// What one TensorDesc's repeated int64 fields hold so far.
+struct Dims {
+  size_t sizes{0};
+  size_t expand_to{0};
+};
+
 class Scanner {
  public:
   Scanner(const EnvelopeLimits& limits, EnvelopeShape& shape) : limits_(limits), shape_(shape) {}
@@ -60,7 +67,8 @@ class Scanner {
   // Walks one message's fields; `depth` is the Value nesting of the message (0 above the
   // values).
   void message(Msg kind, const uint8_t* p, const uint8_t* end, int depth) {
-    size_t dims = 0;  // a TensorDesc's sizes, packed and unpacked together
+    // A TensorDesc's sizes and its expand_to, each packed and unpacked together.
+    Dims dims;
     while (p < end) {
       uint64_t tag = 0;
       if (!read_varint(p, end, tag)) malformed("a truncated field tag");
@@ -100,7 +108,7 @@ class Scanner {
     }
   }
 
-  void on_varint(Msg kind, uint64_t field, uint64_t v, size_t& dims) {
+  void on_varint(Msg kind, uint64_t field, uint64_t v, Dims& dims) {
     switch (kind) {
       case Msg::kEnvelope:
         if (field == 1) version_ = v;
@@ -113,7 +121,8 @@ class Scanner {
         }
         return;
       case Msg::kTensorDesc:
-        if (field == 2) add_dims(dims, 1);  // sizes, unpacked
+        if (field == 2) add_dims(dims.sizes, 1, "dims");  // sizes, unpacked
+        if (field == 9) add_dims(dims.expand_to, 1, "expand_to dims");
         return;
       default:
         return;
@@ -121,7 +130,7 @@ class Scanner {
   }
 
   void on_bytes(Msg kind, uint64_t field, const uint8_t* p, const uint8_t* end, int depth,
-                size_t& dims) {
+                Dims& dims) {
     const size_t size = static_cast<size_t>(end - p);
     switch (kind) {
       case Msg::kEnvelope:
@@ -203,11 +212,10 @@ class Scanner {
         return;
       case Msg::kTensorDesc:
         if (field == 2) {
-          // sizes, packed: one varint each
-          size_t n = 0;
-          for (const uint8_t* q = p; q < end; ++q)
-            n += (*q & 0x80) == 0 ? 1 : 0;
-          add_dims(dims, n);
+          add_dims(dims.sizes, packed_varints(p, end), "dims");
+        } else if (field == 9) {
+          // A broadcast's shape: as many int64 as sizes once built, so bounded the same.
+          add_dims(dims.expand_to, packed_varints(p, end), "expand_to dims");
         } else if (field == 7) {
           message(Msg::kLeaf, p, end, 0);
         }
@@ -265,11 +273,20 @@ class Scanner {
     message(Msg::kExtension, p, end, 0);
   }
 
-  void add_dims(size_t& dims, size_t n) {
+  // The elements of a packed run of varints: one per byte that ends a varint.
+  static size_t packed_varints(const uint8_t* p, const uint8_t* end) {
+    size_t n = 0;
+    for (; p < end; ++p)
+      n += (*p & 0x80) == 0 ? 1 : 0;
+    return n;
+  }
+
+  // `what` names the field in the refusal: "dims" (sizes) or "expand_to dims".
+  void add_dims(size_t& dims, size_t n, const char* what) {
     dims += n;
     if (dims > limits_.max_tensor_dims) {
       malformed("tensor " + count_text(shape_.tensors - 1) + " has more than " +
-                count_text(limits_.max_tensor_dims) + " dims");
+                count_text(limits_.max_tensor_dims) + " " + what + " (max_tensor_dims)");
     }
   }
 

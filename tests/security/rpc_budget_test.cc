@@ -124,6 +124,30 @@ TEST(RpcEnvelopeExhaustion, PackedTensorDimsAreCounted) {
   EXPECT_NE(text.find("has more than 64 dims"), std::string::npos) << text;
 }
 
+// 64 MiB of a broadcast shape (TensorDesc.expand_to, packed): one byte a dim on the wire,
+// eight once parsed (512 MiB, and more as the field grows). The scan refuses it at
+// max_tensor_dims, before Protobuf builds any of it.
+TEST(RpcEnvelopeExhaustion, PackedExpandToIsCountedBeforeParsing) {
+  std::string payload = envelope_with_request(5, "");
+  {
+    std::string desc;
+    length_delimited(desc, 2, std::string(1, '\x01'));  // sizes {1}
+    length_delimited(desc, 9, std::string((64u << 20) - 64, '\x01'));
+    length_delimited(payload, 4, desc);
+  }
+  ASSERT_LE(payload.size(), EnvelopeLimits{}.max_payload_bytes);
+  reset_peak_rss();
+  const size_t before = peak_rss_bytes();
+  const std::string text = malformed_text([&] { rpc::peek_tensors(payload); });
+  EXPECT_NE(text.find("tensor 0 has more than 64 expand_to dims (max_tensor_dims)"),
+            std::string::npos)
+      << text;
+  std::optional<rpc::EnvelopeHeader> header = rpc::peek_header(payload);
+  ASSERT_TRUE(header.has_value());
+  EXPECT_EQ(header->id, 5u);
+  EXPECT_LT(peak_rss_bytes() - before, size_t{64} << 20);
+}
+
 // 5,000 levels of lists: refused at max_depth, without recursing into the rest.
 TEST(RpcEnvelopeExhaustion, DeepNestingIsRefusedWithoutRecursingIntoIt) {
   std::string value;  // innermost: an empty Value
