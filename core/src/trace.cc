@@ -381,7 +381,10 @@ void write(const std::string& path) {
     if (!out) {
       throw Error("trace::write: cannot open '" + tmp + "': " + std::strerror(errno));
     }
-    out << file.dump();
+    // Text an event keeps may be a peer's (a function name a request named), and is cut at
+    // kTextBytes wherever that falls: bytes that are not UTF-8 are written as U+FFFD rather
+    // than make the whole file unwritable.
+    out << file.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
     out.flush();
     if (!out) throw Error("trace::write: writing '" + tmp + "' failed");
   }

@@ -11,6 +11,11 @@
 namespace gradwire::rpc::detail {
 namespace {
 
+// How much of a peer's error reply its caller is shown: the whole text of any error a worker
+// raises itself, and every worker name (at most 128 bytes in the envelope by default).
+constexpr size_t kShownRemoteMessageBytes = 4096;
+constexpr size_t kShownRemoteWorkerBytes = 256;
+
 std::exception_ptr error_of_kind(ErrorKind kind, const std::string& message) {
   switch (kind) {
     case ErrorKind::kInvalidArgument:
@@ -387,7 +392,14 @@ void Dispatcher::respond(const std::shared_ptr<Link>& from, const Request& reque
 void Dispatcher::served(const std::shared_ptr<Link>& from, const Request& request, size_t bytes_in,
                         size_t bytes_out, bool error, const Timing& timing, int64_t end_ns) {
   if (trace::enabled()) {
-    const trace::Text function{"function", request.function};
+    // A function registered here is traced by its name; what else a request names (a name
+    // nothing here has, another handler's description of its request) is the peer's, and is
+    // traced escaped.
+    const bool registered = timing.stats != nullptr;
+    const std::string escaped =
+        registered ? std::string() : printable(request.function, trace::kTextBytes);
+    const trace::Text function{
+        "function", registered ? std::string_view(request.function) : std::string_view(escaped)};
     trace::complete("rpc.queue", "rpc", timing.arrived_ns, timing.started_ns,
                     {trace::Arg("peer", from->peer.id), trace::Arg("request_id", request.id)},
                     &function);
@@ -430,13 +442,17 @@ ErrorReply Dispatcher::error_reply(std::exception_ptr error) const {
 
 std::exception_ptr Dispatcher::reply_error(const ErrorReply& reply, const WorkerInfo& to,
                                            uint32_t handler, const std::string& function) {
+  // The text and the worker name are the peer's: shown escaped, and cut. Relayed escaping
+  // keeps backslashes, so that the names a peer's message quotes escaped already, and an error
+  // passed on along a chain of calls, are escaped once.
+  const std::string message = printable_relayed(reply.message, kShownRemoteMessageBytes);
   if (reply.rejected) {
     return error_of_kind(reply.kind, "rpc: worker " + to.describe() + " refused " +
-                                         describe_call(handler, function) + ": " + reply.message);
+                                         describe_call(handler, function) + ": " + message);
   }
-  return std::make_exception_ptr(RemoteError(reply.worker.empty() ? to.name : reply.worker,
-                                             std::string(error_kind_name(reply.kind)),
-                                             reply.message));
+  return std::make_exception_ptr(RemoteError(
+      reply.worker.empty() ? to.name : printable_relayed(reply.worker, kShownRemoteWorkerBytes),
+      std::string(error_kind_name(reply.kind)), message));
 }
 
 }  // namespace gradwire::rpc::detail

@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "gradwire/core/error.h"
+#include "gradwire/core/printable.h"
 
 namespace gradwire::rpc {
 
@@ -46,6 +47,15 @@ Future<Value> RegisteredFunction::invoke(const CallContext& ctx, const std::vect
 
 namespace {
 
+// How much of a name the registry's errors show: as much as the envelope admits in a
+// function name by default. A name looked up may be a peer's (the function a request or an
+// RRef creation names, the method an RRef call names): it is quoted escaped.
+constexpr size_t kShownNameBytes = 1024;
+
+std::string shown(std::string_view name) {
+  return printable(name, kShownNameBytes);
+}
+
 template <typename Map>
 std::string known_names(const Map& map) {
   if (map.empty()) return "none";
@@ -83,7 +93,7 @@ std::shared_ptr<const RegisteredFunction> Registry::find(std::string_view name) 
 }
 
 CallRejected Registry::unknown_function_locked(std::string_view name) const {
-  return CallRejected("no function '" + std::string(name) +
+  return CallRejected("no function '" + shown(name) +
                       "' is registered (registered: " + known_names(functions_) + ")");
 }
 
@@ -149,7 +159,7 @@ void Registry::add_class(std::string name, std::type_index type) {
 const Registry::Class& Registry::find_class(std::string_view name) const {
   auto it = classes_.find(name);
   if (it == classes_.end()) {
-    throw CallRejected("no class '" + std::string(name) +
+    throw CallRejected("no class '" + shown(name) +
                        "' is registered (registered: " + known_names(classes_) + ")");
   }
   return it->second;
@@ -165,8 +175,8 @@ std::shared_ptr<const Registry::Method> Registry::find_method_entry(std::string_
   const Class& cls = find_class(class_name);
   auto it = cls.methods.find(method);
   if (it == cls.methods.end()) {
-    throw CallRejected("class '" + std::string(class_name) + "' has no method '" +
-                       std::string(method) + "' (methods: " + known_names(cls.methods) + ")");
+    throw CallRejected("class '" + shown(class_name) + "' has no method '" + shown(method) +
+                       "' (methods: " + known_names(cls.methods) + ")");
   }
   return it->second;
 }
@@ -285,8 +295,8 @@ Future<Value> Registry::invoke_method(const CallContext& ctx, std::string_view c
     return make_failed_future<Value>(std::current_exception());
   }
   if (object == nullptr) {
-    return make_failed_future<Value>(CallRejected("method '" + std::string(class_name) + "." +
-                                                  std::string(method) + "' called on no object"));
+    return make_failed_future<Value>(CallRejected("method '" + shown(class_name) + "." +
+                                                  shown(method) + "' called on no object"));
   }
   try {
     return entry->invoker(ctx, object, args, executor);

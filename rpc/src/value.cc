@@ -3,9 +3,17 @@
 #include <sstream>
 
 #include "gradwire/core/error.h"
+#include "gradwire/core/printable.h"
 #include "gradwire/rpc/value_convert.h"
 
 namespace gradwire::rpc {
+namespace {
+
+// How much of an RRef's type name a description shows (rref/ admits type names of up to
+// 1024 bytes).
+constexpr size_t kShownTypeNameBytes = 1024;
+
+}  // namespace
 
 std::string_view value_type_name(ValueType type) {
   switch (type) {
@@ -152,8 +160,11 @@ std::string Value::describe() const {
       return os.str();
     }
     case ValueType::kString: {
+      // Escaped (printable()): the string may be a peer's, and descriptions go into errors
+      // and log lines. So is an RRef's type name below.
       const std::string& s = as_string();
-      return "string \"" + (s.size() <= 32 ? s : s.substr(0, 29) + "...") + "\"";
+      if (s.size() <= 32) return "string \"" + printable(s, 32) + "\"";
+      return "string \"" + printable(std::string_view(s).substr(0, 29)) + "...\"";
     }
     case ValueType::kBytes:
       return "bytes[" + std::to_string(as_bytes().size()) + "]";
@@ -166,7 +177,7 @@ std::string Value::describe() const {
     case ValueType::kMap:
       return "map[" + std::to_string(as_map().size()) + "]";
     case ValueType::kRRef:
-      return "RRef(" + as_rref().type_name + ")";
+      return "RRef(" + printable(as_rref().type_name, kShownTypeNameBytes) + ")";
   }
   return "unknown";
 }

@@ -3,6 +3,7 @@
 #include <cxxabi.h>
 
 #include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "gradwire/core/logging.h"
@@ -10,6 +11,7 @@
 #include "gradwire/core/trace.h"
 #include "gradwire/rpc/value_walk.h"
 #include "proto/rref.pb.h"
+#include "rref_scan.h"
 
 namespace gradwire::rref {
 
@@ -22,6 +24,8 @@ using rpc::WorkerInfo;
 namespace {
 
 constexpr size_t kMaxTypeNameBytes = 1024;
+// How much of a type name refused for its bytes the refusal quotes (escaped).
+constexpr size_t kQuotedTypeNameBytes = 128;
 // Owned references made by a fork that arrived before the value's creation: bounded, so
 // forks naming made-up ids cannot grow the table without end.
 constexpr int64_t kMaxPlaceholders = 1 << 16;
@@ -63,8 +67,36 @@ bool is_busy(const std::exception_ptr& error) {
   }
 }
 
-std::string parse_error(const char* what) {
-  return std::string("malformed rref message: ") + what;
+std::string parse_error(std::string_view what) {
+  return "malformed rref message: " + std::string(what);
+}
+
+// Why `name` is not a type name a peer may send; empty when it is one. Every worker names a
+// type alike (a registered class's name, a value type's name): printable ASCII, never empty,
+// at most kMaxTypeNameBytes. Anything else is refused where it arrives, so that no reference
+// keeps it and no error or log line quotes it unescaped.
+std::string bad_type_name(std::string_view name) {
+  if (name.empty()) return "is empty";
+  if (name.size() > kMaxTypeNameBytes) {
+    return "of " + std::to_string(name.size()) + " bytes exceeds the limit of " +
+           std::to_string(kMaxTypeNameBytes);
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c > 0x7e) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      return "'" + printable(name, kQuotedTypeNameBytes) + "' holds byte 0x" + kHex[c >> 4] +
+             kHex[c & 0xf] + " at offset " + std::to_string(i) +
+             " (a type name is printable ASCII)";
+    }
+  }
+  return {};
+}
+
+// Refuses a peer's message whose `field` holds no type name (bad_type_name).
+void check_type_name(std::string_view name, std::string_view field) {
+  const std::string why = bad_type_name(name);
+  if (!why.empty()) throw CallRejected(parse_error(std::string(field) + ": the type name " + why));
 }
 
 // A protocol message as trace spans name it: its operation and the reference it is about
@@ -192,9 +224,10 @@ std::shared_ptr<RRefCore> receive(const Value& value, const rpc::Where& where,
   }
   std::shared_ptr<RRefContext> context = RRefContext::of(*ctx.agent());
   if (d.type_name != expected_type) {
+    // A descriptor that arrived was checked (validate); one made here is quoted escaped too.
     throw InvalidArgument(where.str() + ": expected RRef<" + expected_type + ">, received RRef<" +
-                          d.type_name + "> (RRef " + id_text(d.rref_id) + " owned by worker " +
-                          std::to_string(d.owner) + ")");
+                          printable(d.type_name, kMaxTypeNameBytes) + "> (RRef " +
+                          id_text(d.rref_id) + " owned by worker " + std::to_string(d.owner) + ")");
   }
   std::shared_ptr<RRefCore> core = context->find_received(d);
   if (core == nullptr) {
@@ -785,12 +818,13 @@ std::shared_ptr<detail::RRefCore> RRefContext::find_received(const RRefDescripto
 void RRefContext::validate(const RRefDescriptor& d) const {
   const int world = world_size();
   auto in_group = [&](int id) { return id >= 0 && id < world; };
+  const std::string bad_type = bad_type_name(d.type_name);
   if (!in_group(d.owner) || d.rref_id == 0 || d.fork_id == 0 || !in_group(minter_of(d.rref_id)) ||
-      !in_group(minter_of(d.fork_id)) || d.type_name.empty() ||
-      d.type_name.size() > kMaxTypeNameBytes) {
+      !in_group(minter_of(d.fork_id)) || !bad_type.empty()) {
     throw CallRejected("rref: worker " + self_.describe() + " received a malformed RRef (owner " +
                        std::to_string(d.owner) + ", RRef " + id_text(d.rref_id) + ", fork " +
-                       id_text(d.fork_id) + ")");
+                       id_text(d.fork_id) + ")" +
+                       (bad_type.empty() ? "" : ": its type name " + bad_type));
   }
 }
 
@@ -1187,9 +1221,12 @@ bool RRefContext::wait_owned_values(int64_t count, Clock::time_point deadline) c
 // ---- the handler
 
 Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& request) {
+  if (request.payload.empty()) throw CallRejected(parse_error("the payload does not parse"));
+  // Counted before Protobuf builds anything of it (rref_scan.h).
+  check_message_counts(std::string_view(reinterpret_cast<const char*>(request.payload.data()),
+                                        request.payload.size()));
   wire::RRefMessage message;
-  if (request.payload.empty() ||
-      !message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()))) {
+  if (!message.ParseFromArray(request.payload.data(), static_cast<int>(request.payload.size()))) {
     throw CallRejected(parse_error("the payload does not parse"));
   }
   const WorkerInfo& caller = ctx.caller();
@@ -1236,12 +1273,14 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
       return handle_create(ctx, request, message.create());
     case wire::RRefMessage::kFetch: {
       const wire::Fetch& fetch = message.fetch();
+      check_type_name(fetch.type_name(), "Fetch.type_name");
       std::shared_ptr<OwnerRRef> owner =
           owned_or_awaited(fetch.rref_id(), fetch.type_name(), caller);
       return owner->serialise(ctx, fetch.type_name());
     }
     case wire::RRefMessage::kCallMethod: {
       const wire::CallMethod& call = message.call_method();
+      check_type_name(call.type_name(), "CallMethod.type_name");
       std::shared_ptr<OwnerRRef> owner = owned_or_awaited(call.rref_id(), call.type_name(), caller);
       return owner->invoke(ctx, call.method(), request.args);
     }
@@ -1249,10 +1288,10 @@ Future<Value> RRefContext::dispatch(const CallContext& ctx, const rpc::Request& 
       const wire::AddFork& add = message.add_fork();
       const int parent = minter_of(add.fork_id());
       if (add.rref_id() == 0 || minter_of(add.rref_id()) >= world || parent >= world ||
-          parent == self_.id || add.type_name().empty() ||
-          add.type_name().size() > kMaxTypeNameBytes) {
+          parent == self_.id) {
         throw CallRejected(parse_error("a fork with bad ids"));
       }
+      check_type_name(add.type_name(), "AddFork.type_name");
       // Whatever the answer, the sender's pending child is settled: counted, given up by its
       // holder already, or refused.
       auto settle = [&] {
@@ -1376,10 +1415,12 @@ Future<Value> RRefContext::handle_create(const CallContext& ctx, const rpc::Requ
                                          const wire::Create& create) {
   const int caller = ctx.caller().id;
   if (minter_of(create.rref_id()) != caller || minter_of(create.fork_id()) != caller ||
-      create.type_name().empty() || create.type_name().size() > kMaxTypeNameBytes ||
       create.name().empty()) {
-    throw CallRejected(parse_error("a creation with bad ids, type or name"));
+    throw CallRejected(parse_error("a creation with bad ids or no name"));
   }
+  check_type_name(create.type_name(), "Create.type_name");
+  if (create.target_rref_id() != 0)
+    check_type_name(create.target_type_name(), "Create.target_type_name");
   // The creator may have given its reference up while this Create waited for a pool
   // thread (its call timed out): the fork is not counted, and nothing is made unless another
   // worker's fork or call is already waiting for the value.

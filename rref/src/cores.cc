@@ -2,6 +2,7 @@
 // of another worker's value). See context.h.
 #include "context.h"
 #include "gradwire/core/logging.h"
+#include "gradwire/core/printable.h"
 #include "proto/rref.pb.h"
 
 namespace gradwire::rref {
@@ -13,6 +14,10 @@ using rpc::Value;
 using rpc::WorkerInfo;
 
 namespace {
+
+// How much of a function or method name an error shows. The name a Create or a CallMethod
+// carries is the caller's, and any bytes: it is quoted escaped (printable()).
+constexpr size_t kShownNameBytes = 1024;
 
 // "Future<Tensor>" -> "Tensor": a function replying later holds the same value.
 std::string held_type(const std::string& result) {
@@ -135,11 +140,12 @@ void OwnerRRef::create(const CallContext& ctx, const std::string& name,
                        const std::vector<Value>& args) {
   try {
     rpc::Registry& registry = ctx.agent()->registry();
+    const std::string shown = printable(name, kShownNameBytes);
     if (registry.has_class(name)) {
       const rpc::Registry::ClassInfo info = registry.class_info(name);
       if (name != type_name_) {
-        throw CallRejected("rref: remote<" + type_name_ + ">('" + name + "') on worker " +
-                           context_->self().describe() + ": '" + name + "' constructs a " + name +
+        throw CallRejected("rref: remote<" + type_name_ + ">('" + shown + "') on worker " +
+                           context_->self().describe() + ": '" + shown + "' constructs a " + shown +
                            ", not a " + type_name_);
       }
       hold_object(info, registry.construct(ctx, name, args));
@@ -147,13 +153,13 @@ void OwnerRRef::create(const CallContext& ctx, const std::string& name,
     }
     std::shared_ptr<const rpc::RegisteredFunction> fn = registry.find(name);
     if (fn == nullptr) {
-      throw CallRejected("rref: remote<" + type_name_ + ">('" + name + "'): worker " +
-                         context_->self().describe() + " has no class or function named '" + name +
+      throw CallRejected("rref: remote<" + type_name_ + ">('" + shown + "'): worker " +
+                         context_->self().describe() + " has no class or function named '" + shown +
                          "' (" + registry.unknown_function(name).what() + ")");
     }
     const std::string result = held_type(fn->signature().result);
     if (result != type_name_) {
-      throw CallRejected("rref: remote<" + type_name_ + ">('" + name + "'): " +
+      throw CallRejected("rref: remote<" + type_name_ + ">('" + shown + "'): " +
                          fn->signature().text() + " returns " + result + ", not " + type_name_);
     }
     adopt(fn->invoke(ctx, args, ctx.agent()->executor()));
@@ -224,9 +230,9 @@ Future<Value> OwnerRRef::invoke_now(const CallContext& ctx, const std::string& m
                                     const std::string& expected_result) {
   if (error_ != nullptr) return make_failed_future<Value>(error_);
   if (class_name_.empty()) {
-    return make_failed_future<Value>(
-        CallRejected("rref: " + describe() + " holds a value of type " + type_name_ +
-                     ", which has no methods (called '" + method + "')"));
+    return make_failed_future<Value>(CallRejected(
+        "rref: " + describe() + " holds a value of type " + type_name_ +
+        ", which has no methods (called '" + printable(method, kShownNameBytes) + "')"));
   }
   rpc::Registry& registry = ctx.agent()->registry();
   if (!expected_result.empty()) {
@@ -234,9 +240,9 @@ Future<Value> OwnerRRef::invoke_now(const CallContext& ctx, const std::string& m
       const rpc::Signature sig = registry.method_signature(class_name_, method);
       const std::string result = held_type(sig.result);
       if (result != expected_result) {
-        throw CallRejected("rref: remote<" + expected_result + ">('" + method + "') on " +
-                           describe() + ": " + sig.text() + " returns " + result + ", not " +
-                           expected_result);
+        throw CallRejected("rref: remote<" + expected_result + ">('" +
+                           printable(method, kShownNameBytes) + "') on " + describe() + ": " +
+                           sig.text() + " returns " + result + ", not " + expected_result);
       }
     } catch (...) {
       return make_failed_future<Value>(std::current_exception());
