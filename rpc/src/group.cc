@@ -57,9 +57,11 @@ std::string format_record(const WorkerRecord& r) {
   }
   if (r.loans && !r.boot_id.empty()) {
     const LoanTableAddress& a = *r.loans;
-    out += "loans " + r.boot_id + " " + std::to_string(a.pid) + " " +
-           std::to_string(a.probe_address) + " " + std::to_string(a.probe_value) + " " +
-           std::to_string(a.table_address) + " " + std::to_string(a.slots) + "\n";
+    // No pid: a reader learns the lender's process from the kernel (SO_PEERCRED on a local
+    // connection with it), never from a record.
+    out += "loans " + r.boot_id + " " + std::to_string(a.probe_address) + " " +
+           std::to_string(a.probe_value) + " " + std::to_string(a.table_address) + " " +
+           std::to_string(a.slots) + "\n";
   }
   return out;
 }
@@ -98,7 +100,7 @@ WorkerRecord parse_record(const std::string& text, int rank) {
         r.transports.push_back(t);
     } else if (tag == "loans") {
       LoanTableAddress a;
-      if (!(fields >> r.boot_id >> a.pid >> a.probe_address >> a.probe_value >> a.table_address >>
+      if (!(fields >> r.boot_id >> a.probe_address >> a.probe_value >> a.table_address >>
             a.slots)) {
         throw bad("loans line '" + line + "'");
       }
@@ -126,6 +128,12 @@ const std::optional<LoanTableAddress> kNotReadable;
 bool shares_namespace(const WorkerRecord& record, const std::string& host_id, uint64_t netns) {
   return !record.host_id.empty() && !host_id.empty() && record.host_id == host_id &&
          record.netns != 0 && record.netns == netns;
+}
+
+// Whether `transports` holds one that runs over Unix sockets (the kernel names the peer).
+bool over_unix_sockets(const std::vector<std::string>& transports) {
+  return std::find(transports.begin(), transports.end(), "local") != transports.end() ||
+         std::find(transports.begin(), transports.end(), "unix") != transports.end();
 }
 
 // The transports a record lists; a record that lists none (an older worker) announced tcp.
@@ -297,8 +305,12 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
   std::string can_read = "readable";
   for (int r = 0; direct_copies && r < world_size_; ++r) {
     const WorkerRecord& rec = records[static_cast<size_t>(r)];
+    // Loans are read from the process at the other end of a local connection (loans.h), so
+    // only a peer that such a connection reaches is read: one of this host and namespace
+    // that registered a transport over Unix sockets, as this worker did.
     if (rec.loans && !me.boot_id.empty() && rec.boot_id == me.boot_id &&
-        detail::can_read(*rec.loans)) {
+        shares_namespace(rec, me.host_id, me.netns) && over_unix_sockets(transports_in(rec)) &&
+        over_unix_sockets(me.transports) && detail::can_read_peers()) {
       readable_[static_cast<size_t>(r)] = rec.loans;
       can_read += " " + std::to_string(r);
     }

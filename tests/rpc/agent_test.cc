@@ -76,6 +76,14 @@ AgentOptions test_options(Registry& reg) {
   return o;
 }
 
+// Direct copies read the lender's process as a local connection names it: the tests of
+// lending run over the local transport whatever the suite's.
+AgentOptions lending_options(Registry& reg) {
+  AgentOptions o = test_options(reg);
+  o.transports = {"local", "tcp"};
+  return o;
+}
+
 // Starts `n` agents on one store, concurrently (each waits for all).
 Agents start_agents(int n, const AgentOptions& options,
                     std::shared_ptr<c10d::Store> store = std::make_shared<c10d::HashStore>(20s)) {
@@ -289,7 +297,7 @@ TEST(RpcAgent, BroadcastTensorsTravelCompactAndArriveWhole) {
     return std::vector<double>{sum(t).item<double>(), t.is_contiguous() ? 1.0 : 0.0,
                                static_cast<double>(t.numel())};
   });
-  AgentOptions options = test_options(reg);
+  AgentOptions options = lending_options(reg);
   options.direct_copy_min_bytes = 256u << 10;
   Agents agents = start_agents(2, options);
   RpcAgent& w0 = *agents[0];
@@ -791,7 +799,8 @@ TEST(RpcAgent, ForcedShutdownOfAPeerFailsItsPendingCallsWithNetworkError) {
 // each with an agent on `reg`.
 test::RankResults run_two_worker_processes(
     const std::string& tag, Registry& reg,
-    const std::function<void(int rank, c10d::Store& store, RpcAgent& agent)>& body) {
+    const std::function<void(int rank, c10d::Store& store, RpcAgent& agent)>& body,
+    const std::function<AgentOptions(Registry&)>& options = test_options) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("gradwire-rpc-" + tag + "-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -801,7 +810,7 @@ test::RankResults run_two_worker_processes(
       [&](int rank) {
         auto store = std::make_shared<c10d::FileStore>(
             c10d::FileStoreOptions{.path = path, .num_workers = 2, .timeout = 20s});
-        auto agent = make_tensorpipe_agent(worker_name(rank), rank, 2, store, test_options(reg));
+        auto agent = make_tensorpipe_agent(worker_name(rank), rank, 2, store, options(reg));
         body(rank, *store, *agent);
       },
       60s);
@@ -853,7 +862,7 @@ bool holds_arange(const Tensor& t, int64_t n, float scale, float offset) {
 TEST(RpcAgent, LargeTensorsAreLentAndCopiedStraightFromTheSender) {
   Registry reg;
   register_basics(reg);
-  Agents agents = start_agents(2, test_options(reg));
+  Agents agents = start_agents(2, lending_options(reg));
   const int64_t n = 1'000'003;  // ~4 MB: several copy pieces, the last one short
   const Tensor a = arange(n, TensorOptions{kFloat32});
   const Tensor b = add(arange(n, TensorOptions{kFloat32}), 1.0);
@@ -916,7 +925,7 @@ TEST(RpcAgent, TensorsBetweenLocalPeersGoThroughTheRings) {
 TEST(RpcAgent, ByDefaultOnlyTensorsLargerThanOneMebibyteAreLent) {
   Registry reg;
   register_basics(reg);
-  AgentOptions o = test_options(reg);
+  AgentOptions o = lending_options(reg);
   EXPECT_EQ(o.direct_copy_min_bytes, (size_t{1} << 20) + 1);
   o.channels = {"ring", "cma", "basic"};  // not xth: these agents share a process
   Agents agents = start_agents(2, o);
@@ -967,8 +976,9 @@ TEST(RpcAgent, DirectCopiesCanBeTurnedOffOrRaisedAboveATensor) {
 TEST(RpcAgent, LargeTensorsAreLentBetweenProcesses) {
   Registry reg;
   register_basics(reg);
-  test::RankResults results =
-      run_two_worker_processes("lend", reg, [](int rank, c10d::Store&, RpcAgent& agent) {
+  test::RankResults results = run_two_worker_processes(
+      "lend", reg,
+      [](int rank, c10d::Store&, RpcAgent& agent) {
         if (rank == 0) {
           const int64_t n = 2'000'001;
           const Tensor a = arange(n, TensorOptions{kFloat32});
@@ -983,8 +993,25 @@ TEST(RpcAgent, LargeTensorsAreLentBetweenProcesses) {
         }
         agent.shutdown();
         EXPECT_EQ(agent.metrics().loans_outstanding, 0);
-      });
+      },
+      lending_options);
   EXPECT_PRED_FORMAT1(test::AllRanksOk, results);
+}
+
+TEST(RpcAgent, OverTcpAloneNothingIsLentAndLargeTensorsStillArrive) {
+  Registry reg;
+  register_basics(reg);
+  AgentOptions o = test_options(reg);
+  o.transports = {"tcp"};
+  Agents agents = start_agents(2, o);
+  const int64_t n = 1'000'003;
+  const Tensor a = arange(n, TensorOptions{kFloat32});
+  EXPECT_TRUE(holds_arange(agents[0]->rpc_sync<Tensor>("w1", "echo", a), n, 1.0f, 0.0f));
+  for (auto& agent : agents) {
+    EXPECT_EQ(agent->metrics().tensors_lent, 0u) << agent->worker_info().name;
+    EXPECT_EQ(agent->metrics().tensors_copied_in, 0u) << agent->worker_info().name;
+  }
+  expect_clean_shutdown(agents);
 }
 
 // The address a worker published, read back from the store.
@@ -1000,6 +1027,7 @@ std::string published_url(c10d::Store& store, int rank) {
 TEST(RpcAgent, MalformedMessagesGetAnErrorReplyOrLoseTheirConnection) {
   Registry reg;
   register_basics(reg);
+  const std::vector<std::string> o_transports = test_options(reg).transports;
   auto store = std::make_shared<c10d::HashStore>(20s);
   Agents agents = start_agents(1, test_options(reg), store);
   const std::string url = published_url(*store, 0);
@@ -1100,8 +1128,13 @@ TEST(RpcAgent, MalformedMessagesGetAnErrorReplyOrLoseTheirConnection) {
     EXPECT_EQ(err.kind, ErrorKind::kNetwork);
     EXPECT_NE(err.message.find("could not copy the tensors lent by worker"), std::string::npos)
         << err.message;
-    EXPECT_NE(err.message.find(std::string(as) == "w0" ? "not (or no longer) lent under its token"
-                                                       : "cannot be read from here"),
+    // Nothing is read, wherever the loan points: an outsider's memory is never read, and a
+    // claim of w0 over tcp names no process (over tcp alone, no worker's memory is read).
+    const bool local =
+        std::find(o_transports.begin(), o_transports.end(), "local") != o_transports.end();
+    EXPECT_NE(err.message.find(std::string(as) == "w0" && local
+                                   ? "no local connection with it names its process"
+                                   : "cannot be read from here"),
               std::string::npos)
         << err.message;
     pipe->close();

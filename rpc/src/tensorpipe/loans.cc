@@ -156,11 +156,17 @@ constexpr size_t kPieceAlignment = 64 << 10;
 
 }  // namespace
 
-bool can_read(const LoanTableAddress& peer) {
-  if (peer.pid <= 0 || peer.probe_address == 0) return false;
+bool can_read_peers() {
+  // A word of this process, read through the system call.
+  static const uint64_t probe = 0x9e3779b97f4a7c15ull;
   uint64_t value = 0;
-  return read_remote(peer.pid, peer.probe_address, &value, sizeof value).empty() &&
-         value == peer.probe_value;
+  if (!read_remote(::getpid(), reinterpret_cast<uint64_t>(&probe), &value, sizeof value).empty() ||
+      value != probe) {
+    return false;
+  }
+  std::ifstream scope("/proc/sys/kernel/yama/ptrace_scope");
+  int level = 0;
+  return !(scope >> level) || level == 0;
 }
 
 std::string boot_id() {
@@ -175,6 +181,17 @@ std::string read_loans(const LoanTableAddress& peer, int reader,
   auto entry_address = [&](uint32_t slot) {
     return peer.table_address + uint64_t{LoanTable::kWordsPerSlot} * sizeof(uint64_t) * slot;
   };
+  if (peer.pid <= 0) return "the lender's process is not known";
+  // The process is the lender only if the probe it published is there.
+  uint64_t probe = 0;
+  if (std::string why = read_remote(peer.pid, peer.probe_address, &probe, sizeof probe);
+      !why.empty()) {
+    return "reading the lender's probe in process " + std::to_string(peer.pid) + ": " + why;
+  }
+  if (probe != peer.probe_value) {
+    return "process " + std::to_string(peer.pid) +
+           " does not hold the lender's probe: it is not the worker that published the table";
+  }
   // Check every entry before copying anything.
   auto shared = std::make_shared<SharedCopy>();
   shared->pid = peer.pid;

@@ -33,7 +33,9 @@
 
 namespace gradwire::rpc::detail {
 
-// Where a peer's table is; published in its worker record.
+// Where a peer's table is: published in its worker record, but for `pid`, which the reader
+// fills in with the process the kernel names at the other end of a local connection with
+// that worker (transport/peer_book.h), and checks with the probe before reading anything.
 struct LoanTableAddress {
   pid_t pid{0};
   uint64_t probe_address{0};  // a word holding `probe_value`
@@ -78,9 +80,10 @@ class LoanTable {
   std::mt19937_64 random_ GRADWIRE_GUARDED_BY(mutex_);
 };
 
-// Whether this process can read the probe word at `peer` (same host, same user, ptrace
-// permitted, and the process there is really the one that published it).
-bool can_read(const LoanTableAddress& peer);
+// Whether this process may read another's memory at all: process_vm_readv is allowed here
+// (a seccomp filter may forbid it) and ptrace's scope does not restrict it to descendants.
+// Whom it reads is decided per message (read_loans).
+bool can_read_peers();
 
 // This machine's boot id, or "" when unknown: peers with another boot id are on another
 // host and are not probed.
@@ -93,7 +96,8 @@ struct LoanCopy {
   size_t nbytes{0};
 };
 
-// Copies every loan from `peer` (which lent them to rank `reader`), each entry checked
+// Copies every loan from `peer` (which lent them to rank `reader`): first its probe word is
+// read and checked (the process is the one that published the table), then each entry is checked
 // before and after the copy, the bytes spread over up to `threads` threads of `helpers`
 // besides the calling one. Returns "" on success, else why it failed (the destinations
 // then hold nothing usable).

@@ -53,6 +53,8 @@
 #include "gradwire/tensor/factory.h"
 #include "group.h"
 #include "tensorpipe/loans.h"
+#include "tensorpipe/negotiation.h"
+#include "tensorpipe/verified_channels.h"
 #include "text.h"
 #include "transport/stream_transport.h"
 #include "wire.h"
@@ -205,6 +207,8 @@ class TensorPipeAgent final : public RpcAgent,
     uint64_t serial{0};
     std::shared_ptr<tp::Pipe> pipe;
     bool outgoing{false};
+    // Outgoing: the address the pipe was opened to (host:port, no scheme).
+    std::string dialed;
     // Closed by a fault rule (AgentOptions::faults), which is then the reason given.
     std::atomic<bool> cut{false};
     // This connection's share of the in-flight budget (guarded by the agent's mutex_).
@@ -227,6 +231,11 @@ class TensorPipeAgent final : public RpcAgent,
   transport::StreamOptions stream_options(transport::StreamOptions::Family family) const;
   // Registers them in context_; returns the URLs to listen on (tcp's first).
   std::vector<std::string> register_transports_and_channels(const std::string& host);
+  // Registers one in context_ and in negotiation_.
+  void register_transport(int64_t priority, const std::string& name,
+                          std::shared_ptr<tp::transport::Context> context);
+  void register_channel(int64_t priority, const std::string& name,
+                        std::shared_ptr<tp::channel::Context> context);
 
   // The error a refused operation throws: the agent's first failure, else that it is not
   // running. Requires mutex_.
@@ -340,6 +349,12 @@ class TensorPipeAgent final : public RpcAgent,
   std::atomic<uint64_t> tensors_lent_{0};
   std::atomic<uint64_t> bytes_lent_{0};
   const std::shared_ptr<RingCounters> ring_counters_ = std::make_shared<RingCounters>();
+  // What the transports verified about their peers (transport/peer_book.h), and what this
+  // worker registered in TensorPipe, against which the answers to its pipes are checked.
+  const std::shared_ptr<transport::PeerBook> book_ = std::make_shared<transport::PeerBook>();
+  const std::shared_ptr<detail::Negotiation> negotiation_ = std::make_shared<detail::Negotiation>();
+  const std::shared_ptr<detail::ChannelRefusals> channel_refusals_ =
+      std::make_shared<detail::ChannelRefusals>();
   std::atomic<uint64_t> tensors_copied_in_{0};
   std::atomic<uint64_t> bytes_copied_in_{0};
   std::atomic<uint64_t> busy_refusals_{0};
@@ -483,6 +498,20 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   };
   // TensorPipe's control frames carry a message's payload plus its tensors' descriptions.
   o.max_frame_bytes = options_.limits.max_payload_bytes + (size_t{16} << 20);
+  // A Descriptor holds a few values per tensor; the other control frames hold a few dozen.
+  o.max_frame_values = 16 * options_.limits.max_tensors + 4096;
+  o.book = book_;
+  o.check_answer = [negotiation = negotiation_](const tp::BrochureAnswer& answer) {
+    return negotiation->check(answer);
+  };
+  o.check_brochure = [negotiation = negotiation_](const tp::Brochure& brochure) {
+    return negotiation->check_brochure(brochure);
+  };
+  const bool mpt = std::find(options_.channels.begin(), options_.channels.end(), "mpt") !=
+                       options_.channels.end() ||
+                   std::find(options_.channels.begin(), options_.channels.end(), "mpt_uv") !=
+                       options_.channels.end();
+  o.mpt_lanes = mpt ? static_cast<size_t>(options_.mpt_lanes) : 0;
   o.stats = family == transport::StreamOptions::Family::kTcp ? transport_stats_ : local_stats_;
   o.name = self_.name;
   // Each connection claims this worker in its handshake, and incoming ones are admitted
@@ -642,6 +671,18 @@ std::string TensorPipeAgent::transport_to(const Destination& worker) const {
   return "none";
 }
 
+void TensorPipeAgent::register_transport(int64_t priority, const std::string& name,
+                                         std::shared_ptr<tp::transport::Context> context) {
+  negotiation_->add_transport(name, context);
+  context_->registerTransport(priority, name, std::move(context));
+}
+
+void TensorPipeAgent::register_channel(int64_t priority, const std::string& name,
+                                       std::shared_ptr<tp::channel::Context> context) {
+  negotiation_->add_channel(priority, name, context);
+  context_->registerChannel(priority, name, std::move(context));
+}
+
 std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
     const std::string& host) {
   auto wants = [](const std::vector<std::string>& list, const char* name) {
@@ -652,14 +693,14 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
   std::vector<std::string> urls;
   if (wants(options_.transports, "tcp")) {
     tcp_ = transport::create_stream_context(stream_options(transport::StreamOptions::Family::kTcp));
-    context_->registerTransport(kTcpPriority, "tcp", tcp_);
+    register_transport(kTcpPriority, "tcp", tcp_);
     urls.push_back("tcp://" + host_port(host, 0));
   }
   if (wants(options_.transports, "local")) {
     local_ =
         transport::create_stream_context(stream_options(transport::StreamOptions::Family::kLocal));
     if (local_->isViable()) {
-      context_->registerTransport(kLocalPriority, "local", namespace_bound(local_));
+      register_transport(kLocalPriority, "local", namespace_bound(local_));
       urls.push_back("local://" + transport::unique_local_name());
     } else {
       GRADWIRE_LOG(kWarning) << "rpc agent " << self_.describe()
@@ -671,18 +712,18 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
   if (wants(options_.transports, "unix")) {
     unix_ =
         transport::create_stream_context(stream_options(transport::StreamOptions::Family::kUnix));
-    context_->registerTransport(kUnixPriority, "unix", namespace_bound(unix_));
+    register_transport(kUnixPriority, "unix", namespace_bound(unix_));
     urls.push_back("unix://" + transport::unique_local_name());
   }
   if (wants(options_.transports, "uv")) {
-    context_->registerTransport(kUvPriority, "uv", tp::transport::uv::create());
+    register_transport(kUvPriority, "uv", tp::transport::uv::create());
     urls.push_back("uv://" + host_port(host, 0));
   }
   bool shm_registered = false;
   if (wants(options_.transports, "shm")) {
     auto shm = tp::transport::shm::create();
     if (shm->isViable()) {
-      context_->registerTransport(kShmPriority, "shm", namespace_bound(shm));
+      register_transport(kShmPriority, "shm", namespace_bound(shm));
       shm_registered = true;
       urls.push_back("shm://" + unique_shm_name());
     }
@@ -694,7 +735,7 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
   if (tcp_ != nullptr) transports_.push_back("tcp");
   if (wants(options_.transports, "uv")) transports_.push_back("uv");
   if (wants(options_.channels, "basic")) {
-    context_->registerChannel(kBasicPriority, "basic", tp::channel::basic::create());
+    register_channel(kBasicPriority, "basic", tp::channel::basic::create());
   }
   // mpt opens connections of its own, on one listener per lane: over gradwire's tcp (with
   // the handshake) as "mpt", or over TensorPipe's uv as "mpt_uv".
@@ -720,23 +761,36 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
       }
       lanes.push_back(std::move(lane));
     }
-    context_->registerChannel(kMptPriority, ours ? "mpt" : "mpt_uv",
-                              tp::channel::mpt::create(std::move(lanes), std::move(listeners)));
+    register_channel(kMptPriority, ours ? "mpt" : "mpt_uv",
+                     tp::channel::mpt::create(std::move(lanes), std::move(listeners)));
   }
   if (wants(options_.channels, "ring") && local_ != nullptr) {
-    context_->registerChannel(
+    register_channel(
         kRingPriority, "ring",
         std::make_shared<NamespaceBoundChannel>(tp::channel::basic::create(), descriptor_host_id(),
                                                 netns_, ring_counters_));
   }
-  if (wants(options_.channels, "cma")) {
+  // xth and cma read memory by address: they are registered wrapped (verified_channels.h),
+  // and only beside a transport over Unix sockets, whose connections name their process.
+  const bool unix_sockets = local_ != nullptr || unix_ != nullptr;
+  channel_refusals_->worker = self_.name;
+  if (wants(options_.channels, "cma") && unix_sockets) {
     auto cma = tp::channel::cma::create();
-    if (cma->isViable()) context_->registerChannel(kCmaPriority, "cma", cma);
+    if (cma->isViable()) {
+      register_channel(
+          kCmaPriority, "cma",
+          detail::verified_process_channel(
+              cma, "|host=" + descriptor_host_id() + "|netns=" + std::to_string(netns_),
+              channel_refusals_));
+    }
   }
-  if (wants(options_.channels, "xth")) {
+  if (wants(options_.channels, "xth") && unix_sockets) {
     auto xth = tp::channel::xth::create();
-    if (xth->isViable()) context_->registerChannel(kXthPriority, "xth", xth);
+    if (xth->isViable()) {
+      register_channel(kXthPriority, "xth", detail::same_process_channel(xth, channel_refusals_));
+    }
   }
+  negotiation_->set_first_transport(tcp_ != nullptr ? "tcp" : "uv");
   return urls;
 }
 
@@ -874,8 +928,9 @@ std::shared_ptr<TensorPipeAgent::Connection> TensorPipeAgent::connection_to(
     check_rejoined(target.id);
   {
     const SendingMark sending;
-    made->pipe =
-        context_->connect(group_.url(target.id), tp::PipeOptions().remoteName(target.name));
+    const std::string url = group_.url(target.id);
+    made->dialed = url.substr(url.find("://") == std::string::npos ? 0 : url.find("://") + 3);
+    made->pipe = context_->connect(url, tp::PipeOptions().remoteName(target.name));
   }
   std::shared_ptr<Connection> existing;
   if (!slot.compare_exchange_strong(existing, made, std::memory_order_acq_rel)) {
@@ -1141,6 +1196,18 @@ void TensorPipeAgent::on_descriptor(const std::shared_ptr<Connection>& conn,
     if (!descriptor.payloads.empty()) {
       throw InvalidArgument("malformed rpc envelope: a message with " +
                             std::to_string(descriptor.payloads.size()) + " payloads");
+    }
+    // Only host memory travels through TensorPipe here (device tensors are copied to the host
+    // first): a tensor said to come from elsewhere would have no channel to arrive by.
+    const tp::Device cpu{tp::kCpuDeviceType, 0};
+    for (size_t i = 0; i < descriptor.tensors.size(); ++i) {
+      const tp::Descriptor::Tensor& t = descriptor.tensors[i];
+      if (!(t.sourceDevice == cpu) || (t.targetDevice.has_value() && !(*t.targetDevice == cpu))) {
+        throw InvalidArgument("malformed rpc envelope: tensor " + std::to_string(i) +
+                              " is sent from device " + printable(t.sourceDevice.type) + ":" +
+                              std::to_string(t.sourceDevice.index) +
+                              "; only host memory travels between workers");
+      }
     }
     parsed = std::make_shared<const ParsedEnvelope>(descriptor.metadata, options_.limits);
     announced = peek_tensors(*parsed, options_.limits);
@@ -1457,6 +1524,7 @@ AgentMetrics TensorPipeAgent::metrics() const {
       transport_stats_->polls_backed_off.load(std::memory_order_relaxed) +
       local_stats_->polls_backed_off.load(std::memory_order_relaxed);
   m.requests_refused_busy = busy_refusals_.load(std::memory_order_relaxed);
+  m.channels_refused = channel_refusals_->count.load(std::memory_order_relaxed);
   return m;
 }
 
@@ -1499,10 +1567,19 @@ std::string TensorPipeAgent::copy_lent(const std::shared_ptr<Connection>& conn,
   }
   std::string why;
   const std::optional<detail::LoanTableAddress>& table = group_.readable(peer);
+  // The lender's process: the one the kernel names at the other end of this pipe's local
+  // connections (opened to the address this worker dialled, or admitted as the lender).
+  const std::optional<transport::PeerProcess> process =
+      conn->outgoing ? book_->process_of_dialed(conn->dialed)
+                     : book_->process_of_worker(conn->peer.name, conn->peer.id);
   if (!table) {
     why = "its memory cannot be read from here (no direct copies between these workers)";
+  } else if (!process) {
+    why = "no local connection with it names its process, so its memory is not read";
   } else {
-    why = detail::read_loans(*table, self_.id, lent, options_.direct_copy_threads, pool_.get());
+    detail::LoanTableAddress verified = *table;
+    verified.pid = process->pid;
+    why = detail::read_loans(verified, self_.id, lent, options_.direct_copy_threads, pool_.get());
   }
   if (why.empty()) {
     for (const detail::LoanCopy& c : lent) {

@@ -46,6 +46,7 @@ void ConnImpl::write(const void* ptr, size_t length, Connection::write_callback_
 
 void ConnImpl::write(const tp::AbstractNopHolder& object, Connection::write_callback_fn fn) {
   // Encoded now, on the caller's thread: the object need not outlive this call.
+  observe_written(object);
   WriteOp op;
   op.length = object.getSize();
   op.header = op.length;
@@ -285,7 +286,8 @@ void ConnImpl::complete_front() {
       op.rfn(tp::Error::kSuccess, op.dest, op.length);
       return;
     case ReadOp::kNop: {
-      const std::string why = decode_nop(*op.nop, op.dest, op.length);
+      std::string why = decode_nop(*op.nop, op.dest, op.length, core_->options.max_frame_values);
+      if (why.empty()) why = observe_read(*op.nop);
       if (!why.empty()) {
         const tp::Error error =
             make_error("connection with " + peer_ +

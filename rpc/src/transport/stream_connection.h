@@ -32,6 +32,7 @@
 
 #include "gradwire/core/mutex.h"
 #include "transport/handshake.h"
+#include "transport/peer_book.h"
 #include "transport/ring.h"
 #include "transport/stream_core.h"
 
@@ -61,9 +62,12 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
         handshake_(role == Role::kClient ? Handshake::Role::kClient : Handshake::Role::kServer,
                    core_->options.secret,
                    role == Role::kClient ? core_->own_identity() : PeerIdentity{}),
+        serial_(next_serial()),
+        process_(peer_process_of(core_->options.family, fd_)),
         staging_(new char[kStagingBytes]) {}
 
   ~ConnImpl() {
+    core_->options.book->forget(serial_);
     if (fd_ >= 0) ::close(fd_);
     if (pending_fd_ >= 0) ::close(pending_fd_);
     if (received_fd_ >= 0) ::close(received_fd_);
@@ -84,6 +88,13 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
 
   // Loop thread: closes it (the listener handing it over, or the context closing).
   void fail(tp::Error error);
+
+  // "local" and "unix": the process at the other end, as the kernel reported it when the
+  // connection was made (SO_PEERCRED); nullopt for tcp. Constant: any thread.
+  const std::optional<PeerProcess>& process() const { return process_; }
+  // A server connection of an mpt lane listener: that listener's address (the key of the
+  // lane's connection requests in the PeerBook). Set before start().
+  void set_listener_address(std::string address) { listener_address_ = std::move(address); }
 
  private:
   // Records the set-up span (trace_start_ns_) with its outcome, once.
@@ -131,6 +142,13 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   std::string check_first_frame(const char* data, size_t size);
   // The server: asks verify_peer about the client's claim before TensorPipe sees it.
   void begin_verify();
+  // What this connection tells its peer and learns from it that the PeerBook records:
+  // connection requests offered (server), the pipe's further connections (client).
+  // "" or why the frame must not go through (a reply TensorPipe would trust blindly).
+  void observe_written(const tp::AbstractNopHolder& object);
+  std::string observe_read(tp::AbstractNopHolder& object);
+  static uint64_t next_serial();
+  static std::optional<PeerProcess> peer_process_of(StreamOptions::Family family, int fd);
   bool opening() const {
     return state_ == State::kHandshake || state_ == State::kRingSetup ||
            state_ == State::kPrefetch || state_ == State::kVerifying;
@@ -195,6 +213,9 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   Role role_;
   std::string peer_;
   Handshake handshake_;
+  const uint64_t serial_;  // this connection's key in the PeerBook
+  const std::optional<PeerProcess> process_;
+  std::string listener_address_;
   ReadyFn on_ready_;
   State state_ = State::kHandshake;
   tp::Error error_;
@@ -253,6 +274,7 @@ class ConnHandle final : public Connection {
   }
   void setId(std::string /*id*/) override {}
   void close() override { impl_->close(); }
+  const ConnImpl& impl() const { return *impl_; }
 
  private:
   std::shared_ptr<ConnImpl> impl_;

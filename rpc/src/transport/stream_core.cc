@@ -1,5 +1,7 @@
 #include "transport/stream_core.h"
 
+#include "transport/nop_scan.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -48,7 +50,12 @@ std::string errno_text(int err) {
   return std::strerror(err);
 }
 
-std::string decode_nop(tp::AbstractNopHolder& holder, const char* data, size_t size) {
+std::string decode_nop(tp::AbstractNopHolder& holder, const char* data, size_t size,
+                       size_t max_values) {
+  if (std::string why = scan_nop(reinterpret_cast<const uint8_t*>(data), size, max_values);
+      !why.empty()) {
+    return why;
+  }
   tp::NopReader reader(reinterpret_cast<const uint8_t*>(data), size, nop_guard(), kNopGuardBytes);
   nop::Status<void> status = holder.read(reader);
   if (status.has_error()) return status.GetErrorMessage();

@@ -23,6 +23,7 @@
 
 #include "gradwire/core/background_log.h"
 #include "transport/handshake.h"
+#include "transport/peer_book.h"
 #include "transport/reactor.h"
 #include "transport/stream_transport.h"
 
@@ -45,8 +46,13 @@ std::string errno_text(int err);
 // decoded with a guard after them, whose bytes are a prefix no encoding accepts (libnop
 // reserves 0x8a), so decoding past the end fails at its next prefix; and a decode counts
 // only if the object it produced encodes back to exactly the frame's size, so nothing of
-// the guard was taken as data.
-std::string decode_nop(tp::AbstractNopHolder& holder, const char* data, size_t size);
+// the guard was taken as data. Before libnop sees it, the frame is scanned (nop_scan.h): one
+// that holds more than `max_values` values, or an encoding TensorPipe never writes, is
+// refused without anything allocated for it.
+std::string decode_nop(tp::AbstractNopHolder& holder, const char* data, size_t size,
+                       size_t max_values);
+// Hellos (TensorPipe's, the mpt channel's lane hello) hold a few values.
+constexpr size_t kMaxHelloValues = 64;
 
 bool unix_socket(StreamOptions::Family family);
 // "tcp", "local" or "unix".
@@ -79,6 +85,7 @@ struct Core : std::enable_shared_from_this<Core> {
 
   static StreamOptions with_stats(StreamOptions o) {
     if (!o.stats) o.stats = std::make_shared<TransportStats>();
+    if (!o.book) o.book = std::make_shared<PeerBook>();
     return o;
   }
 

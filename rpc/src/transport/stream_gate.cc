@@ -53,7 +53,8 @@ void ConnImpl::deliver_prefetched(ReadOp op, const std::string& frame) {
     return;
   }
   if (op.kind == ReadOp::kNop) {
-    const std::string why = decode_nop(*op.nop, frame.data(), frame.size());
+    const std::string why =
+        decode_nop(*op.nop, frame.data(), frame.size(), core_->options.max_frame_values);
     op.nfn(why.empty() ? tp::Error() : make_error("the first frame does not decode: " + why));
     return;
   }
@@ -155,6 +156,7 @@ void ConnImpl::finish_opening() {
   }
   if (role_ == Role::kServer) {
     core_->options.stats->accepted.fetch_add(1, std::memory_order_relaxed);
+    if (process_) core_->options.book->admitted(serial_, claim_, *process_);
     if (on_ready_) {
       ReadyFn ready = std::move(on_ready_);
       on_ready_ = nullptr;
@@ -169,15 +171,25 @@ std::string ConnImpl::check_first_frame(const char* data, size_t size) {
   if (core_->options.first_frame == StreamOptions::FirstFrame::kMptLaneHello) {
     // The mpt channel dereferences the ClientHello it expects without checking for it.
     tp::NopHolder<tp::channel::mpt::Packet> hello;
-    if (decode_nop(hello, data, size).empty() &&
-        hello.getObject().is<tp::channel::mpt::ClientHello>()) {
-      return "";
+    if (!decode_nop(hello, data, size, kMaxHelloValues).empty() ||
+        !hello.getObject().is<tp::channel::mpt::ClientHello>()) {
+      return "its first frame is not an mpt lane hello";
     }
-    return "its first frame is not an mpt lane hello";
+    // A lane of an existing mpt channel: only the peer of that channel's pipe may open it.
+    return core_->options.book->take(
+        listener_address_, hello.getObject().get<tp::channel::mpt::ClientHello>()->registrationId,
+        handshake_.peer());
   }
   tp::NopHolder<tp::Packet> hello;
-  if (!decode_nop(hello, data, size).empty()) return "its first frame is not a TensorPipe hello";
-  if (hello.getObject().is<tp::RequestedConnection>()) return "";
+  if (!decode_nop(hello, data, size, kMaxHelloValues).empty()) {
+    return "its first frame is not a TensorPipe hello";
+  }
+  if (hello.getObject().is<tp::RequestedConnection>()) {
+    // A connection of an existing pipe: only the peer that pipe was opened with may make it.
+    return core_->options.book->take(
+        PeerBook::kPipeListener, hello.getObject().get<tp::RequestedConnection>()->registrationId,
+        handshake_.peer());
+  }
   if (!hello.getObject().is<tp::SpontaneousConnection>()) {
     return "its first frame is not a TensorPipe hello";
   }
@@ -214,6 +226,7 @@ void ConnImpl::begin_verify() {
 
 void ConnImpl::fail(tp::Error error) {
   if (state_ == State::kClosed) return;
+  core_->options.book->forget(serial_);
   if (state_ != State::kOpen) trace_setup(role_ == Role::kServer ? "refused" : "failed");
   state_ = State::kClosed;
   error_ = error;
@@ -253,6 +266,94 @@ void ConnImpl::fail(tp::Error error) {
   }
   for (auto& op : writes)
     op.fn(error);
+}
+
+uint64_t ConnImpl::next_serial() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::optional<PeerProcess> ConnImpl::peer_process_of(StreamOptions::Family family, int fd) {
+  if (!unix_socket(family) || fd < 0) return std::nullopt;
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid <= 0) {
+    return std::nullopt;
+  }
+  return PeerProcess{cred.pid, cred.uid};
+}
+
+namespace {
+
+std::vector<uint64_t> registration_ids(const tp::BrochureAnswer& answer) {
+  std::vector<uint64_t> ids;
+  for (const auto& [connection, id] : answer.transportRegistrationIds)
+    ids.push_back(id);
+  for (const auto& [channel, list] : answer.channelRegistrationIds)
+    ids.insert(ids.end(), list.begin(), list.end());
+  return ids;
+}
+
+}  // namespace
+
+void ConnImpl::observe_written(const tp::AbstractNopHolder& object) {
+  PeerBook& book = *core_->options.book;
+  if (role_ == Role::kServer) {
+    if (const auto* answer = dynamic_cast<const tp::NopHolder<tp::BrochureAnswer>*>(&object)) {
+      book.offer(serial_, PeerBook::kPipeListener, registration_ids(answer->getObject()),
+                 handshake_.peer());
+    } else if (const auto* packet =
+                   dynamic_cast<const tp::NopHolder<tp::channel::mpt::Packet>*>(&object)) {
+      if (packet->getObject().is<tp::channel::mpt::ServerHello>()) {
+        for (const auto& lane :
+             packet->getObject().get<tp::channel::mpt::ServerHello>()->laneAdvertisements)
+          book.offer(serial_, lane.address, {lane.registrationId}, handshake_.peer());
+      }
+    }
+    return;
+  }
+  if (!process_) return;
+  if (const auto* packet = dynamic_cast<const tp::NopHolder<tp::Packet>*>(&object)) {
+    if (packet->getObject().is<tp::RequestedConnection>()) {
+      book.reached(serial_, peer_,
+                   packet->getObject().get<tp::RequestedConnection>()->registrationId, *process_);
+    }
+  }
+}
+
+std::string ConnImpl::observe_read(tp::AbstractNopHolder& object) {
+  if (role_ == Role::kServer) {
+    if (auto* brochure = dynamic_cast<tp::NopHolder<tp::Brochure>*>(&object)) {
+      if (core_->options.check_brochure) {
+        if (std::string why = core_->options.check_brochure(brochure->getObject()); !why.empty()) {
+          return "its Brochure is refused: " + why;
+        }
+      }
+    }
+    return "";
+  }
+  if (auto* answer = dynamic_cast<tp::NopHolder<tp::BrochureAnswer>*>(&object)) {
+    if (core_->options.check_answer) {
+      if (std::string why = core_->options.check_answer(answer->getObject()); !why.empty()) {
+        return "its BrochureAnswer is refused: " + why;
+      }
+    }
+    core_->options.book->expect(serial_, peer_, answer->getObject().address,
+                                registration_ids(answer->getObject()));
+    return "";
+  }
+  if (auto* packet = dynamic_cast<tp::NopHolder<tp::channel::mpt::Packet>*>(&object)) {
+    const auto& p = packet->getObject();
+    if (!p.is<tp::channel::mpt::ServerHello>()) {
+      return "the mpt channel's peer sent something else than its ServerHello";
+    }
+    const size_t lanes = p.get<tp::channel::mpt::ServerHello>()->laneAdvertisements.size();
+    if (core_->options.mpt_lanes != 0 && lanes != core_->options.mpt_lanes) {
+      return "the mpt channel's peer advertises " + std::to_string(lanes) + " lanes where " +
+             std::to_string(core_->options.mpt_lanes) + " were agreed";
+    }
+  }
+  return "";
 }
 
 }  // namespace gradwire::rpc::transport::detail

@@ -122,6 +122,7 @@ void ListenerImpl::on_accept() {
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
     auto conn = std::make_shared<ConnImpl>(core_, fd, ConnImpl::Role::kServer, peer);
+    conn->set_listener_address(addr_);
     ++handshaking_;
     std::weak_ptr<ListenerImpl> weak = weak_from_this();
     conn->start(false, 0, [weak](const std::shared_ptr<ConnImpl>& c, bool ok) {

@@ -187,4 +187,10 @@ std::string unique_local_name() {
          "-" + random;
 }
 
+std::optional<PeerProcess> peer_process(const tp::transport::Connection& connection) {
+  const auto* ours = dynamic_cast<const ConnHandle*>(&connection);
+  if (ours == nullptr) return std::nullopt;
+  return ours->impl().process();
+}
+
 }  // namespace gradwire::rpc::transport

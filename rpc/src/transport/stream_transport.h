@@ -33,11 +33,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include <tensorpipe/core/nop_types.h>
 #include <tensorpipe/transport/context.h>
 
 #include "transport/handshake.h"
+#include "transport/peer_book.h"
 
 namespace gradwire::rpc::transport {
 
@@ -73,6 +76,11 @@ struct StreamOptions {
   std::chrono::microseconds spin_backoff{0};
   // The largest frame whose size TensorPipe does not know in advance (its control messages).
   size_t max_frame_bytes{size_t{80} << 20};
+  // The most values (container elements, structure members, map keys and values) one control
+  // frame may hold: libnop would build each, at tens of bytes apiece, whatever the frame
+  // weighs. The agent sets it from its envelope limits (a Descriptor holds a few values per
+  // tensor); frames over it are refused before they are decoded (nop_scan.h).
+  size_t max_frame_values{size_t{1} << 20};
   // Incoming connections still in their handshake at once; more are refused at once.
   int max_handshaking{1024};
   std::shared_ptr<TransportStats> stats;
@@ -94,6 +102,20 @@ struct StreamOptions {
   // Null: all admitted.
   using VerifyDone = std::function<void(std::string why)>;
   std::function<void(const PeerIdentity& peer, VerifyDone done)> verify_peer;
+  // What this agent's transports have verified about their peers (peer_book.h): shared by
+  // every stream context of one TensorPipe context and its mpt lanes, so that a connection
+  // request made on one is checked against the offer made on another. Null: one of its own.
+  std::shared_ptr<PeerBook> book;
+  // The client side of a pipe trusts the BrochureAnswer its peer sends (TensorPipe checks it
+  // in debug builds only): when set, each one read is checked here first, "" or why it is
+  // refused (the connection then fails instead of TensorPipe acting on it).
+  std::function<std::string(const tensorpipe::BrochureAnswer& answer)> check_answer;
+  // The same for the listening side: each Brochure read on an accepted connection is checked
+  // here before TensorPipe picks from it.
+  std::function<std::string(const tensorpipe::Brochure& brochure)> check_brochure;
+  // The number of lanes of the mpt channel registered beside this transport (0: none): a
+  // ServerHello advertising another number is refused before the channel indexes it.
+  size_t mpt_lanes{0};
   // kLocal and kUnix: admit peers whose process runs as another user (checked on both ends
   // with SO_PEERCRED before the handshake). Default: the same effective uid only.
   bool allow_other_uids = false;
@@ -107,6 +129,10 @@ class StreamContext : public tensorpipe::transport::Context {
 };
 
 std::shared_ptr<StreamContext> create_stream_context(StreamOptions options);
+
+// The process at the other end of `connection` when it is a "local" or "unix" connection of
+// gradwire's (SO_PEERCRED, taken when it was made); nullopt for anything else.
+std::optional<PeerProcess> peer_process(const tensorpipe::transport::Connection& connection);
 
 // A fresh name for a "local" or "unix" listener (abstract Unix socket namespace).
 std::string unique_local_name();

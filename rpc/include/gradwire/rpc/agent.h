@@ -398,6 +398,10 @@ struct AgentMetrics {
   uint64_t connections_refused{0};  // incoming connections refused before reaching the RPC
                                     // layer (bad handshake, wrong secret, garbage), ever
   uint64_t frames_refused{0};       // connections closed for a frame over the limits, ever
+  // Pipes whose xth or cma channel was refused, ever: the peer's process was not verified
+  // to be the one those channels would read (this one for xth), or a descriptor named
+  // another process.
+  uint64_t channels_refused{0};
   // Times a transport thread stopped polling early because a yield kept it off its core
   // (AgentOptions::transport_spin_backoff), ever: a sign of more runnable threads than cores.
   uint64_t transport_polls_backed_off{0};
