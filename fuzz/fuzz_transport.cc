@@ -11,9 +11,22 @@
 //        worker) or read it to the end, and close it then. After the first frame, frames
 //        are read as TensorPipe's pipe reads them, through the control-frame decoder
 //        (brochure, brochure answer, descriptor, descriptor reply in turn). A crash, or a
-//        connection still open 15 s after the client's end of the stream, is a finding.
+//        connection still open 15 s after the client's end of the stream, is a finding;
+//   5    one TensorPipe control frame after the handshake, as an agent takes it: the next
+//        byte picks its kind (brochure, brochure answer, descriptor, descriptor reply, the
+//        mpt channel's packet, the connection hello); the rest goes through the scan and
+//        the decoder at an agent's default value limit, and a brochure or brochure answer
+//        that decodes is checked against what an agent registers (tcp and local, the
+//        basic, ring-like, xth and cma channels) as the listening and the connecting side
+//        check them. A frame the scan passed must take no more values than the limit;
+//        a decoded answer that passes the check must name a registered transport and a
+//        registration for every connection its channels need.
 #include <poll.h>
 
+#include <tensorpipe/channel/basic/factory.h>
+#include <tensorpipe/channel/cma/factory.h>
+#include <tensorpipe/channel/mpt/nop_types.h>
+#include <tensorpipe/channel/xth/factory.h>
 #include <tensorpipe/common/nop.h>
 #include <tensorpipe/core/nop_types.h>
 #include <tensorpipe/transport/connection.h>
@@ -30,8 +43,12 @@
 
 #include "gradwire/core/logging.h"
 #include "loopback.h"
+#include "tensorpipe/negotiation.h"
+#include "tensorpipe/verified_channels.h"
 #include "transport/handshake.h"
+#include "transport/nop_scan.h"
 #include "transport/ring.h"
+#include "transport/stream_core.h"
 #include "transport/stream_transport.h"
 
 using namespace gradwire;
@@ -137,6 +154,94 @@ void through_listener(const uint8_t* data, size_t size) {
 
 }  // namespace
 
+// An agent's default limit on a control frame's values (16 x max_tensors + 4096).
+constexpr size_t kAgentFrameValues = 16 * 65536 + 4096;
+
+// What an agent registers, for the checks of brochures and answers.
+const rpc::detail::Negotiation& negotiation() {
+  static const auto* n = [] {
+    auto* out = new rpc::detail::Negotiation();
+    StreamOptions tcp;
+    tcp.name = "fuzz";
+    out->add_transport("tcp", create_stream_context(tcp));
+    StreamOptions local = tcp;
+    local.family = StreamOptions::Family::kLocal;
+    out->add_transport("local", create_stream_context(local));
+    auto refusals = std::make_shared<rpc::detail::ChannelRefusals>();
+    out->add_channel(0, "basic", tp::channel::basic::create());
+    out->add_channel(250, "ring", tp::channel::basic::create());
+    out->add_channel(300, "xth",
+                     rpc::detail::same_process_channel(tp::channel::xth::create(), refusals));
+    out->add_channel(200, "cma",
+                     rpc::detail::verified_process_channel(tp::channel::cma::create(),
+                                                           "|host=fuzz|netns=1", refusals));
+    out->set_first_transport("tcp");
+    return out;
+  }();
+  return *n;
+}
+
+template <typename T>
+bool decodes(T& object, const uint8_t* data, size_t size) {
+  tp::NopHolder<T> holder;
+  const std::string why = rpc::transport::detail::decode_nop(
+      holder, reinterpret_cast<const char*>(data), size, kAgentFrameValues);
+  // The decoder never takes what the scan refuses.
+  if (why.empty() && !scan_nop(data, size, kAgentFrameValues).empty()) __builtin_trap();
+  if (!why.empty()) return false;
+  object = std::move(holder.getObject());
+  return true;
+}
+
+void control_frame(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const uint8_t kind = data[0] % 6;
+  ++data;
+  --size;
+  switch (kind) {
+    case 0: {
+      tp::Brochure brochure;
+      if (decodes(brochure, data, size)) (void)negotiation().check_brochure(brochure);
+      break;
+    }
+    case 1: {
+      tp::BrochureAnswer answer;
+      if (decodes(answer, data, size) && negotiation().check(answer).empty()) {
+        // What the connecting side then relies on.
+        if (answer.transport != "tcp" && answer.transport != "local") __builtin_trap();
+        if (answer.transportRegistrationIds.count(1) == 0) __builtin_trap();
+        for (const auto& [pair, channel] : answer.channelForDevicePair) {
+          if (answer.channelRegistrationIds.count(channel) == 0) __builtin_trap();
+        }
+      }
+      break;
+    }
+    case 2: {
+      tp::Descriptor descriptor;
+      if (decodes(descriptor, data, size) &&
+          descriptor.payloads.size() + descriptor.tensors.size() > kAgentFrameValues) {
+        __builtin_trap();
+      }
+      break;
+    }
+    case 3: {
+      tp::DescriptorReply reply;
+      (void)decodes(reply, data, size);
+      break;
+    }
+    case 4: {
+      tp::channel::mpt::Packet packet;
+      (void)decodes(packet, data, size);
+      break;
+    }
+    default: {
+      tp::Packet packet;
+      (void)decodes(packet, data, size);
+      break;
+    }
+  }
+}
+
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   set_log_level(LogLevel::kOff);
   return 0;
@@ -144,7 +249,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t mode = data[0] % 5;
+  const uint8_t mode = data[0] % 6;
   ++data;
   --size;
   switch (mode) {
@@ -181,8 +286,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
-    default:
+    case 4:
       through_listener(data, size);
+      break;
+    default:
+      control_frame(data, size);
       break;
   }
   return 0;

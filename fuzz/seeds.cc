@@ -99,6 +99,17 @@ std::string tensorpipe_hello() {
   return bytes;
 }
 
+// One control object in libnop's encoding.
+template <typename T>
+std::string nop_text(const T& object) {
+  tensorpipe::NopHolder<T> holder;
+  holder.getObject() = object;
+  std::string bytes(holder.getSize(), '\0');
+  tensorpipe::NopWriter writer(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
+  (void)holder.write(writer);
+  return bytes;
+}
+
 std::string frame(const std::string& payload) {
   const uint64_t n = payload.size();
   return std::string(reinterpret_cast<const char*>(&n), sizeof(n)) + payload;
@@ -345,6 +356,29 @@ int main(int argc, char** argv) {
     write(root / "fuzz_transport", "ring_setup", std::string(1, '\x03') + segment->setup_message());
   write(root / "fuzz_transport", "frames",
         std::string(1, '\x04') + frame(tensorpipe_hello()) + frame("a control frame") + frame(""));
+  // Mode 5: one control frame of each kind, as an agent's peer sends it.
+  {
+    tensorpipe::Brochure brochure;
+    brochure.transportDomainDescriptors["tcp"] = "gradwire-tcp";
+    brochure.channelDeviceDescriptors["basic"][tensorpipe::Device{"cpu", 0}] = "any";
+    write(root / "fuzz_transport", "control_brochure",
+          std::string("\x05\x00", 2) + nop_text(brochure));
+    tensorpipe::BrochureAnswer answer;
+    answer.transport = "tcp";
+    answer.address = "127.0.0.1:1";
+    answer.transportRegistrationIds[1] = 7;
+    answer.transportDomainDescriptor = "gradwire-tcp";
+    answer.channelRegistrationIds["basic"] = {8};
+    answer.channelDeviceDescriptors["basic"][tensorpipe::Device{"cpu", 0}] = "any";
+    answer.channelForDevicePair[{tensorpipe::Device{"cpu", 0}, tensorpipe::Device{"cpu", 0}}] =
+        "basic";
+    write(root / "fuzz_transport", "control_answer", std::string("\x05\x01", 2) + nop_text(answer));
+    tensorpipe::Descriptor descriptor;
+    descriptor.metadata = "an envelope";
+    descriptor.tensors.resize(2);
+    write(root / "fuzz_transport", "control_descriptor",
+          std::string("\x05\x02", 2) + nop_text(descriptor));
+  }
   rref_seeds(root / "fuzz_rref_message");
   dist_autograd_seeds(root / "fuzz_dist_autograd_message");
   std::printf("seeds written under %s\n", root.c_str());
