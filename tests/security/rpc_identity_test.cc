@@ -343,6 +343,31 @@ TEST(RpcIdentity, WithASecretNeitherAStrangerNorAMemberCanSpeakForAnotherWorker)
   expect_still_held(held);
 }
 
+// The trust model among holders of the one job secret, stated as a test: the secret proves
+// membership of the job, not which worker a connection is. A holder that repeats a claim
+// the store backs is admitted as that worker (docs/security.md, "Who can do what").
+TEST(RpcIdentity, ASecretHolderThatRepeatsAWorkersClaimIsAdmittedAsThatWorker) {
+  auto g = start_group(3, identity_options(kSecret));
+  g->expect_serving();
+  const uint64_t accepted = g->accepted(1);
+  const int fd = raw_connect(published_address(*g->store, 1));
+  ASSERT_TRUE(raw_handshake(fd, kSecret, {"w2", 2, 0}));
+  send_all(fd, tensorpipe_hello("w2"));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (g->accepted(1) == accepted && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  EXPECT_EQ(g->accepted(1), accepted + 1);
+  g->expect_serving();
+  // Its connection ending is w2's, as far as w1 can tell.
+  ::close(fd);
+  const auto lost_by = std::chrono::steady_clock::now() + 10s;
+  while (g->recorders[1]->losses().empty() && std::chrono::steady_clock::now() < lost_by)
+    std::this_thread::yield();
+  const std::vector<std::string> losses = g->recorders[1]->losses();
+  ASSERT_EQ(losses.size(), 1u);
+  EXPECT_EQ(losses[0].rfind("'w2'", 0), 0u) << losses[0];
+}
+
 TEST(RpcIdentity, AClientThatSaysNothingNeverGetsAServerMac) {
   auto g = start_group(2, identity_options(kSecret, 300ms));
   const auto w1 = published_address(*g->store, 1);
