@@ -346,6 +346,20 @@ TEST(RpcChannelForgery, AWorkersRecordPublishesNoPidAndItsLoansStillTravel) {
   EXPECT_EQ(g.metrics(1).tensors_copied_in, before + 1);
 }
 
+TEST(RpcChannelForgery, LocalTransportsWithoutTcpAreRefusedAtStart) {
+  AgentOptions o = test::agent_options(channel_registry());
+  o.transports = {"uv", "local"};
+  try {
+    test::Agents agents = test::start_agents(1, o);
+    ADD_FAILURE() << "uv + local was taken";
+    test::shutdown_agents(agents);
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("has \"local\" or \"unix\" without \"tcp\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // ---- requested connections and mpt lanes
 
 std::string frame(const std::string& payload) {

@@ -424,6 +424,19 @@ void TensorPipeAgent::validate_options() const {
                           "AgentOptions::transports needs \"tcp\" (or TensorPipe's \"uv\"): it "
                           "carries the first connection to every peer");
   }
+  // A pipe's later connections (over local or unix) are admitted only for the peer that its
+  // first connection's handshake proved, which gradwire's tcp carries and TensorPipe's uv
+  // does not.
+  const auto wanted = [&](const char* t) {
+    return std::find(options_.transports.begin(), options_.transports.end(), t) !=
+           options_.transports.end();
+  };
+  if ((wanted("local") || wanted("unix")) && !wanted("tcp")) {
+    throw InvalidArgument(who +
+                          "AgentOptions::transports has \"local\" or \"unix\" without "
+                          "\"tcp\": their connections are admitted only for the peer that the "
+                          "first connection's handshake proved, which \"uv\" does not carry");
+  }
   if (options_.transport_spin.count() < 0 || options_.transport_spin > std::chrono::seconds(1)) {
     throw InvalidArgument(who + "AgentOptions::transport_spin must be in [0, 1 s], got " +
                           std::to_string(options_.transport_spin.count()) + " us");
