@@ -3,6 +3,8 @@
 // (tests/security/peer_message_scan_test.cc checks every repeated field against it).
 #include "envelope_scan.h"
 
+#include "wire_reader.h"
+
 #include <string>
 
 namespace gradwire::rpc {
@@ -28,18 +30,11 @@ enum class Msg {
   kLeaf,  // NoneValue, RRefValue, Loan: scalars and bytes only, walked for well-formedness
 };
 
-enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
-
-bool read_varint(const uint8_t*& p, const uint8_t* end, uint64_t& out) {
-  out = 0;
-  for (int shift = 0; shift < 64; shift += 7) {
-    if (p == end) return false;
-    const uint8_t b = *p++;
-    out |= uint64_t{b & 0x7fu} << shift;
-    if ((b & 0x80) == 0) return true;
-  }
-  return false;  // more than ten bytes
-}
+using detail::kFixed32;
+using detail::kFixed64;
+using detail::kLengthDelimited;
+using detail::kVarint;
+using detail::read_varint;
 
 std::string count_text(size_t n) {
   return std::to_string(n);

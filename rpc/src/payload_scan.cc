@@ -2,21 +2,16 @@
 // envelope_scan.cc walks the envelope, along one path of field numbers.
 #include "gradwire/rpc/payload_scan.h"
 
+#include "wire_reader.h"
+
 namespace gradwire::rpc {
 namespace {
 
-enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
-
-bool read_varint(const uint8_t*& p, const uint8_t* end, uint64_t& out) {
-  out = 0;
-  for (int shift = 0; shift < 64; shift += 7) {
-    if (p == end) return false;
-    const uint8_t b = *p++;
-    out |= uint64_t{b & 0x7fu} << shift;
-    if ((b & 0x80) == 0) return true;
-  }
-  return false;  // more than ten bytes
-}
+using detail::kFixed32;
+using detail::kFixed64;
+using detail::kLengthDelimited;
+using detail::kVarint;
+using detail::read_varint;
 
 // The elements of one packed run of `size` bytes at `p`.
 size_t packed_elements(const uint8_t* p, size_t size, RepeatedKind kind) {

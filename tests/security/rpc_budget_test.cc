@@ -17,6 +17,7 @@
 #include "gradwire/tensor/factory.h"
 #include "support/agents.h"
 #include "support/proto_bytes.h"
+#include "support/rss.h"
 #include "support/sync.h"
 #include "wire.h"
 
@@ -51,18 +52,8 @@ std::string envelope_with_request(uint64_t id, const std::string& request_body) 
   return env;
 }
 
-// Peak resident memory of this process since the last reset, in bytes.
-void reset_peak_rss() {
-  std::ofstream("/proc/self/clear_refs") << "5";
-}
-size_t peak_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+using test::peak_rss_bytes;
+using test::reset_peak_rss;
 
 std::string malformed_text(const std::function<void()>& f) {
   try {

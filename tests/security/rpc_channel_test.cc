@@ -39,6 +39,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/rss.h"
 #include "support/sync.h"
 #include "tensorpipe/verified_channels.h"
 #include "transport/handshake.h"
@@ -567,17 +568,8 @@ TEST(RpcConnectionHijack, AnMptLaneHelloIsAdmittedOnlyForItsOwnPeersOffer) {
 
 // ---- control frames that decode to far more than they weigh
 
-void reset_peak_rss() {
-  std::ofstream("/proc/self/clear_refs") << "5";
-}
-size_t peak_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+using test::peak_rss_bytes;
+using test::reset_peak_rss;
 
 // A Descriptor of `count` empty payload entries (5 bytes each on the wire, a 40-byte struct
 // each in memory), written by hand in libnop's encoding.

@@ -632,12 +632,7 @@ class NamespaceBoundChannel final : public tp::channel::Context {
   }
   bool canCommunicateWithRemote(const std::string& local,
                                 const std::string& remote) const override {
-    if (local != remote || local.size() < suffix_.size() ||
-        local.compare(local.size() - suffix_.size(), suffix_.size(), suffix_) != 0) {
-      return false;
-    }
-    const std::string inner = local.substr(0, local.size() - suffix_.size());
-    return inner_->canCommunicateWithRemote(inner, inner);
+    return detail::suffixed_descriptors_match(*inner_, suffix_, local, remote);
   }
   std::shared_ptr<tp::channel::Channel> createChannel(
       std::vector<std::shared_ptr<tp::transport::Connection>> connections,

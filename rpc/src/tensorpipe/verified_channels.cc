@@ -190,7 +190,6 @@ class VerifiedChannelContext final : public tp::channel::Context {
     for (const auto& [device, descriptor] : inner_->deviceDescriptors()) {
       descriptors_.emplace(device,
                            mode_ == Mode::kSameProcess ? process_token() : descriptor + suffix);
-      inner_descriptors_.emplace(device, descriptor);
     }
     suffix_ = suffix;
   }
@@ -202,14 +201,8 @@ class VerifiedChannelContext final : public tp::channel::Context {
   }
   bool canCommunicateWithRemote(const std::string& local,
                                 const std::string& remote) const override {
-    if (local != remote) return false;
-    if (mode_ == Mode::kSameProcess) return local == process_token();
-    if (local.size() < suffix_.size() ||
-        local.compare(local.size() - suffix_.size(), suffix_.size(), suffix_) != 0) {
-      return false;
-    }
-    const std::string inner = local.substr(0, local.size() - suffix_.size());
-    return inner_->canCommunicateWithRemote(inner, inner);
+    if (mode_ == Mode::kSameProcess) return local == remote && local == process_token();
+    return suffixed_descriptors_match(*inner_, suffix_, local, remote);
   }
 
   std::shared_ptr<tp::channel::Channel> createChannel(
@@ -248,10 +241,19 @@ class VerifiedChannelContext final : public tp::channel::Context {
   const std::shared_ptr<ChannelRefusals> refusals_;
   std::string suffix_;
   std::unordered_map<tp::Device, std::string> descriptors_;
-  std::unordered_map<tp::Device, std::string> inner_descriptors_;
 };
 
 }  // namespace
+
+bool suffixed_descriptors_match(const tp::channel::Context& inner, const std::string& suffix,
+                                const std::string& local, const std::string& remote) {
+  if (local != remote || local.size() < suffix.size() ||
+      local.compare(local.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const std::string unsuffixed = local.substr(0, local.size() - suffix.size());
+  return inner.canCommunicateWithRemote(unsuffixed, unsuffixed);
+}
 
 std::shared_ptr<tp::channel::Context> same_process_channel(
     std::shared_ptr<tp::channel::Context> xth, std::shared_ptr<ChannelRefusals> refusals) {

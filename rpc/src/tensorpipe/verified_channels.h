@@ -46,4 +46,12 @@ std::shared_ptr<tensorpipe::channel::Context> verified_process_channel(
     std::shared_ptr<tensorpipe::channel::Context> cma, const std::string& suffix,
     std::shared_ptr<ChannelRefusals> refusals);
 
+// Whether two device descriptors made by adding `suffix` (the worker's host and namespace)
+// to `inner`'s are equal and `inner` accepts what they were made from: how a channel
+// registered with such descriptors is chosen only between workers of one host and
+// namespace.
+bool suffixed_descriptors_match(const tensorpipe::channel::Context& inner,
+                                const std::string& suffix, const std::string& local,
+                                const std::string& remote);
+
 }  // namespace gradwire::rpc::detail
