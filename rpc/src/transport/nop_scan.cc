@@ -162,6 +162,9 @@ std::string scan_nop(const uint8_t* data, size_t size, size_t max_values) {
       case kString:
       case kBinary:
         if (!w.integer(n, negative) || negative) return "a string's length is malformed";
+        // libnop reads an empty binary (a vector of integers) with a memcpy into the empty
+        // vector's null data; no control message sends one (every channel needs a connection).
+        if (prefix == kBinary && n == 0) return "it holds an empty binary value";
         if (!w.take(n)) {
           return "a string claims " + std::to_string(n) + " bytes where " +
                  std::to_string(w.left()) + " are left";

@@ -8,7 +8,8 @@
 // every value it holds (each container element, structure member, map key and map value)
 // and the nesting, and refuses the frame when the count is over `max_values`, the nesting
 // over kMaxNopDepth, or it uses an encoding no TensorPipe control message has (tables,
-// handles, errors, extensions, reserved prefixes). A frame that passes decodes into at most
+// handles, errors, extensions, reserved prefixes, an empty binary: libnop would read it
+// with a memcpy into a null pointer). A frame that passes decodes into at most
 // a bounded multiple of max_values plus its own bytes.
 //
 // Thread-safety: a pure function.
