@@ -514,11 +514,15 @@ transport::StreamOptions TensorPipeAgent::stream_options(
   // A Descriptor holds a few values per tensor; the other control frames hold a few dozen.
   o.max_frame_values = 16 * options_.limits.max_tensors + 4096;
   o.book = book_;
-  o.check_answer = [negotiation = negotiation_](const tp::BrochureAnswer& answer) {
-    return negotiation->check(answer);
+  // Weak: the negotiation holds the transports, whose options hold these.
+  std::weak_ptr<const detail::Negotiation> negotiation = negotiation_;
+  o.check_answer = [negotiation](const tp::BrochureAnswer& answer) -> std::string {
+    auto n = negotiation.lock();
+    return n ? n->check(answer) : "this worker is closing";
   };
-  o.check_brochure = [negotiation = negotiation_](const tp::Brochure& brochure) {
-    return negotiation->check_brochure(brochure);
+  o.check_brochure = [negotiation](const tp::Brochure& brochure) -> std::string {
+    auto n = negotiation.lock();
+    return n ? n->check_brochure(brochure) : "this worker is closing";
   };
   const bool mpt = std::find(options_.channels.begin(), options_.channels.end(), "mpt") !=
                        options_.channels.end() ||
