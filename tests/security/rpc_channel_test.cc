@@ -273,7 +273,7 @@ std::string cma_descriptor_of_this_worker() {
   }
   return detail::verified_process_channel(
              tp::channel::cma::create(),
-             "|host=" + host + "|netns=" + std::to_string(net::network_namespace_id()), refusals)
+             detail::namespace_suffix(host, net::network_namespace_id()), refusals)
       ->deviceDescriptors()
       .begin()
       ->second;

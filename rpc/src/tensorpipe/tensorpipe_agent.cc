@@ -566,8 +566,7 @@ class NamespaceBound final : public tp::transport::Context {
   NamespaceBound(std::shared_ptr<tp::transport::Context> inner, const std::string& host_id,
                  uint64_t netns)
       : inner_(std::move(inner)),
-        domain_(inner_->domainDescriptor() + "|host=" + host_id +
-                "|netns=" + std::to_string(netns)) {}
+        domain_(inner_->domainDescriptor() + detail::namespace_suffix(host_id, netns)) {}
 
   std::shared_ptr<tp::transport::Connection> connect(std::string addr) override {
     return inner_->connect(std::move(addr));
@@ -623,7 +622,7 @@ class NamespaceBoundChannel final : public tp::channel::Context {
   NamespaceBoundChannel(std::shared_ptr<tp::channel::Context> inner, const std::string& host_id,
                         uint64_t netns, std::shared_ptr<RingCounters> counters)
       : inner_(std::move(inner)),
-        suffix_("|host=" + host_id + "|netns=" + std::to_string(netns)),
+        suffix_(detail::namespace_suffix(host_id, netns)),
         counters_(std::move(counters)) {
     for (const auto& [device, descriptor] : inner_->deviceDescriptors())
       descriptors_.emplace(device, descriptor + suffix_);
@@ -792,8 +791,7 @@ std::vector<std::string> TensorPipeAgent::register_transports_and_channels(
       register_channel(
           kCmaPriority, "cma",
           detail::verified_process_channel(
-              cma, "|host=" + descriptor_host_id() + "|netns=" + std::to_string(netns_),
-              channel_refusals_));
+              cma, detail::namespace_suffix(descriptor_host_id(), netns_), channel_refusals_));
     }
   }
   if (wants(options_.channels, "xth") && unix_sockets) {

@@ -245,6 +245,10 @@ class VerifiedChannelContext final : public tp::channel::Context {
 
 }  // namespace
 
+std::string namespace_suffix(const std::string& host_id, uint64_t netns) {
+  return "|host=" + host_id + "|netns=" + std::to_string(netns);
+}
+
 bool suffixed_descriptors_match(const tp::channel::Context& inner, const std::string& suffix,
                                 const std::string& local, const std::string& remote) {
   if (local != remote || local.size() < suffix.size() ||

@@ -46,6 +46,11 @@ std::shared_ptr<tensorpipe::channel::Context> verified_process_channel(
     std::shared_ptr<tensorpipe::channel::Context> cma, const std::string& suffix,
     std::shared_ptr<ChannelRefusals> refusals);
 
+// What a worker adds to a transport's domain descriptor or a channel's device descriptors
+// so that it is chosen only between workers of one host (`host_id`, without whitespace) and
+// network namespace.
+std::string namespace_suffix(const std::string& host_id, uint64_t netns);
+
 // Whether two device descriptors made by adding `suffix` (the worker's host and namespace)
 // to `inner`'s are equal and `inner` accepts what they were made from: how a channel
 // registered with such descriptors is chosen only between workers of one host and

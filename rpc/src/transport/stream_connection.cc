@@ -46,7 +46,10 @@ void ConnImpl::write(const void* ptr, size_t length, Connection::write_callback_
 
 void ConnImpl::write(const tp::AbstractNopHolder& object, Connection::write_callback_fn fn) {
   // Encoded now, on the caller's thread: the object need not outlive this call.
-  observe_written(object);
+  if (writes_observed_.load(std::memory_order_relaxed) < kObservedFrames &&
+      writes_observed_.fetch_add(1, std::memory_order_relaxed) < kObservedFrames) {
+    observe_written(object);
+  }
   WriteOp op;
   op.length = object.getSize();
   op.header = op.length;
@@ -287,7 +290,10 @@ void ConnImpl::complete_front() {
       return;
     case ReadOp::kNop: {
       std::string why = decode_nop(*op.nop, op.dest, op.length, core_->options.max_frame_values);
-      if (why.empty()) why = observe_read(*op.nop);
+      if (why.empty() && reads_observed_ < kObservedFrames) {
+        ++reads_observed_;
+        why = observe_read(*op.nop);
+      }
       if (!why.empty()) {
         const tp::Error error =
             make_error("connection with " + peer_ +

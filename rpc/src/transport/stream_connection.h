@@ -145,6 +145,9 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   // What this connection tells its peer and learns from it that the PeerBook records:
   // connection requests offered (server), the pipe's further connections (client).
   // "" or why the frame must not go through (a reply TensorPipe would trust blindly).
+  // Only a connection's first kObservedFrames control frames each way are looked at: the
+  // brochure, its answer, the hellos and connection requests all come first (TensorPipe's
+  // and mpt's handshakes), and a message's frames later pay nothing for it.
   void observe_written(const tp::AbstractNopHolder& object);
   std::string observe_read(tp::AbstractNopHolder& object);
   static uint64_t next_serial();
@@ -214,6 +217,10 @@ class ConnImpl : public std::enable_shared_from_this<ConnImpl> {
   std::string peer_;
   Handshake handshake_;
   const uint64_t serial_;  // this connection's key in the PeerBook
+  static constexpr int kObservedFrames = 2;
+  std::atomic<int> writes_observed_{0};  // control frames written so far (any thread), up to
+                                         // kObservedFrames
+  int reads_observed_ = 0;               // loop thread
   const std::optional<PeerProcess> process_;
   std::string listener_address_;
   ReadyFn on_ready_;
