@@ -544,7 +544,7 @@ TEST(RpcConnectionHijack, AnMptLaneHelloIsAdmittedOnlyForItsOwnPeersOffer) {
   ::close(fd);
   EXPECT_EQ(stats->refused.load(), 1u);
   // Offered to w0: another claim is refused, w0 is admitted, and only once.
-  book->offer(/*owner=*/42, address, {3}, PeerIdentity{"w0", 0, 0});
+  book->offer(address, {3}, PeerIdentity{"w0", 0, 0});
   fd = lane_hello({"w2", 2, 0}, 3);
   EXPECT_TRUE(closed_by_peer(fd));
   ::close(fd);

@@ -39,8 +39,8 @@ void PeerBook::expire(Clock::time_point now) {
   expire_in(expected_, expected_order_, now, kMaxPending);
 }
 
-void PeerBook::offer(uint64_t /*owner*/, const std::string& listener,
-                     const std::vector<uint64_t>& ids, const PeerIdentity& who) {
+void PeerBook::offer(const std::string& listener, const std::vector<uint64_t>& ids,
+                     const PeerIdentity& who) {
   const Clock::time_point now = Clock::now();
   MutexLock lock(mutex_);
   expire(now);
@@ -73,7 +73,7 @@ void PeerBook::admitted(uint64_t owner, const PeerIdentity& who, PeerProcess pro
   seen_[owner] = Seen{worker_key(who.name, who.rank), process};
 }
 
-void PeerBook::expect(uint64_t /*owner*/, const std::string& dialed, const std::string& address,
+void PeerBook::expect(const std::string& dialed, const std::string& address,
                       const std::vector<uint64_t>& ids) {
   const Clock::time_point now = Clock::now();
   MutexLock lock(mutex_);

@@ -62,9 +62,9 @@ class PeerBook {
 
   // ---- connection requests
 
-  // Server-side connection `owner`, whose handshake claimed `who`, told its peer the
+  // A server-side connection whose handshake claimed `who` told its peer the
   // registration ids `ids` of listener `listener`.
-  void offer(uint64_t owner, const std::string& listener, const std::vector<uint64_t>& ids,
+  void offer(const std::string& listener, const std::vector<uint64_t>& ids,
              const PeerIdentity& who);
   // A connection whose handshake claimed `who` asks for registration `id` of `listener`:
   // "" when it may have it (the offer is used up), else why not.
@@ -76,7 +76,7 @@ class PeerBook {
   void admitted(uint64_t owner, const PeerIdentity& who, PeerProcess process);
   // Client side: the peer dialled at `dialed` answered (BrochureAnswer) that the pipe's
   // further connections go to `address` with registration ids `ids`.
-  void expect(uint64_t owner, const std::string& dialed, const std::string& address,
+  void expect(const std::string& dialed, const std::string& address,
               const std::vector<uint64_t>& ids);
   // Client side: connection `owner`, opened to `address`, asked for registration `id` and
   // reached `process`.

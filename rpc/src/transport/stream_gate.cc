@@ -300,14 +300,13 @@ void ConnImpl::observe_written(const tp::AbstractNopHolder& object) {
   PeerBook& book = *core_->options.book;
   if (role_ == Role::kServer) {
     if (const auto* answer = dynamic_cast<const tp::NopHolder<tp::BrochureAnswer>*>(&object)) {
-      book.offer(serial_, PeerBook::kPipeListener, registration_ids(answer->getObject()),
-                 handshake_.peer());
+      book.offer(PeerBook::kPipeListener, registration_ids(answer->getObject()), handshake_.peer());
     } else if (const auto* packet =
                    dynamic_cast<const tp::NopHolder<tp::channel::mpt::Packet>*>(&object)) {
       if (packet->getObject().is<tp::channel::mpt::ServerHello>()) {
         for (const auto& lane :
              packet->getObject().get<tp::channel::mpt::ServerHello>()->laneAdvertisements)
-          book.offer(serial_, lane.address, {lane.registrationId}, handshake_.peer());
+          book.offer(lane.address, {lane.registrationId}, handshake_.peer());
       }
     }
     return;
@@ -338,7 +337,7 @@ std::string ConnImpl::observe_read(tp::AbstractNopHolder& object) {
         return "its BrochureAnswer is refused: " + why;
       }
     }
-    core_->options.book->expect(serial_, peer_, answer->getObject().address,
+    core_->options.book->expect(peer_, answer->getObject().address,
                                 registration_ids(answer->getObject()));
     return "";
   }
