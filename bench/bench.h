@@ -1,5 +1,5 @@
 // gradwire-bench plumbing: a registry of named metrics, timing helpers, and the one JSON
-// line per figure that DESIGN.md (Performance) prescribes:
+// line per figure (docs/benchmarks.md, docs/architecture.md "Performance"):
 //   {"metric": "...", "value": ..., "unit": "...", "params": {...}}
 // Baselines are measured in the same run and go in params, with the ratio and its target.
 #pragma once

@@ -1,4 +1,4 @@
-# Helpers that give every module the same shape (DESIGN: Layout).
+# Helpers that give every module the same shape (docs/architecture.md, "Layout").
 #
 #   gradwire_add_module(<name> [DEPS gradwire::a ...] [PRIVATE_DEPS lib ...])
 #     builds <name>/src/**.cc (and <name>/src/cuda/*.cu when CUDA is on) into the library
@@ -36,7 +36,7 @@ function(gradwire_add_module name)
     string(REPLACE "gradwire::" "" dep_name "${dep}")
     if(NOT dep_name IN_LIST GRADWIRE_MODULES)
       message(FATAL_ERROR "module ${name} depends on '${dep}', which is not a module added "
-                          "before it: modules may only use modules below them (DESIGN: Layers)")
+                          "before it: modules may only use modules below them (docs/architecture.md, Layers)")
     endif()
   endforeach()
 

@@ -1,10 +1,11 @@
 // Grad mode: whether operations record a backward graph on the calling thread.
 //
 // Grad mode is per thread (as in PyTorch), so that an optimizer step under a NoGradGuard
-// on one thread does not stop a forward pass on another from recording. This is the
-// documented exception to DESIGN's single allowed thread-local (the dist-autograd context
-// id): the switch itself lives in tensor/ (autograd_hooks.h) because tensor/'s frontends
-// read it. The engine runs backward formulas with grad mode off (no higher-order graphs).
+// on one thread does not stop a forward pass on another from recording. It is one of the
+// documented exceptions to the rule of a single thread-local, the dist-autograd context id
+// (docs/threads.md, "Thread-locals"): the switch itself lives in tensor/ (autograd_hooks.h)
+// because tensor/'s frontends read it. The engine runs backward formulas with grad mode
+// off (no higher-order graphs).
 //
 // Example:
 //   { gradwire::autograd::NoGradGuard no_grad; w.sub_(w.grad() * lr); }  // not recorded

@@ -1,7 +1,7 @@
 // AutogradHooks: how tensor/ hands differentiable work to the autograd module without
 // depending on it.
 //
-// Layering: tensor/ sits below autograd/ (DESIGN: Layers), yet users write
+// Layering: tensor/ sits below autograd/ (docs/architecture.md, Layers), yet users write
 // `Tensor y = a * b + c; y.sum().backward();` on plain Tensors. So every differentiable
 // frontend in tensor/ (ops.h and the view, copy and in-place methods of Tensor) begins with
 // one cheap test: "does any tensor argument carry autograd state, and is recording active
@@ -19,9 +19,9 @@
 //
 // Thread-locals: grad mode and the below-autograd flag are per thread, as in PyTorch, so
 // that a NoGradGuard on one thread (an optimizer step) does not disable recording on
-// another (a concurrent forward). DESIGN allows one process thread-local for the
-// dist-autograd context id; these two recording switches are the standard exception, kept
-// here because tensor/'s frontends must read them.
+// another (a concurrent forward). The one process thread-local the machinery keeps is the
+// dist-autograd context id; these two recording switches are the standard exception
+// (docs/threads.md, "Thread-locals"), kept here because tensor/'s frontends must read them.
 //
 // Thread-safety: set_autograd_hooks() is meant to be called once at load time (later calls
 // replace the pointer atomically); the hooks object itself must be thread-safe.
