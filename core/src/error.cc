@@ -1,4 +1,5 @@
 #include "gradwire/core/error.h"
+#include "gradwire/core/error_kind_of.h"
 
 #include "gradwire/core/check.h"
 
@@ -61,5 +62,16 @@ std::string check_prefix(const char* condition, const char* file, int line) {
   return out;
 }
 }  // namespace detail
+
+ErrorKind error_kind_of(const std::exception_ptr& error) noexcept {
+  if (error == nullptr) return ErrorKind::kError;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return e.kind();
+  } catch (...) {
+    return ErrorKind::kError;
+  }
+}
 
 }  // namespace gradwire

@@ -18,6 +18,7 @@
 
 #include "gradwire/core/check.h"
 #include "gradwire/core/env.h"
+#include "gradwire/core/fd.h"
 
 namespace gradwire::net {
 namespace {
@@ -29,21 +30,6 @@ using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
 struct IfAddrsDeleter {
   void operator()(ifaddrs* list) const { ::freeifaddrs(list); }
-};
-
-// Closes a socket when it goes out of scope.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
 };
 
 std::string trim(const std::string& text) {
@@ -197,7 +183,7 @@ std::string address_toward(const std::string& host, int port) {
       } else {
         reinterpret_cast<sockaddr_in6*>(&target)->sin6_port = destination_port;
       }
-      Fd fd(::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      UniqueFd fd(::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
       if (fd.get() < 0) {
         last_error = std::string("socket: ") + std::strerror(errno);
         continue;

@@ -6,6 +6,7 @@
 
 #include "gradwire/core/check.h"
 #include "gradwire/core/error.h"
+#include "gradwire/core/error_kind_of.h"
 
 namespace gradwire {
 namespace {
@@ -144,6 +145,22 @@ TEST(CheckTest, CheckInsideIfElseKeepsTheElseBranch) {
   else
     else_ran = true;
   EXPECT_TRUE(else_ran);
+}
+
+}  // namespace
+}  // namespace gradwire
+
+namespace gradwire {
+namespace {
+
+TEST(ErrorKindOf, NamesTheKindOfTheErrorHeld) {
+  auto held = [](auto e) { return std::make_exception_ptr(e); };
+  EXPECT_EQ(error_kind_of(held(TimeoutError("t"))), ErrorKind::kTimeout);
+  EXPECT_EQ(error_kind_of(held(NetworkError("n"))), ErrorKind::kNetwork);
+  EXPECT_EQ(error_kind_of(held(InvalidArgument("i"))), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(error_kind_of(held(std::runtime_error("r"))), ErrorKind::kError);
+  EXPECT_EQ(error_kind_of(held(42)), ErrorKind::kError);
+  EXPECT_EQ(error_kind_of(nullptr), ErrorKind::kError);
 }
 
 }  // namespace
