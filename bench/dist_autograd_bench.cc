@@ -17,9 +17,9 @@
 //                          context. Baselines: the local step with optim::SGD over W
 //                          (params.local_ms); PyTorch's DistributedOptimizer(optim.SGD)
 //                          (params.pytorch_ms)
-//   dist_autograd.step_ms_512  dist_autograd.step_ms with x and W 512x512 (1 MiB each: a
-//                          one-process step of ~8-10 ms, the scale of the figures issue 30
-//                          was filed with), 80 steps per round, same baselines
+//   dist_autograd.step_ms_512  dist_autograd.step_ms with x and W 512x512 (1 MiB each, the
+//                          scale of the figures issue 30 was filed with), 80 steps per
+//                          round, same baselines
 // Diagnostics: rpc_mm_ms, a plain rpc_sync of "mm" on a tensor that does not require grad
 // (no context): the forward call's transfers and matmul without dist_autograd; in
 // dist_autograd.step_ms and step_ms_512, rpc_bw_ms, a plain rpc_sync of "bw" that carries what
@@ -448,9 +448,10 @@ const Register dist_autograd_bench({"dist_autograd.step_ms", "dist_optim.step_ms
                                      measure(kN, kSteps, "dist_autograd.step_ms",
                                              "dist_optim.step_ms", emit);
                                    });
-// The same step at the scale of the figures issue 30 was filed with (a one-process step of
-// about 10 ms, where the distribution's fixed costs weigh less): x and W 512x512 (1 MiB each,
-// so x, y and x's gradient are lent).
+// The same step at the scale of the figures issue 30 was filed with (a one-process step
+// many times the 256 one, where the distribution's fixed costs weigh less): x and W 512x512
+// (1 MiB each, so x, y and x's gradient are the largest tensors that go through the rings
+// between local peers rather than being lent).
 const Register dist_autograd_large_bench({"dist_autograd.step_ms_512"}, [](const auto& emit) {
   measure(kLargeN, kLargeSteps, "dist_autograd.step_ms_512", "", emit);
 });

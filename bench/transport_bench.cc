@@ -1,12 +1,13 @@
 // rpc transport figures: worker processes on this machine (they meet through a TCPStore
 // served here), each transport measured in the same run:
 //   rpc.transport_latency_us   p50 of rpc_sync "add" on two 2-element float32 tensors between
-//                              two processes, per transport: gradwire's local (Unix
-//                              sockets) and tcp, TensorPipe's shm and uv, and local with a
-//                              secret set. Value: the best p50 of 5 runs; params: the worst
-//                              p50 (stability), the p99, a raw TCP_NODELAY ping-pong between the
-//                              same processes and shm's p50 as baselines, and the latency
-//                              distribution of the best run (cdf_percent_us: "percent:us ...").
+//                              two processes, per transport: gradwire's local
+//                              (shared-memory rings), unix and tcp, TensorPipe's shm and
+//                              uv, and local with a secret set. Value: the best p50 of 5
+//                              runs; params: the worst p50 (stability), the p99, a raw
+//                              TCP_NODELAY ping-pong between the same processes and shm's
+//                              p50 as baselines, and the latency distribution of the best
+//                              run (cdf_percent_us: "percent:us ...").
 //   rpc.transport_async_calls_per_s  rpc_async "add" with 64 calls in flight, per transport
 //   rpc.idle_cpu_percent       CPU time of a connected, idle agent process over 2 s, as % of
 //                              one core (the larger of the two processes), per transport

@@ -93,8 +93,8 @@ class HostBlockCache {
 
   // Blocks below kMinCachedBytes come from malloc, whose per-thread cache makes a small
   // allocation and its release a few dozen instructions. aligned_alloc would go around that
-  // cache (memalign carves an aligned chunk out of a larger one every time, ~10x the cost,
-  // and most of the tensors of a small rpc call are such blocks). So a small block is
+  // cache (memalign carves an aligned chunk out of a larger one every time, many times the
+  // cost, and most of the tensors of a small rpc call are such blocks). So a small block is
   // malloc'd with room to align it, and the pointer malloc returned is kept in the word just
   // before the aligned block. Under AddressSanitizer blocks stay exact (aligned_alloc), so
   // that an access past a small tensor's end is still caught.

@@ -473,7 +473,8 @@ void cpu_copy(const Tensor& dst, const Tensor& src) {
                             }
                             if (s[0] == sizeof(D) && s[1] == 0) {
                               // A broadcast source (an expand, such as a sum's gradient):
-                              // one value along the run, a fill (~5x the strided loop).
+                              // one value along the run, so a fill, which writes the run
+                              // contiguously instead of element by element.
                               D* d = reinterpret_cast<D*>(p[0]);
                               std::fill(d, d + n,
                                         detail::convert<D>(*reinterpret_cast<const S*>(p[1])));

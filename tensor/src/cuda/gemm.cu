@@ -7,8 +7,8 @@
 // cuBLAS cannot express (no unit stride, or rows that overlap) are packed first.
 //
 // Loading: cuBLAS is opened with dlopen on the first device GEMM rather than linked, because
-// loading it (its Lt library is over 500 MB) costs a few hundred milliseconds at the start
-// of every process, GPU or not, and most gradwire processes never multiply on a device.
+// loading it (its Lt library is over 500 MB) would slow the start of every process, GPU or
+// not, and most gradwire processes never multiply on a device.
 //
 // Handles: one cublasHandle_t per device, created on first use under a lock and never
 // destroyed: destroying it from a static destructor can run after the CUDA runtime has

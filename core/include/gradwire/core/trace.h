@@ -13,7 +13,7 @@
 // sees what finished threads recorded (one ring per thread that ever recorded).
 //
 // Cost. Every recording entry point first calls enabled(): one relaxed atomic load. While
-// tracing is off nothing else happens (gradwire-bench: core.trace_span_ns).
+// tracing is off nothing else happens (gradwire-bench: core.trace_span_disabled_ns).
 //
 // Enabling. GRADWIRE_TRACE=DIR, read once when the library loads, turns tracing on for
 // the whole process and makes it write DIR/<name>.trace.json at exit (and on each flush()),
