@@ -78,6 +78,125 @@ void warn_unauthenticated(const Options& o) {
                endpoint.c_str());
 }
 
+// A node's launcher over the job: the rendezvous's lifecycle (run_lifecycle.h) drives it,
+// and each state the launcher itself waits in has a step here.
+class Launcher {
+ public:
+  Launcher(const Options& o, const std::string& own_secret) : o_(o), rdzv_(o, own_secret) {}
+
+  // The launcher's exit status. `secret_file`: the file named to the workers, if any.
+  int run(const std::string& secret_file) {
+    secret_file_ = secret_file;
+    if (!o_.standalone()) {
+      std::fprintf(stderr, "gradwire-run: rendezvous '%s' on the store at %s%s\n",
+                   o_.run_id.c_str(), rdzv_.endpoint().c_str(),
+                   rdzv_.hosts_store() ? " (hosted by this launcher)" : "");
+    }
+    for (;;) {
+      const std::optional<GroupPlan> plan = rdzv_.join();
+      if (!plan) {
+        std::fprintf(stderr, "gradwire-run: the job completed before this node could join it\n");
+        return 0;
+      }
+      const GroupResult result = run_group(*plan);
+      if (result.outcome == Outcome::kInterrupted) {
+        guarded([&]() -> std::optional<std::string> {
+          rdzv_.leave("its launcher got signal " + std::to_string(result.signal));
+          return std::nullopt;
+        });
+        return 128 + result.signal;
+      }
+      if (result.outcome == Outcome::kSucceeded) {
+        if (std::optional<int> status = wait_for_others()) return *status;
+      }
+      rdzv_.ended();
+      if (std::optional<int> status = end_generation(result)) return *status;
+    }
+  }
+
+ private:
+  // Runs a store call from inside the workers' watch: a failure is kept (the launcher
+  // throws it once the workers are stopped) and turned into a reason to stop them.
+  template <class Call>
+  std::optional<std::string> guarded(Call&& call) {
+    try {
+      return call();
+    } catch (const std::exception& e) {
+      store_error_ = e.what();
+      return std::string("the rendezvous store failed: ") + e.what();
+    }
+  }
+
+  // kRunning: this node's workers of the generation, until they have all ended.
+  GroupResult run_group(const GroupPlan& plan) {
+    store_error_.reset();
+    GroupResult result;
+    {
+      LocalGroup group(o_, plan, secret_file_);
+      result = group.run(
+          kTickMs, [&] { return guarded([&] { return rdzv_.watch(); }); },
+          [&](int rank, int status) {
+            guarded([&]() -> std::optional<std::string> {
+              rdzv_.fail(rank, status);
+              return std::nullopt;
+            });
+          },
+          worker_restarts_);
+    }
+    if (store_error_) throw NetworkError(*store_error_);
+    return result;
+  }
+
+  // kFinished: this node's workers all exited 0; waits until every node's have (the exit
+  // status: 0), a signal (128 + N), or the generation's stop (nullopt).
+  std::optional<int> wait_for_others() {
+    rdzv_.mark_done();
+    for (;;) {
+      if (rdzv_.all_done()) {
+        rdzv_.complete();
+        rdzv_.finish();
+        return 0;
+      }
+      if (rdzv_.watch()) return std::nullopt;
+      pollfd pfd{signal_fd(), POLLIN, 0};
+      if (::poll(&pfd, 1, kTickMs) > 0) {
+        if (const int sig = take_signal(); sig != 0) {
+          rdzv_.leave("its launcher got signal " + std::to_string(sig));
+          return 128 + sig;
+        }
+      }
+    }
+  }
+
+  // kEnding: moves the job to the next generation and says why; the exit status when the
+  // job is abandoned instead.
+  std::optional<int> end_generation(const GroupResult& result) {
+    const std::string stop = rdzv_.stop_reason();
+    if (!rdzv_.advance()) {
+      std::fprintf(stderr, "gradwire-run: giving up after %d restart%s: %s\n", o_.max_restarts,
+                   o_.max_restarts == 1 ? "" : "s", why_of(stop).c_str());
+      rdzv_.finish();
+      return result.outcome == Outcome::kFailed ? result.status : status_of(stop);
+    }
+    if (stop.rfind("failed ", 0) == 0) {
+      std::fprintf(stderr,
+                   "gradwire-run: %s; restarting every node's workers (restart %lld of %d)\n",
+                   why_of(stop).c_str(), static_cast<long long>(rdzv_.failures()), o_.max_restarts);
+    } else {
+      std::fprintf(stderr,
+                   "gradwire-run: %s; forming the next generation (not counted as a restart)\n",
+                   why_of(stop).c_str());
+    }
+    return std::nullopt;
+  }
+
+  const Options& o_;
+  Rendezvous rdzv_;
+  std::string secret_file_;
+  int worker_restarts_ = 0;
+  std::optional<std::string> store_error_;
+};
+
 int run(const Options& o) {
   // The user's secret, if any, is used as it is (the workers inherit it); else a single
   // node makes up its own.
@@ -89,7 +208,7 @@ int run(const Options& o) {
       warn_unauthenticated(o);
     }
   }
-  Rendezvous rdzv(o, own_secret);
+  Launcher launcher(o, own_secret);
   // Until here a signal ends the launcher at once (no worker runs yet); from now on it
   // reaches the workers, or ends a rendezvous wait.
   install_signal_handlers();
@@ -97,84 +216,7 @@ int run(const Options& o) {
   // through its return from here on.
   std::optional<SecretFile> secret_file;
   if (!own_secret.empty()) secret_file.emplace(own_secret);
-  if (!o.standalone()) {
-    std::fprintf(stderr, "gradwire-run: rendezvous '%s' on the store at %s%s\n", o.run_id.c_str(),
-                 rdzv.endpoint().c_str(), rdzv.hosts_store() ? " (hosted by this launcher)" : "");
-  }
-  int worker_restarts = 0;
-  for (;;) {
-    const std::optional<GroupPlan> plan = rdzv.join();
-    if (!plan) {
-      std::fprintf(stderr, "gradwire-run: the job completed before this node could join it\n");
-      return 0;
-    }
-    std::optional<std::string> store_error;
-    auto guarded = [&](auto&& call) -> std::optional<std::string> {
-      try {
-        return call();
-      } catch (const std::exception& e) {
-        store_error = e.what();
-        return std::string("the rendezvous store failed: ") + e.what();
-      }
-    };
-    GroupResult result;
-    {
-      LocalGroup group(o, *plan, secret_file ? secret_file->path() : std::string());
-      result = group.run(
-          kTickMs, [&] { return guarded([&] { return rdzv.watch(); }); },
-          [&](int rank, int status) {
-            guarded([&]() -> std::optional<std::string> {
-              rdzv.fail(rank, status);
-              return std::nullopt;
-            });
-          },
-          worker_restarts);
-    }
-    if (store_error) throw NetworkError(*store_error);
-    if (result.outcome == Outcome::kInterrupted) {
-      guarded([&]() -> std::optional<std::string> {
-        rdzv.leave("its launcher got signal " + std::to_string(result.signal));
-        return std::nullopt;
-      });
-      return 128 + result.signal;
-    }
-    if (result.outcome == Outcome::kSucceeded) {
-      rdzv.mark_done();
-      std::optional<std::string> stop;
-      while (!stop) {
-        if (rdzv.all_done()) {
-          rdzv.complete();
-          rdzv.finish();
-          return 0;
-        }
-        stop = rdzv.watch();
-        if (stop) break;
-        pollfd pfd{signal_fd(), POLLIN, 0};
-        if (::poll(&pfd, 1, kTickMs) > 0) {
-          if (const int sig = take_signal(); sig != 0) {
-            rdzv.leave("its launcher got signal " + std::to_string(sig));
-            return 128 + sig;
-          }
-        }
-      }
-    }
-    const std::string stop = rdzv.stop_reason();
-    if (!rdzv.advance()) {
-      std::fprintf(stderr, "gradwire-run: giving up after %d restart%s: %s\n", o.max_restarts,
-                   o.max_restarts == 1 ? "" : "s", why_of(stop).c_str());
-      rdzv.finish();
-      return result.outcome == Outcome::kFailed ? result.status : status_of(stop);
-    }
-    if (stop.rfind("failed ", 0) == 0) {
-      std::fprintf(stderr,
-                   "gradwire-run: %s; restarting every node's workers (restart %lld of %d)\n",
-                   why_of(stop).c_str(), static_cast<long long>(rdzv.failures()), o.max_restarts);
-    } else {
-      std::fprintf(stderr,
-                   "gradwire-run: %s; forming the next generation (not counted as a restart)\n",
-                   why_of(stop).c_str());
-    }
-  }
+  return launcher.run(secret_file ? secret_file->path() : std::string());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <tuple>
 #include <utility>
 
@@ -21,6 +22,8 @@ namespace gradwire::run {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using State = Lifecycle::State;
+using Event = Lifecycle::Event;
 using namespace std::chrono_literals;
 using c10d::Bytes;
 using c10d::to_bytes;
@@ -156,142 +159,193 @@ void Rendezvous::beat() {
   next_beat_ = Clock::now() + std::max(options_.heartbeat_timeout / 5, 20ms);
 }
 
+void Rendezvous::check_signal() {
+  try {
+    throw_if_interrupted();
+  } catch (const Interrupted&) {
+    life_.apply(Event::kSignal);
+    throw;
+  }
+}
+
+void Rendezvous::check_deadline(const Joining& j, const std::string& waiting_for) const {
+  if (Clock::now() < j.deadline) return;
+  throw TimeoutError("gradwire-run: rendezvous '" + options_.run_id + "' at " + endpoint() +
+                     ": no generation formed within --rdzv-timeout (" +
+                     std::to_string(options_.rdzv_timeout.count()) + " ms); " + waiting_for);
+}
+
 std::optional<GroupPlan> Rendezvous::join() {
-  const Options& o = options_;
-  const auto deadline = Clock::now() + o.rdzv_timeout;
-  auto check_deadline = [&](const std::string& waiting_for) {
-    if (Clock::now() < deadline) return;
-    throw TimeoutError("gradwire-run: rendezvous '" + o.run_id + "' at " + endpoint() +
-                       ": no generation formed within --rdzv-timeout (" +
-                       std::to_string(o.rdzv_timeout.count()) + " ms); " + waiting_for);
-  };
+  Joining j{Clock::now() + options_.rdzv_timeout};
   for (;;) {
-    gen_ = counter(key("gen"));
-    if (store_->check({key("abandoned")})) {
-      throw Error("gradwire-run: the job was abandoned: " + store_->get_string(key("abandoned")));
-    }
-    if (store_->check({key("complete")})) return std::nullopt;
-    int index = -1;
-    if (!store_->check({gkey("closed")})) {
-      if (o.node_rank) {
-        const std::string slot = gkey("slot" + std::to_string(*o.node_rank));
-        const std::string holder = to_string(store_->compare_set(slot, {}, to_bytes(token_)));
-        if (holder == token_) {
-          counter(gkey("joined"), 1);
-          index = *o.node_rank;
-        } else if (!store_->check({gkey("closed")})) {
-          throw InvalidArgument("gradwire-run: --node-rank " + std::to_string(*o.node_rank) +
-                                " is already held by another launcher (" + holder +
-                                "): every node needs its own --node-rank");
-        }
-      } else {
-        index = static_cast<int>(counter(gkey("joined"), 1) - 1);
-      }
-    }
-    if (index >= 0 && index < o.max_nodes) {
-      node_rank_ = index;
-      next_beat_ = {};
-      beat();
-      store_->set(gkey("node" + std::to_string(index)),
-                  std::to_string(o.nproc_per_node) + " " + advertised_ + " " + host_id_);
-      std::optional<Clock::time_point> min_at;
-      while (!store_->check({gkey("closed")})) {
-        const int64_t joined = counter(gkey("joined"));
-        if (joined >= o.max_nodes) {
-          try_close(o.max_nodes);
-        } else if (joined >= o.min_nodes) {
-          if (!min_at) min_at = Clock::now();
-          if (Clock::now() - *min_at >= o.last_call) try_close(joined);
-        }
-        check_deadline(std::to_string(joined) + " of at least " + std::to_string(o.min_nodes) +
-                       " nodes joined generation " + std::to_string(gen_));
-        beat();
-        throw_if_interrupted();
-        try {
-          store_->wait({gkey("closed")}, 100ms);
-        } catch (const TimeoutError&) {
-        }
-      }
-    }
-    int nodes = 0;
-    int64_t failures = 0;
-    if (index >= 0) std::tie(nodes, failures) = parse_closed(store_->get_string(gkey("closed")));
-    if (index >= 0 && index < nodes) {
-      num_nodes_ = nodes;
-      if (index == 0) {
-        const std::string addr = o.master_addr.value_or(advertised_);
-        const int port = o.worker_port.value_or(0) != 0 ? *o.worker_port : free_port();
-        store_->set(gkey("master"), addr + " " + std::to_string(port));
-      }
-      std::vector<std::string> keys;
-      for (int k = 0; k < nodes; ++k)
-        keys.push_back(gkey("node" + std::to_string(k)));
-      keys.push_back(gkey("master"));
-      std::vector<Bytes> values;
-      try {
-        values = store_->multi_get(keys, o.heartbeat_timeout);
-      } catch (const TimeoutError& e) {
-        // A node counted in the generation died before it said who it is: start again
-        // without it.
-        store_->compare_set(gkey("stop"), {},
-                            to_bytes(std::string("changed a node of the generation did not "
-                                                 "publish its details: ") +
-                                     e.what()));
-        advance();  // the loop's start sees an abandoned job
-        continue;
-      }
-      GroupPlan plan;
-      plan.generation = gen_;
-      plan.node_rank = index;
-      plan.num_nodes = nodes;
-      plan.restart_count = static_cast<int>(failures);
-      plan.world_size = 0;
-      for (int k = 0; k < nodes; ++k) {
-        const NodeInfo n = parse_node(to_string(values[static_cast<size_t>(k)]));
-        if (k < index) plan.rank_offset += n.nproc;
-        plan.world_size += n.nproc;
-      }
-      {
-        const std::string text = to_string(values.back());
-        std::istringstream master(text);
-        master >> plan.master_addr >> plan.master_port;
-        if (master.fail() || plan.master_addr.empty() || plan.master_port < 1 ||
-            plan.master_port > 65535) {
-          throw StoreError("gradwire-run: node 0 published a malformed worker store address '" +
-                           printable(text, 200) + "' (expected '<host> <port>')");
-        }
-      }
-      seen_.clear();
-      for (int k = 0; k < nodes; ++k)
-        if (k != index) seen_[k] = {"", Clock::now()};
-      if (o.max_nodes > 1) {
-        std::fprintf(stderr,
-                     "gradwire-run: generation %lld of '%s': node %d of %d, ranks %d..%d of %d; "
-                     "workers meet at %s:%d\n",
-                     static_cast<long long>(gen_), o.run_id.c_str(), index, nodes, plan.rank_offset,
-                     plan.rank_offset + o.nproc_per_node - 1, plan.world_size,
-                     plan.master_addr.c_str(), plan.master_port);
-      }
-      return plan;
-    }
-    // Too late for this generation: ask for the next one and wait for it.
-    std::fprintf(stderr,
-                 "gradwire-run: generation %lld of '%s' is running without this node; waiting "
-                 "for the next one\n",
-                 static_cast<long long>(gen_), o.run_id.c_str());
-    store_->set(gkey("waiting"), token_);
-    const std::string next = prefix_ + "g" + std::to_string(gen_ + 1) + "/joined";
-    for (;;) {
-      if (store_->check({key("complete")}) || store_->check({key("abandoned")})) break;
-      check_deadline("generation " + std::to_string(gen_) + " never ended to let this node in");
-      throw_if_interrupted();
-      try {
-        store_->wait({next}, 200ms);
+    switch (life_.state()) {
+      case State::kJoining:
+        arrive(j);
         break;
+      case State::kGathering:
+        gather(j);
+        break;
+      case State::kLate:
+        wait_next(j);
+        break;
+      case State::kPlanning:
+        if (std::optional<GroupPlan> plan = plan_group(j)) return plan;
+        break;
+      case State::kCompleted:
+        return std::nullopt;
+      case State::kAbandoned:
+        throw Error("gradwire-run: the job was abandoned: " + store_->get_string(key("abandoned")));
+      default:
+        throw std::logic_error(
+            std::string("gradwire-run: a rendezvous cannot be joined in state '") +
+            Lifecycle::name(life_.state()) + "'");
+    }
+  }
+}
+
+void Rendezvous::arrive(Joining& j) {
+  const Options& o = options_;
+  gen_ = counter(key("gen"));
+  if (store_->check({key("abandoned")})) return life_.apply(Event::kAbandon);
+  if (store_->check({key("complete")})) return life_.apply(Event::kComplete);
+  j.index = -1;
+  if (!store_->check({gkey("closed")})) {
+    if (o.node_rank) {
+      const std::string slot = gkey("slot" + std::to_string(*o.node_rank));
+      const std::string holder = to_string(store_->compare_set(slot, {}, to_bytes(token_)));
+      if (holder == token_) {
+        counter(gkey("joined"), 1);
+        j.index = *o.node_rank;
+      } else if (!store_->check({gkey("closed")})) {
+        throw InvalidArgument("gradwire-run: --node-rank " + std::to_string(*o.node_rank) +
+                              " is already held by another launcher (" + holder +
+                              "): every node needs its own --node-rank");
+      }
+    } else {
+      j.index = static_cast<int>(counter(gkey("joined"), 1) - 1);
+    }
+  }
+  if (j.index < 0) return life_.apply(Event::kTooLate);
+  if (j.index < o.max_nodes) {
+    node_rank_ = j.index;
+    next_beat_ = {};
+    beat();
+    store_->set(gkey("node" + std::to_string(j.index)),
+                std::to_string(o.nproc_per_node) + " " + advertised_ + " " + host_id_);
+  }
+  life_.apply(Event::kArrived);
+}
+
+void Rendezvous::gather(Joining& j) {
+  const Options& o = options_;
+  // An arrival number past MAX has no place in G: it only reads how G closed.
+  if (j.index < o.max_nodes) {
+    std::optional<Clock::time_point> min_at;
+    while (!store_->check({gkey("closed")})) {
+      const int64_t joined = counter(gkey("joined"));
+      if (joined >= o.max_nodes) {
+        try_close(o.max_nodes);
+      } else if (joined >= o.min_nodes) {
+        if (!min_at) min_at = Clock::now();
+        if (Clock::now() - *min_at >= o.last_call) try_close(joined);
+      }
+      check_deadline(j, std::to_string(joined) + " of at least " + std::to_string(o.min_nodes) +
+                            " nodes joined generation " + std::to_string(gen_));
+      beat();
+      check_signal();
+      try {
+        store_->wait({gkey("closed")}, 100ms);
       } catch (const TimeoutError&) {
       }
     }
   }
+  std::tie(j.nodes, j.failures) = parse_closed(store_->get_string(gkey("closed")));
+  life_.apply(j.index < j.nodes ? Event::kClosed : Event::kTooLate);
+}
+
+void Rendezvous::wait_next(const Joining& j) {
+  std::fprintf(stderr,
+               "gradwire-run: generation %lld of '%s' is running without this node; waiting "
+               "for the next one\n",
+               static_cast<long long>(gen_), options_.run_id.c_str());
+  store_->set(gkey("waiting"), token_);
+  const std::string next = prefix_ + "g" + std::to_string(gen_ + 1) + "/joined";
+  for (;;) {
+    if (store_->check({key("complete")}) || store_->check({key("abandoned")})) break;
+    check_deadline(j, "generation " + std::to_string(gen_) + " never ended to let this node in");
+    check_signal();
+    try {
+      store_->wait({next}, 200ms);
+      break;
+    } catch (const TimeoutError&) {
+    }
+  }
+  life_.apply(Event::kNextOpened);
+}
+
+std::optional<GroupPlan> Rendezvous::plan_group(const Joining& j) {
+  const Options& o = options_;
+  num_nodes_ = j.nodes;
+  if (j.index == 0) {
+    const std::string addr = o.master_addr.value_or(advertised_);
+    const int port = o.worker_port.value_or(0) != 0 ? *o.worker_port : free_port();
+    store_->set(gkey("master"), addr + " " + std::to_string(port));
+  }
+  std::vector<std::string> keys;
+  for (int k = 0; k < j.nodes; ++k)
+    keys.push_back(gkey("node" + std::to_string(k)));
+  keys.push_back(gkey("master"));
+  std::vector<Bytes> values;
+  try {
+    values = store_->multi_get(keys, o.heartbeat_timeout);
+  } catch (const TimeoutError& e) {
+    // A node counted in the generation died before it said who it is: start again
+    // without it.
+    store_->compare_set(gkey("stop"), {},
+                        to_bytes(std::string("changed a node of the generation did not "
+                                             "publish its details: ") +
+                                 e.what()));
+    life_.apply(Event::kDetailsMissing);
+    advance();
+    return std::nullopt;
+  }
+  GroupPlan plan = make_plan(j, values);
+  seen_.clear();
+  for (int k = 0; k < j.nodes; ++k)
+    if (k != j.index) seen_[k] = {"", Clock::now()};
+  if (o.max_nodes > 1) {
+    std::fprintf(stderr,
+                 "gradwire-run: generation %lld of '%s': node %d of %d, ranks %d..%d of %d; "
+                 "workers meet at %s:%d\n",
+                 static_cast<long long>(gen_), o.run_id.c_str(), j.index, j.nodes, plan.rank_offset,
+                 plan.rank_offset + o.nproc_per_node - 1, plan.world_size, plan.master_addr.c_str(),
+                 plan.master_port);
+  }
+  life_.apply(Event::kPlanned);
+  return plan;
+}
+
+GroupPlan Rendezvous::make_plan(const Joining& j, const std::vector<Bytes>& values) const {
+  GroupPlan plan;
+  plan.generation = gen_;
+  plan.node_rank = j.index;
+  plan.num_nodes = j.nodes;
+  plan.restart_count = static_cast<int>(j.failures);
+  plan.world_size = 0;
+  for (int k = 0; k < j.nodes; ++k) {
+    const NodeInfo n = parse_node(to_string(values[static_cast<size_t>(k)]));
+    if (k < j.index) plan.rank_offset += n.nproc;
+    plan.world_size += n.nproc;
+  }
+  const std::string text = to_string(values.back());
+  std::istringstream master(text);
+  master >> plan.master_addr >> plan.master_port;
+  if (master.fail() || plan.master_addr.empty() || plan.master_port < 1 ||
+      plan.master_port > 65535) {
+    throw StoreError("gradwire-run: node 0 published a malformed worker store address '" +
+                     printable(text, 200) + "' (expected '<host> <port>')");
+  }
+  return plan;
 }
 
 std::optional<std::string> Rendezvous::watch() {
@@ -333,11 +387,13 @@ void Rendezvous::fail(int rank, int status) {
 }
 
 void Rendezvous::leave(const std::string& why) {
+  life_.apply(Event::kSignal);
   store_->compare_set(gkey("stop"), {},
                       to_bytes("changed node " + std::to_string(node_rank_) + " left: " + why));
 }
 
 void Rendezvous::mark_done() {
+  life_.apply(Event::kSucceeded);
   store_->set(gkey("done" + std::to_string(node_rank_)), "1");
   counter(gkey("done_count"), 1);
 }
@@ -368,10 +424,17 @@ bool Rendezvous::advance() {
     store_->set(gkey("next"), "1");
   }
   store_->wait({gkey("next")}, options_.rdzv_timeout);
-  return !store_->check({key("abandoned")});
+  const bool advanced = !store_->check({key("abandoned")});
+  life_.apply(advanced ? Event::kAdvanced : Event::kAbandon);
+  return advanced;
+}
+
+void Rendezvous::ended() {
+  life_.apply(Event::kStopped);
 }
 
 void Rendezvous::complete() {
+  life_.apply(Event::kAllSucceeded);
   store_->compare_set(key("complete"), {}, to_bytes(std::to_string(gen_)));
 }
 

@@ -51,6 +51,7 @@
 
 #include "gradwire/c10d/tcp_store.h"
 #include "gradwire/c10d/tcp_store_server.h"
+#include "run_lifecycle.h"
 #include "run_options.h"
 #include "run_workers.h"
 
@@ -69,8 +70,13 @@ class Rendezvous {
   // "host:port" of the store.
   std::string endpoint() const;
 
-  // Joins the next generation and returns what this node's workers are told; nullopt when
-  // the job completed before this node could join one.
+  // The launcher's lifecycle (run_lifecycle.h): join() drives it from kJoining to kRunning
+  // (or kCompleted); the calls below apply the other events.
+  Lifecycle::State state() const { return life_.state(); }
+
+  // In kJoining: joins the next generation and returns what this node's workers are told
+  // (kRunning); nullopt when the job completed before this node could join one
+  // (kCompleted). Throws Error when the job is found abandoned (kAbandoned).
   std::optional<GroupPlan> join();
 
   // Called while the generation runs: raises this node's heartbeat and returns why the
@@ -80,9 +86,10 @@ class Rendezvous {
 
   // Marks the generation failed because local rank `rank` exited with `status`.
   void fail(int rank, int status);
-  // Marks the generation ended by a membership change (this node leaves: a signal).
+  // Marks the generation ended by a membership change (this node leaves: a signal;
+  // kInterrupted).
   void leave(const std::string& why);
-  // Records that this node's workers all exited 0.
+  // Records that this node's workers all exited 0 (kFinished).
   void mark_done();
   // Whether every node's workers of the generation exited 0.
   bool all_done();
@@ -90,11 +97,13 @@ class Rendezvous {
   std::string stop_reason();
   // Generations ended by a failure so far.
   int64_t failures();
-  // After the generation ended: moves the job to the next generation (whoever is first
-  // does it for all). Returns false when the job is abandoned instead: a failure past
-  // --max-restarts.
+  // The generation's stop is set and this node's workers have ended (kEnding).
+  void ended();
+  // In kEnding: moves the job to the next generation (whoever is first does it for all;
+  // kJoining). Returns false when the job is abandoned instead: a failure past
+  // --max-restarts (kAbandoned).
   bool advance();
-  // Marks the job complete (every node's workers exited 0).
+  // Marks the job complete (every node's workers exited 0; kCompleted).
   void complete();
   // Says this launcher is leaving; the store's host waits (bounded) for the others.
   void finish();
@@ -106,7 +115,26 @@ class Rendezvous {
   void try_close(int64_t nodes);
   void beat();
 
+  // One join() call: its deadline, and this node's place in the generation being joined.
+  struct Joining {
+    std::chrono::steady_clock::time_point deadline;
+    int index = -1;  // -1: none (the generation closed before this node arrived)
+    int nodes = 0;   // the generation's membership, once it closed
+    int64_t failures = 0;
+  };
+  // join()'s steps, one per state: each applies the event that ends its state.
+  void arrive(Joining& j);                                // kJoining
+  void gather(Joining& j);                                // kGathering
+  void wait_next(const Joining& j);                       // kLate
+  std::optional<GroupPlan> plan_group(const Joining& j);  // kPlanning
+  GroupPlan make_plan(const Joining& j, const std::vector<c10d::Bytes>& values) const;
+  // Throws TimeoutError naming `waiting_for` once the join's deadline passed.
+  void check_deadline(const Joining& j, const std::string& waiting_for) const;
+  // Throws Interrupted (kInterrupted) when a signal is pending.
+  void check_signal();
+
   const Options& options_;
+  Lifecycle life_;
   std::unique_ptr<c10d::TCPStoreServer> server_;
   std::unique_ptr<c10d::TCPStore> store_;
   std::string prefix_;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -176,7 +177,7 @@ LocalGroup::~LocalGroup() {
   }
 }
 
-void LocalGroup::spawn(int local_rank, int restarts, bool alone) {
+std::vector<std::string> LocalGroup::worker_env(int local_rank, int restarts, bool alone) const {
   const Options& o = options_;
   const int rank = plan_.rank_offset + local_rank;
   std::vector<std::string> env;
@@ -218,35 +219,35 @@ void LocalGroup::spawn(int local_rank, int restarts, bool alone) {
     put("GRADWIRE_RPC_REJOIN", "1");
     put("GRADWIRE_RESTARTED_ALONE", "1");
   }
-  std::vector<char*> envp, argv;
-  for (auto& e : env)
-    envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = o.program;
-  for (auto& a : args)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
+  return env;
+}
 
-  int logs[2] = {-1, -1};
-  if (!o.log_dir.empty()) {
-    const std::filesystem::path dir = std::filesystem::path(o.log_dir) / o.run_id /
-                                      ("attempt_" + std::to_string(plan_.generation)) /
-                                      std::to_string(rank);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec)
-      throw std::runtime_error("cannot create log directory " + dir.string() + ": " + ec.message());
-    const char* names[2] = {"stdout.log", "stderr.log"};
-    for (int s = 0; s < 2; ++s) {
-      const std::string file = (dir / names[s]).string();
-      logs[s] = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
-      if (logs[s] < 0) throw sys_error("cannot open " + file);
-    }
+std::array<int, 2> LocalGroup::open_logs(int rank) const {
+  std::array<int, 2> logs = {-1, -1};
+  const Options& o = options_;
+  if (o.log_dir.empty()) return logs;
+  const std::filesystem::path dir = std::filesystem::path(o.log_dir) / o.run_id /
+                                    ("attempt_" + std::to_string(plan_.generation)) /
+                                    std::to_string(rank);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw std::runtime_error("cannot create log directory " + dir.string() + ": " + ec.message());
+  const char* names[2] = {"stdout.log", "stderr.log"};
+  for (size_t s = 0; s < 2; ++s) {
+    const std::string file = (dir / names[s]).string();
+    logs[s] = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (logs[s] < 0) throw sys_error("cannot open " + file);
   }
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) throw sys_error("pipe");
-  if (::pipe2(err, O_CLOEXEC) != 0) throw sys_error("pipe");
+  return logs;
+}
 
+namespace {
+
+// Starts the program in a process of its own group, its stdout and stderr on the write ends
+// of `out` and `err`, which are closed here once it runs.
+pid_t fork_worker(std::vector<char*>& argv, std::vector<char*>& envp, const int out[2],
+                  const int err[2]) {
   // Signals stay blocked across fork() until the child has dropped the launcher's
   // handlers: one arriving in between must not reach the launcher's signal pipe.
   sigset_t blocked, previous;
@@ -285,6 +286,29 @@ void LocalGroup::spawn(int local_rank, int restarts, bool alone) {
   ::sigprocmask(SIG_SETMASK, &previous, nullptr);
   ::close(out[1]);
   ::close(err[1]);
+  return pid;
+}
+
+}  // namespace
+
+void LocalGroup::spawn(int local_rank, int restarts, bool alone) {
+  const Options& o = options_;
+  const int rank = plan_.rank_offset + local_rank;
+  std::vector<std::string> env = worker_env(local_rank, restarts, alone);
+  std::vector<char*> envp, argv;
+  for (auto& e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = o.program;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  const std::array<int, 2> logs = open_logs(rank);
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw sys_error("pipe");
+  if (::pipe2(err, O_CLOEXEC) != 0) throw sys_error("pipe");
+  const pid_t pid = fork_worker(argv, envp, out, err);
   Worker w;
   w.rank = rank;
   w.local_rank = local_rank;
@@ -304,131 +328,162 @@ void LocalGroup::signal_all(int sig) {
   }
 }
 
+// One run() call: what it has decided and when it acts next.
+struct LocalGroup::Watch {
+  GroupResult result;
+  bool stopping = false;            // the workers are being stopped; result.outcome is final
+  Clock::time_point kill_at{};      // SIGKILL to those left (zero: not set)
+  Clock::time_point drain_until{};  // every worker ended: output read until then (zero: not set)
+  Clock::time_point next_tick{};
+};
+
+// The descriptors one poll() watches, each with what it belongs to.
+struct LocalGroup::PollSet {
+  static constexpr int kPidfd = -1;
+  static constexpr int kSignals = -2;
+  std::vector<pollfd> fds;
+  std::vector<std::pair<size_t, int>> owners;  // (worker, stream, kPidfd or kSignals)
+  bool running = false;                        // some worker has not ended
+};
+
 GroupResult LocalGroup::run(int tick_ms, const std::function<std::optional<std::string>()>& tick,
                             const std::function<void(int, int)>& on_failure, int& worker_restarts) {
-  const Options& o = options_;
-  GroupResult result;
-  bool stopping = false;
-  Clock::time_point kill_at{};      // zero: not set
-  Clock::time_point drain_until{};  // zero: not set
-  Clock::time_point next_tick = Clock::now() + std::chrono::milliseconds(tick_ms);
-  auto stop = [&](Outcome outcome, int sig, std::string reason) {
-    if (stopping) return;
-    stopping = true;
-    result.outcome = outcome;
-    result.reason = std::move(reason);
-    signal_all(sig);
-    kill_at = Clock::now() + std::chrono::milliseconds(o.grace_ms);
-  };
+  Watch watch;
+  watch.next_tick = Clock::now() + std::chrono::milliseconds(tick_ms);
   for (;;) {
-    std::vector<std::pair<int, int>> respawn;  // (local rank, its restarts so far)
-    std::vector<pollfd> fds;
-    std::vector<std::pair<size_t, int>> owners;  // (worker, stream, -1 pidfd, -2 signals)
-    fds.push_back(pollfd{signal_fd(), POLLIN, 0});
-    owners.emplace_back(0, -2);
-    bool running = false;
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      Worker& w = workers_[i];
-      for (int s = 0; s < 2; ++s) {
-        if (w.streams[s].fd >= 0) {
-          fds.push_back(pollfd{w.streams[s].fd, POLLIN, 0});
-          owners.emplace_back(i, s);
-        }
-      }
-      if (!w.status) {
-        running = true;
-        fds.push_back(pollfd{w.pidfd, POLLIN, 0});
-        owners.emplace_back(i, -1);
-      }
-    }
-    int timeout = ms_until(next_tick);
-    if (!running) {
-      // Every worker has ended: drain what they wrote last, but do not wait on a pipe a
-      // process they left behind still holds.
-      bool any_open = false;
-      for (auto& w : workers_)
-        for (auto& s : w.streams)
-          any_open = any_open || s.fd >= 0;
-      if (!any_open) break;
-      if (drain_until == Clock::time_point{}) {
-        drain_until = Clock::now() + std::chrono::milliseconds(1000);
-      }
-      if (Clock::now() >= drain_until) break;
-      timeout = std::min(timeout, ms_until(drain_until));
-    }
-    if (kill_at != Clock::time_point{}) timeout = std::min(timeout, ms_until(kill_at));
+    PollSet set = poll_set();
+    int timeout = ms_until(watch.next_tick);
+    if (!set.running && !draining(watch, timeout)) break;
+    if (watch.kill_at != Clock::time_point{}) timeout = std::min(timeout, ms_until(watch.kill_at));
+    std::vector<pollfd>& fds = set.fds;
     const int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) throw sys_error("poll");
-    if (kill_at != Clock::time_point{} && Clock::now() >= kill_at) {
+    if (watch.kill_at != Clock::time_point{} && Clock::now() >= watch.kill_at) {
       signal_all(SIGKILL);
-      kill_at = Clock::time_point{};
+      watch.kill_at = Clock::time_point{};
     }
-    if (Clock::now() >= next_tick) {
-      next_tick = Clock::now() + std::chrono::milliseconds(tick_ms);
-      if (!stopping && running) {
-        if (std::optional<std::string> why = tick()) stop(Outcome::kStopped, SIGTERM, *why);
+    if (Clock::now() >= watch.next_tick) {
+      watch.next_tick = Clock::now() + std::chrono::milliseconds(tick_ms);
+      if (!watch.stopping && set.running) {
+        if (std::optional<std::string> why = tick()) stop(watch, Outcome::kStopped, SIGTERM, *why);
       }
     }
+    std::vector<std::pair<int, int>> respawn;  // (local rank, its restarts so far)
     for (size_t k = 0; n > 0 && k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
-      auto [i, what] = owners[k];
-      if (what == -2) {
+      const auto [i, what] = set.owners[k];
+      if (what == PollSet::kSignals) {
         if (const int sig = take_signal(); sig != 0) {
-          if (!stopping) result.signal = sig;
-          stop(Outcome::kInterrupted, sig, "signal " + std::to_string(sig));
+          if (!watch.stopping) watch.result.signal = sig;
+          stop(watch, Outcome::kInterrupted, sig, "signal " + std::to_string(sig));
         }
-        continue;
-      }
-      Worker& w = workers_[i];
-      const std::string prefix = o.prefix ? "[rank" + std::to_string(w.rank) + "]: " : "";
-      if (what == -1) {
-        int wstatus = 0;
-        if (::waitpid(w.pid, &wstatus, WNOHANG) != w.pid) continue;
-        w.status = exit_code(wstatus);
-        ::close(w.pidfd);
-        w.pidfd = -1;
-        if (*w.status == 0 || stopping) continue;
-        if (worker_restarts < o.restart_workers) {
-          ++worker_restarts;
-          std::fprintf(stderr,
-                       "gradwire-run: rank %d failed (exit status %d); starting it again to "
-                       "rejoin the running group (worker restart %d of %d)\n",
-                       w.rank, *w.status, worker_restarts, o.restart_workers);
-          respawn.emplace_back(w.local_rank, w.restarts);
-          continue;
-        }
-        std::fprintf(stderr, "gradwire-run: rank %d failed (exit status %d); stopping the others\n",
-                     w.rank, *w.status);
-        result.status = *w.status;
-        on_failure(w.rank, *w.status);
-        stop(Outcome::kFailed, SIGTERM,
-             "rank " + std::to_string(w.rank) + " failed (exit status " +
-                 std::to_string(*w.status) + ")");
-        continue;
-      }
-      Stream& s = w.streams[what];
-      char buf[4096];
-      const ssize_t got = ::read(s.fd, buf, sizeof(buf));
-      if (got > 0) {
-        if (s.log >= 0) s.write_log(buf, static_cast<size_t>(got));
-        s.pending.append(buf, static_cast<size_t>(got));
-        s.emit(prefix, false);
-      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-        s.emit(prefix, true);
-        s.close_all();
+      } else if (what == PollSet::kPidfd) {
+        reap(watch, workers_[i], on_failure, worker_restarts, respawn);
+      } else {
+        copy_output(workers_[i], what);
       }
     }
     for (const auto& [local_rank, restarts] : respawn)
       spawn(local_rank, restarts + 1, /*alone=*/true);
   }
   for (auto& w : workers_) {
-    const std::string prefix = o.prefix ? "[rank" + std::to_string(w.rank) + "]: " : "";
     for (auto& s : w.streams) {
-      if (s.fd >= 0) s.emit(prefix, true);
+      if (s.fd >= 0) s.emit(prefix(w), true);
       s.close_all();
     }
   }
-  return result;
+  return watch.result;
+}
+
+LocalGroup::PollSet LocalGroup::poll_set() const {
+  PollSet set;
+  set.fds.push_back(pollfd{signal_fd(), POLLIN, 0});
+  set.owners.emplace_back(0, PollSet::kSignals);
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = workers_[i];
+    for (int s = 0; s < 2; ++s) {
+      if (w.streams[s].fd >= 0) {
+        set.fds.push_back(pollfd{w.streams[s].fd, POLLIN, 0});
+        set.owners.emplace_back(i, s);
+      }
+    }
+    if (!w.status) {
+      set.running = true;
+      set.fds.push_back(pollfd{w.pidfd, POLLIN, 0});
+      set.owners.emplace_back(i, PollSet::kPidfd);
+    }
+  }
+  return set;
+}
+
+bool LocalGroup::draining(Watch& watch, int& timeout) const {
+  // Every worker has ended: drain what they wrote last, but do not wait on a pipe a
+  // process they left behind still holds.
+  bool any_open = false;
+  for (const auto& w : workers_)
+    for (const auto& s : w.streams)
+      any_open = any_open || s.fd >= 0;
+  if (!any_open) return false;
+  if (watch.drain_until == Clock::time_point{}) {
+    watch.drain_until = Clock::now() + std::chrono::milliseconds(1000);
+  }
+  if (Clock::now() >= watch.drain_until) return false;
+  timeout = std::min(timeout, ms_until(watch.drain_until));
+  return true;
+}
+
+void LocalGroup::stop(Watch& watch, Outcome outcome, int sig, std::string reason) {
+  if (watch.stopping) return;
+  watch.stopping = true;
+  watch.result.outcome = outcome;
+  watch.result.reason = std::move(reason);
+  signal_all(sig);
+  watch.kill_at = Clock::now() + std::chrono::milliseconds(options_.grace_ms);
+}
+
+void LocalGroup::reap(Watch& watch, Worker& w, const std::function<void(int, int)>& on_failure,
+                      int& worker_restarts, std::vector<std::pair<int, int>>& respawn) {
+  const Options& o = options_;
+  int wstatus = 0;
+  if (::waitpid(w.pid, &wstatus, WNOHANG) != w.pid) return;
+  w.status = exit_code(wstatus);
+  ::close(w.pidfd);
+  w.pidfd = -1;
+  if (*w.status == 0 || watch.stopping) return;
+  if (worker_restarts < o.restart_workers) {
+    ++worker_restarts;
+    std::fprintf(stderr,
+                 "gradwire-run: rank %d failed (exit status %d); starting it again to "
+                 "rejoin the running group (worker restart %d of %d)\n",
+                 w.rank, *w.status, worker_restarts, o.restart_workers);
+    respawn.emplace_back(w.local_rank, w.restarts);
+    return;
+  }
+  std::fprintf(stderr, "gradwire-run: rank %d failed (exit status %d); stopping the others\n",
+               w.rank, *w.status);
+  watch.result.status = *w.status;
+  on_failure(w.rank, *w.status);
+  stop(
+      watch, Outcome::kFailed, SIGTERM,
+      "rank " + std::to_string(w.rank) + " failed (exit status " + std::to_string(*w.status) + ")");
+}
+
+void LocalGroup::copy_output(Worker& w, int stream) const {
+  Stream& s = w.streams[stream];
+  char buf[4096];
+  const ssize_t got = ::read(s.fd, buf, sizeof(buf));
+  if (got > 0) {
+    if (s.log >= 0) s.write_log(buf, static_cast<size_t>(got));
+    s.pending.append(buf, static_cast<size_t>(got));
+    s.emit(prefix(w), false);
+  } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+    s.emit(prefix(w), true);
+    s.close_all();
+  }
+}
+
+std::string LocalGroup::prefix(const Worker& w) const {
+  return options_.prefix ? "[rank" + std::to_string(w.rank) + "]: " : "";
 }
 
 }  // namespace gradwire::run

@@ -11,9 +11,11 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "run_options.h"
@@ -84,8 +86,30 @@ class LocalGroup {
   struct Worker;
 
  private:
+  struct Watch;    // one run() call's decisions and deadlines
+  struct PollSet;  // the descriptors one poll() watches
+
+  // spawn()'s steps: the worker's environment, its log files (-1: none).
+  std::vector<std::string> worker_env(int local_rank, int restarts, bool alone) const;
+  std::array<int, 2> open_logs(int rank) const;
   void spawn(int local_rank, int restarts, bool alone);
   void signal_all(int sig);
+
+  // run()'s steps.
+  PollSet poll_set() const;
+  // Every worker has ended: whether to go on reading their output (bounded; lowers
+  // `timeout` to the drain's end).
+  bool draining(Watch& watch, int& timeout) const;
+  // Stops the workers (`sig` now, SIGKILL after --grace-ms) with this outcome, unless they
+  // are being stopped already.
+  void stop(Watch& watch, Outcome outcome, int sig, std::string reason);
+  // A worker's pidfd is ready: records its exit, and restarts it alone (into `respawn`) or
+  // ends the group when it failed.
+  void reap(Watch& watch, Worker& w, const std::function<void(int, int)>& on_failure,
+            int& worker_restarts, std::vector<std::pair<int, int>>& respawn);
+  // One of a worker's streams is ready: copies what it holds.
+  void copy_output(Worker& w, int stream) const;
+  std::string prefix(const Worker& w) const;
 
   const Options& options_;
   GroupPlan plan_;

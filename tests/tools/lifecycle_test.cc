@@ -1,0 +1,139 @@
+// The launcher's lifecycle (tools/run_lifecycle.h) against the State | Event | Next table of
+// docs/launcher.md: every row is driven through apply(), and every pair the table does not
+// have is refused, leaving the state as it was.
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "../../tools/run_lifecycle.h"
+
+namespace gradwire::run {
+namespace {
+
+using S = Lifecycle::State;
+using E = Lifecycle::Event;
+
+struct Row {
+  S state;
+  E event;
+  S next;
+};
+
+// docs/launcher.md, "The launcher as a state machine", row for row.
+const std::vector<Row> kTable = {
+    {S::kJoining, E::kArrived, S::kGathering},  {S::kJoining, E::kTooLate, S::kLate},
+    {S::kJoining, E::kComplete, S::kCompleted}, {S::kJoining, E::kAbandon, S::kAbandoned},
+    {S::kJoining, E::kSignal, S::kInterrupted}, {S::kGathering, E::kClosed, S::kPlanning},
+    {S::kGathering, E::kTooLate, S::kLate},     {S::kGathering, E::kSignal, S::kInterrupted},
+    {S::kLate, E::kNextOpened, S::kJoining},    {S::kLate, E::kSignal, S::kInterrupted},
+    {S::kPlanning, E::kPlanned, S::kRunning},   {S::kPlanning, E::kDetailsMissing, S::kEnding},
+    {S::kRunning, E::kSucceeded, S::kFinished}, {S::kRunning, E::kStopped, S::kEnding},
+    {S::kRunning, E::kSignal, S::kInterrupted}, {S::kFinished, E::kAllSucceeded, S::kCompleted},
+    {S::kFinished, E::kStopped, S::kEnding},    {S::kFinished, E::kSignal, S::kInterrupted},
+    {S::kEnding, E::kAdvanced, S::kJoining},    {S::kEnding, E::kAbandon, S::kAbandoned},
+};
+
+const S kStates[] = {S::kJoining,  S::kGathering, S::kLate,      S::kPlanning,  S::kRunning,
+                     S::kFinished, S::kEnding,    S::kCompleted, S::kAbandoned, S::kInterrupted};
+const E kEvents[] = {E::kArrived,        E::kTooLate,  E::kClosed,    E::kNextOpened,
+                     E::kDetailsMissing, E::kPlanned,  E::kSucceeded, E::kAllSucceeded,
+                     E::kStopped,        E::kAdvanced, E::kAbandon,   E::kComplete,
+                     E::kSignal};
+
+// The events that lead from kJoining to `state` (every state is reachable from there).
+std::vector<E> path_to(S state) {
+  switch (state) {
+    case S::kJoining:
+      return {};
+    case S::kGathering:
+      return {E::kArrived};
+    case S::kLate:
+      return {E::kTooLate};
+    case S::kPlanning:
+      return {E::kArrived, E::kClosed};
+    case S::kRunning:
+      return {E::kArrived, E::kClosed, E::kPlanned};
+    case S::kFinished:
+      return {E::kArrived, E::kClosed, E::kPlanned, E::kSucceeded};
+    case S::kEnding:
+      return {E::kArrived, E::kClosed, E::kPlanned, E::kStopped};
+    case S::kCompleted:
+      return {E::kComplete};
+    case S::kAbandoned:
+      return {E::kAbandon};
+    case S::kInterrupted:
+      return {E::kSignal};
+  }
+  return {};
+}
+
+Lifecycle in_state(S state) {
+  Lifecycle life;
+  for (E e : path_to(state))
+    life.apply(e);
+  EXPECT_EQ(life.state(), state) << Lifecycle::name(state);
+  return life;
+}
+
+TEST(LauncherLifecycle, StartsJoining) {
+  EXPECT_EQ(Lifecycle().state(), S::kJoining);
+}
+
+TEST(LauncherLifecycle, EveryRowOfTheTableMovesTheState) {
+  for (const Row& row : kTable) {
+    Lifecycle life = in_state(row.state);
+    ASSERT_NO_THROW(life.apply(row.event))
+        << Lifecycle::name(row.state) << " + " << Lifecycle::name(row.event);
+    EXPECT_EQ(life.state(), row.next)
+        << Lifecycle::name(row.state) << " + " << Lifecycle::name(row.event);
+  }
+}
+
+TEST(LauncherLifecycle, PairsNotInTheTableAreRefused) {
+  std::set<std::pair<S, E>> rows;
+  for (const Row& row : kTable)
+    rows.emplace(row.state, row.event);
+  int refused = 0;
+  for (S state : kStates) {
+    for (E event : kEvents) {
+      const std::optional<S> next = Lifecycle::next(state, event);
+      if (rows.count({state, event}) != 0) {
+        EXPECT_TRUE(next.has_value()) << Lifecycle::name(state) << " + " << Lifecycle::name(event);
+        continue;
+      }
+      EXPECT_FALSE(next.has_value()) << Lifecycle::name(state) << " + " << Lifecycle::name(event);
+      Lifecycle life = in_state(state);
+      EXPECT_THROW(life.apply(event), std::logic_error)
+          << Lifecycle::name(state) << " + " << Lifecycle::name(event);
+      EXPECT_EQ(life.state(), state) << Lifecycle::name(state) << " + " << Lifecycle::name(event);
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, static_cast<int>(std::size(kStates) * std::size(kEvents) - kTable.size()));
+}
+
+TEST(LauncherLifecycle, TheEndsAreFinal) {
+  for (S end : {S::kCompleted, S::kAbandoned, S::kInterrupted}) {
+    for (E event : kEvents)
+      EXPECT_FALSE(Lifecycle::next(end, event).has_value())
+          << Lifecycle::name(end) << " + " << Lifecycle::name(event);
+  }
+}
+
+// A job's life across generations: a failure restarts the workers, a late node waits for
+// the next generation, and every node's success completes the job.
+TEST(LauncherLifecycle, AJobAcrossGenerations) {
+  Lifecycle life;
+  for (E e :
+       {E::kArrived, E::kClosed, E::kPlanned, E::kStopped, E::kAdvanced, E::kTooLate,
+        E::kNextOpened, E::kArrived, E::kClosed, E::kPlanned, E::kSucceeded, E::kAllSucceeded})
+    life.apply(e);
+  EXPECT_EQ(life.state(), S::kCompleted);
+}
+
+}  // namespace
+}  // namespace gradwire::run
