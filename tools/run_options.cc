@@ -138,13 +138,34 @@ int auto_nproc() {
   return online > 0 ? static_cast<int>(online) : 1;
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  if (const char* id = std::getenv("GRADWIRE_RUN_ID"); id != nullptr && *id != '\0') o.run_id = id;
+namespace {
+
+// What the flags say that only their combination decides.
+struct CommandLine {
   std::optional<std::string> endpoint;
   std::optional<int> master_port;
   bool standalone = false;
   std::string nnodes_text;
+};
+
+// --nnodes N or MIN:MAX.
+void parse_nnodes(const std::string& text, Options& o) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    o.min_nodes = o.max_nodes = parse_int("--nnodes", text, 1, 65536);
+    return;
+  }
+  o.min_nodes = parse_int("--nnodes MIN", text.substr(0, colon), 1, 65536);
+  o.max_nodes = parse_int("--nnodes MAX", text.substr(colon + 1), 1, 65536);
+  if (o.min_nodes > o.max_nodes) {
+    throw UsageError("--nnodes " + text + ": MIN " + std::to_string(o.min_nodes) +
+                     " is above MAX " + std::to_string(o.max_nodes));
+  }
+}
+
+// Reads the flags into `o` and `c` up to the program, whose index it returns. It stays
+// whole: one flat branch per flag, each a few lines.
+int read_flags(int argc, char** argv, Options& o, CommandLine& c) {
   int i = 1;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
@@ -172,22 +193,12 @@ Options parse(int argc, char** argv) {
       const std::string v = get();
       o.nproc_per_node = v == "auto" ? auto_nproc() : parse_int(arg, v, 1, 4096);
     } else if (arg == "--nnodes") {
-      nnodes_text = get();
-      const size_t colon = nnodes_text.find(':');
-      if (colon == std::string::npos) {
-        o.min_nodes = o.max_nodes = parse_int(arg, nnodes_text, 1, 65536);
-      } else {
-        o.min_nodes = parse_int("--nnodes MIN", nnodes_text.substr(0, colon), 1, 65536);
-        o.max_nodes = parse_int("--nnodes MAX", nnodes_text.substr(colon + 1), 1, 65536);
-        if (o.min_nodes > o.max_nodes) {
-          throw UsageError("--nnodes " + nnodes_text + ": MIN " + std::to_string(o.min_nodes) +
-                           " is above MAX " + std::to_string(o.max_nodes));
-        }
-      }
+      c.nnodes_text = get();
+      parse_nnodes(c.nnodes_text, o);
     } else if (arg == "--node-rank") {
       o.node_rank = parse_int(arg, get(), 0, 65535);
     } else if (arg == "--rdzv-endpoint") {
-      endpoint = get();
+      c.endpoint = get();
     } else if (arg == "--rdzv-id") {
       o.run_id = get();
       if (!valid_run_id(o.run_id)) {
@@ -201,12 +212,12 @@ Options parse(int argc, char** argv) {
                          "' is not supported: gradwire-run meets on its own TCPStore (c10d)");
       }
     } else if (arg == "--standalone") {
-      standalone = true;
+      c.standalone = true;
     } else if (arg == "--master-addr") {
       o.master_addr = get();
       if (o.master_addr->empty()) throw UsageError("--master-addr is empty");
     } else if (arg == "--master-port") {
-      master_port = parse_int(arg, get(), 1, 65535);
+      c.master_port = parse_int(arg, get(), 1, 65535);
     } else if (arg == "--rdzv-last-call") {
       o.last_call = parse_duration(arg, get());
     } else if (arg == "--rdzv-heartbeat-timeout") {
@@ -242,13 +253,14 @@ Options parse(int argc, char** argv) {
       break;
     }
   }
-  for (; i < argc; ++i)
-    o.program.emplace_back(argv[i]);
-  if (o.program.empty()) throw UsageError("no program to run");
+  return i;
+}
 
+// The flags' combinations: refused ones, and where the rendezvous store is.
+void check_combinations(const CommandLine& c, Options& o) {
   if (o.node_rank) {
     if (o.min_nodes != o.max_nodes) {
-      throw UsageError("--node-rank needs a fixed --nnodes N, not " + nnodes_text +
+      throw UsageError("--node-rank needs a fixed --nnodes N, not " + c.nnodes_text +
                        " (elastic jobs number their nodes in arrival order)");
     }
     if (*o.node_rank >= o.max_nodes) {
@@ -256,30 +268,42 @@ Options parse(int argc, char** argv) {
                        std::to_string(o.max_nodes));
     }
   }
-  if (standalone) {
-    if (endpoint) throw UsageError("--standalone and --rdzv-endpoint exclude each other");
+  if (c.standalone) {
+    if (c.endpoint) throw UsageError("--standalone and --rdzv-endpoint exclude each other");
     if (o.max_nodes > 1) {
-      throw UsageError("--standalone runs one node, but --nnodes is " + nnodes_text);
+      throw UsageError("--standalone runs one node, but --nnodes is " + c.nnodes_text);
     }
   }
-  if (endpoint) {
-    if (master_port) {
+  if (c.endpoint) {
+    if (c.master_port) {
       throw UsageError(
           "--master-port is for the static setup; with --rdzv-endpoint the workers' port is "
           "picked by node 0 in every generation");
     }
-    parse_endpoint(*endpoint, o.rdzv_host, o.rdzv_port);
+    parse_endpoint(*c.endpoint, o.rdzv_host, o.rdzv_port);
   } else if (o.max_nodes > 1) {
-    if (!master_port) {
-      throw UsageError("--nnodes " + nnodes_text +
+    if (!c.master_port) {
+      throw UsageError("--nnodes " + c.nnodes_text +
                        " needs --rdzv-endpoint HOST:PORT (or --master-addr and --master-port): "
                        "every node must name the same");
     }
     o.rdzv_host = o.master_addr.value_or("127.0.0.1");
-    o.rdzv_port = *master_port;
+    o.rdzv_port = *c.master_port;
   } else {
-    o.worker_port = master_port;  // one node: the workers meet where they were told
+    o.worker_port = c.master_port;  // one node: the workers meet where they were told
   }
+}
+
+}  // namespace
+
+Options parse(int argc, char** argv) {
+  Options o;
+  if (const char* id = std::getenv("GRADWIRE_RUN_ID"); id != nullptr && *id != '\0') o.run_id = id;
+  CommandLine c;
+  for (int i = read_flags(argc, argv, o, c); i < argc; ++i)
+    o.program.emplace_back(argv[i]);
+  if (o.program.empty()) throw UsageError("no program to run");
+  check_combinations(c, o);
   o.program[0] = resolve(o.program[0]);
   return o;
 }

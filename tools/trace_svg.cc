@@ -94,10 +94,25 @@ struct Row {
   std::vector<std::pair<size_t, int>> events;  // event index, lane
 };
 
-}  // namespace
+// The span of time drawn, [t0, t1], and where a time falls on the plot.
+struct Window {
+  int64_t t0 = 0;
+  int64_t t1 = 1;
+  double scale = 1;
+  double x(int64_t t) const { return kLabel + static_cast<double>(t - t0) * scale; }
+};
 
-std::string render_svg(const Job& job, std::optional<int64_t> only_step,
-                       const std::string& step_worker) {
+// The rows with something in the window, and where each drawn event went.
+struct Layout {
+  std::vector<Row> rows;
+  std::map<std::pair<size_t, size_t>, std::pair<size_t, int>> placed;  // (worker, event) ->
+                                                                       // row, lane
+  double bottom = kTop;                                                // below the last row
+};
+
+// The whole job, or step `only_step`'s spans (of `step_worker`, or of every worker) padded
+// by a fiftieth on each side.
+Window window_of(const Job& job, std::optional<int64_t> only_step, const std::string& step_worker) {
   int64_t t0 = std::numeric_limits<int64_t>::max();
   int64_t t1 = std::numeric_limits<int64_t>::min();
   for (const Worker& w : job.workers) {
@@ -127,20 +142,19 @@ std::string render_svg(const Job& job, std::optional<int64_t> only_step,
     t1 += pad;
   }
   t1 = std::max(t1, t0 + 1);
-  const double scale = kPlot / static_cast<double>(t1 - t0);
-  auto x_of = [&](int64_t t) { return kLabel + static_cast<double>(t - t0) * scale; };
+  return Window{t0, t1, kPlot / static_cast<double>(t1 - t0)};
+}
 
-  // Rows: each worker's threads with something in the window, nested spans in lanes.
-  std::vector<Row> rows;
-  std::map<std::pair<size_t, size_t>, std::pair<size_t, int>>
-      placed;  // (worker, event) -> row, lane
+// Rows: each worker's threads with something in the window, nested spans in lanes.
+Layout lay_out(const Job& job, const Window& win) {
+  Layout layout;
   double y = kTop;
   for (size_t wi = 0; wi < job.workers.size(); ++wi) {
     const Worker& w = job.workers[wi];
     std::map<int64_t, std::vector<size_t>> by_thread;
     for (size_t i = 0; i < w.events.size(); ++i) {
       const Event& e = w.events[i];
-      if (e.ts_ns + e.dur_ns < t0 || e.ts_ns > t1) continue;
+      if (e.ts_ns + e.dur_ns < win.t0 || e.ts_ns > win.t1) continue;
       by_thread[e.tid].push_back(i);
     }
     for (auto& [tid, indices] : by_thread) {
@@ -163,15 +177,17 @@ std::string render_svg(const Job& job, std::optional<int64_t> only_step,
       row.y = y;
       y += row.lanes * kLane + 6;
       for (const auto& [i, lane] : row.events)
-        placed[{wi, i}] = {rows.size(), lane};
-      rows.push_back(std::move(row));
+        layout.placed[{wi, i}] = {layout.rows.size(), lane};
+      layout.rows.push_back(std::move(row));
     }
     y += 6;
   }
-  const double axis_y = y + 10;
-  const double height = axis_y + 60;
+  layout.bottom = y;
+  return layout;
+}
 
-  std::ostringstream svg;
+void draw_header(std::ostringstream& svg, const Job& job, std::optional<int64_t> only_step,
+                 const std::string& step_worker, const Window& win, double height) {
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\""
       << number(height) << "\" viewBox=\"0 0 " << kWidth << " " << number(height)
       << "\" font-family=\"sans-serif\" font-size=\"10\">\n";
@@ -182,22 +198,50 @@ std::string render_svg(const Job& job, std::optional<int64_t> only_step,
   svg << "<text x=\"10\" y=\"20\" font-size=\"14\">gradwire trace: "
       << (only_step ? "step " + std::to_string(*only_step) : std::string("whole job"))
       << (only_step && !step_worker.empty() ? " of " + escape(step_worker) : std::string()) << ", "
-      << job.workers.size() << " workers, " << escape(duration(t1 - t0)) << "</text>\n";
+      << job.workers.size() << " workers, " << escape(duration(win.t1 - win.t0)) << "</text>\n";
+}
 
-  // Time axis and grid.
-  const int64_t step = tick_step(t1 - t0, 10);
-  for (int64_t t = t0; t <= t1; t += step) {
-    const double x = x_of(t);
+// Time axis and grid.
+void draw_axis(std::ostringstream& svg, const Window& win, double axis_y) {
+  const int64_t step = tick_step(win.t1 - win.t0, 10);
+  for (int64_t t = win.t0; t <= win.t1; t += step) {
+    const double x = win.x(t);
     svg << "<line x1=\"" << number(x) << "\" y1=\"" << kTop - 8 << "\" x2=\"" << number(x)
         << "\" y2=\"" << number(axis_y) << "\" stroke=\"#eee\"/>\n";
     svg << "<text x=\"" << number(x) << "\" y=\"" << number(axis_y + 14)
-        << "\" text-anchor=\"middle\">" << escape(duration(t - t0)) << "</text>\n";
+        << "\" text-anchor=\"middle\">" << escape(duration(t - win.t0)) << "</text>\n";
   }
   svg << "<line x1=\"" << kLabel << "\" y1=\"" << number(axis_y) << "\" x2=\"" << kLabel + kPlot
       << "\" y2=\"" << number(axis_y) << "\" stroke=\"#333\"/>\n";
+}
 
+// One event of a row: an instant as a diamond, a span as a rectangle named where it fits.
+void draw_event(std::ostringstream& svg, const Event& e, double ly, const Window& win) {
+  const std::string tip = e.name + " (" + e.category + ") " + duration(e.dur_ns) + " " +
+                          (e.args.empty() ? std::string() : e.args.dump());
+  if (e.phase == 'i') {
+    const double x = win.x(e.ts_ns);
+    svg << "<path d=\"M" << number(x) << "," << number(ly + 2) << " l4,6 l-4,6 l-4,-6 z\" "
+        << "fill=\"" << color_of(e.category) << "\"><title>" << escape(tip) << "</title></path>\n";
+    return;
+  }
+  const double x = win.x(std::max(e.ts_ns, win.t0));
+  const double x2 = win.x(std::min(e.ts_ns + e.dur_ns, win.t1));
+  const double width = std::max(0.5, x2 - x);
+  svg << "<rect x=\"" << number(x) << "\" y=\"" << number(ly + 1) << "\" width=\"" << number(width)
+      << "\" height=\"" << kLane - 2 << "\" fill=\"" << color_of(e.category)
+      << "\" stroke=\"white\" stroke-width=\"0.3\"><title>" << escape(tip) << "</title></rect>\n";
+  if (width > kCharWidth * static_cast<double>(e.name.size()) + 4) {
+    svg << "<text x=\"" << number(x + 2) << "\" y=\"" << number(ly + 11) << "\" fill=\"white\">"
+        << escape(e.name) << "</text>\n";
+  }
+}
+
+// The rows, labelled; returns the categories drawn.
+std::set<std::string> draw_rows(std::ostringstream& svg, const Job& job, const Layout& layout,
+                                const Window& win) {
   std::set<std::string> categories;
-  for (const Row& row : rows) {
+  for (const Row& row : layout.rows) {
     const Worker& w = job.workers[row.worker];
     auto thread = w.threads.find(row.tid);
     const std::string label =
@@ -209,46 +253,33 @@ std::string render_svg(const Job& job, std::optional<int64_t> only_step,
     for (const auto& [i, lane] : row.events) {
       const Event& e = w.events[i];
       categories.insert(e.category);
-      const double ly = row.y + lane * kLane;
-      const std::string tip = e.name + " (" + e.category + ") " + duration(e.dur_ns) + " " +
-                              (e.args.empty() ? std::string() : e.args.dump());
-      if (e.phase == 'i') {
-        const double x = x_of(e.ts_ns);
-        svg << "<path d=\"M" << number(x) << "," << number(ly + 2) << " l4,6 l-4,6 l-4,-6 z\" "
-            << "fill=\"" << color_of(e.category) << "\"><title>" << escape(tip)
-            << "</title></path>\n";
-        continue;
-      }
-      const double x = x_of(std::max(e.ts_ns, t0));
-      const double x2 = x_of(std::min(e.ts_ns + e.dur_ns, t1));
-      const double width = std::max(0.5, x2 - x);
-      svg << "<rect x=\"" << number(x) << "\" y=\"" << number(ly + 1) << "\" width=\""
-          << number(width) << "\" height=\"" << kLane - 2 << "\" fill=\"" << color_of(e.category)
-          << "\" stroke=\"white\" stroke-width=\"0.3\"><title>" << escape(tip)
-          << "</title></rect>\n";
-      if (width > kCharWidth * static_cast<double>(e.name.size()) + 4) {
-        svg << "<text x=\"" << number(x + 2) << "\" y=\"" << number(ly + 11) << "\" fill=\"white\">"
-            << escape(e.name) << "</text>\n";
-      }
+      draw_event(svg, e, row.y + lane * kLane, win);
     }
   }
+  return categories;
+}
 
-  // Flows: from the call's start to the serving's start.
+// Flows: from the call's start to the serving's start.
+void draw_flows(std::ostringstream& svg, const Job& job, const Layout& layout, const Window& win) {
   for (const Flow& f : job.flows) {
-    auto from = placed.find({f.caller, f.call});
-    auto to = placed.find({f.callee, f.serve});
-    if (from == placed.end() || to == placed.end()) continue;
+    auto from = layout.placed.find({f.caller, f.call});
+    auto to = layout.placed.find({f.callee, f.serve});
+    if (from == layout.placed.end() || to == layout.placed.end()) continue;
     const Event& call = job.workers[f.caller].events[f.call];
     const Event& serve = job.workers[f.callee].events[f.serve];
-    if (call.ts_ns < t0 || serve.ts_ns < t0 || call.ts_ns > t1 || serve.ts_ns > t1) continue;
-    const double y1 = rows[from->second.first].y + from->second.second * kLane + kLane / 2;
-    const double y2 = rows[to->second.first].y + to->second.second * kLane + kLane / 2;
-    svg << "<line x1=\"" << number(x_of(call.ts_ns)) << "\" y1=\"" << number(y1) << "\" x2=\""
-        << number(x_of(serve.ts_ns)) << "\" y2=\"" << number(y2)
+    if (call.ts_ns < win.t0 || serve.ts_ns < win.t0 || call.ts_ns > win.t1 ||
+        serve.ts_ns > win.t1) {
+      continue;
+    }
+    const double y1 = layout.rows[from->second.first].y + from->second.second * kLane + kLane / 2;
+    const double y2 = layout.rows[to->second.first].y + to->second.second * kLane + kLane / 2;
+    svg << "<line x1=\"" << number(win.x(call.ts_ns)) << "\" y1=\"" << number(y1) << "\" x2=\""
+        << number(win.x(serve.ts_ns)) << "\" y2=\"" << number(y2)
         << "\" stroke=\"#333\" stroke-width=\"0.8\" marker-end=\"url(#arrow)\"/>\n";
   }
+}
 
-  // Legend.
+void draw_legend(std::ostringstream& svg, const std::set<std::string>& categories, double axis_y) {
   double lx = kLabel;
   for (const std::string& c : categories) {
     svg << "<rect x=\"" << number(lx) << "\" y=\"" << number(axis_y + 28)
@@ -259,6 +290,22 @@ std::string render_svg(const Job& job, std::optional<int64_t> only_step,
   }
   svg << "<text x=\"" << number(lx + 10) << "\" y=\"" << number(axis_y + 38)
       << "\">arrows: rpc call to its serving</text>\n";
+}
+
+}  // namespace
+
+std::string render_svg(const Job& job, std::optional<int64_t> only_step,
+                       const std::string& step_worker) {
+  const Window win = window_of(job, only_step, step_worker);
+  const Layout layout = lay_out(job, win);
+  const double axis_y = layout.bottom + 10;
+  const double height = axis_y + 60;
+  std::ostringstream svg;
+  draw_header(svg, job, only_step, step_worker, win, height);
+  draw_axis(svg, win, axis_y);
+  const std::set<std::string> categories = draw_rows(svg, job, layout, win);
+  draw_flows(svg, job, layout, win);
+  draw_legend(svg, categories, axis_y);
   svg << "</svg>\n";
   return svg.str();
 }
