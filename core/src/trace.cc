@@ -302,6 +302,52 @@ uint64_t dropped() {
   return total;
 }
 
+namespace {
+
+// One event in the Trace Event Format.
+nlohmann::json event_json(const Event& e, int64_t pid, int64_t tid) {
+  nlohmann::json j = {{"name", e.name != nullptr ? e.name : ""},
+                      {"cat", e.category != nullptr ? e.category : ""},
+                      {"ph", std::string(1, e.phase)},
+                      {"ts", static_cast<double>(e.ts_ns) / 1000.0},
+                      {"pid", pid},
+                      {"tid", tid}};
+  if (e.phase == 'X') j["dur"] = static_cast<double>(e.dur_ns) / 1000.0;
+  if (e.phase == 'i') j["s"] = "t";
+  nlohmann::json args = nlohmann::json::object();
+  for (uint8_t i = 0; i < e.nargs && i < kMaxArgs; ++i) {
+    if (e.args[i].key != nullptr) args[e.args[i].key] = arg_value(e.args[i]);
+  }
+  if (e.text_key != nullptr) args[e.text_key] = std::string(e.text);
+  j["args"] = std::move(args);
+  return j;
+}
+
+void write_whole(const std::string& path, const nlohmann::json& file, int64_t pid) {
+  // Written whole to a temporary file and renamed, so a reader never sees half a file.
+  const std::string tmp = path + ".tmp" + std::to_string(pid);
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      throw Error("trace::write: cannot open '" + tmp + "': " + std::strerror(errno));
+    }
+    // Text an event keeps may be a peer's (a function name a request named), and is cut at
+    // kTextBytes wherever that falls: bytes that are not UTF-8 are written as U+FFFD rather
+    // than make the whole file unwritable.
+    out << file.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+    out.flush();
+    if (!out) throw Error("trace::write: writing '" + tmp + "' failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw Error("trace::write: cannot rename to '" + path + "'");
+  }
+}
+
+}  // namespace
+
 void write(const std::string& path) {
   if (path.empty()) throw InvalidArgument("trace::write: the path is empty");
   const int64_t pid = ::getpid();
@@ -339,23 +385,8 @@ void write(const std::string& path) {
          {"pid", pid},
          {"tid", tid},
          {"args", {{"name", thread_name.empty() ? std::to_string(tid) : thread_name}}}});
-    for (const Event& e : copy) {
-      nlohmann::json j = {{"name", e.name != nullptr ? e.name : ""},
-                          {"cat", e.category != nullptr ? e.category : ""},
-                          {"ph", std::string(1, e.phase)},
-                          {"ts", static_cast<double>(e.ts_ns) / 1000.0},
-                          {"pid", pid},
-                          {"tid", tid}};
-      if (e.phase == 'X') j["dur"] = static_cast<double>(e.dur_ns) / 1000.0;
-      if (e.phase == 'i') j["s"] = "t";
-      nlohmann::json args = nlohmann::json::object();
-      for (uint8_t i = 0; i < e.nargs && i < kMaxArgs; ++i) {
-        if (e.args[i].key != nullptr) args[e.args[i].key] = arg_value(e.args[i]);
-      }
-      if (e.text_key != nullptr) args[e.text_key] = std::string(e.text);
-      j["args"] = std::move(args);
-      events.push_back(std::move(j));
-    }
+    for (const Event& e : copy)
+      events.push_back(event_json(e, pid, tid));
   });
   nlohmann::json file = {{"traceEvents", std::move(events)},
                          {"displayTimeUnit", "ns"},
@@ -374,26 +405,7 @@ void write(const std::string& path) {
     for (const auto& [key, value] : s.metadata)
       file["otherData"][key] = value;
   }
-  // Written whole to a temporary file and renamed, so a reader never sees half a file.
-  const std::string tmp = path + ".tmp" + std::to_string(pid);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw Error("trace::write: cannot open '" + tmp + "': " + std::strerror(errno));
-    }
-    // Text an event keeps may be a peer's (a function name a request named), and is cut at
-    // kTextBytes wherever that falls: bytes that are not UTF-8 are written as U+FFFD rather
-    // than make the whole file unwritable.
-    out << file.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
-    out.flush();
-    if (!out) throw Error("trace::write: writing '" + tmp + "' failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error("trace::write: cannot rename to '" + path + "'");
-  }
+  write_whole(path, file, pid);
 }
 
 std::string flush() {

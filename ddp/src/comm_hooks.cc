@@ -144,111 +144,125 @@ Tensor PowerSGDState::error(const std::vector<Tensor>& parameters) const {
   return it == buckets_.end() || !it->second.error.defined() ? Tensor() : it->second.error.clone();
 }
 
-Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state, GradBucket& bucket) {
-  autograd::NoGradGuard no_grad;
-  const PowerSGDOptions& o = state->options_;
-  bool plain = false;
-  {
-    MutexLock lock(state->mutex_);
-    plain = state->iteration_ < o.start_iteration;
-    if (bucket.is_last) ++state->iteration_;
-  }
-  if (plain) return allreduce_hook(bucket);
+bool PowerSGDState::plain_round(const GradBucket& bucket) {
+  MutexLock lock(mutex_);
+  const bool plain = iteration_ < options_.start_iteration;
+  if (bucket.is_last) ++iteration_;
+  return plain;
+}
 
+std::vector<Tensor> PowerSGDState::begin_bucket(const GradBucket& bucket, const Key& key,
+                                                const std::vector<Tensor>& matrices,
+                                                Tensor* local) {
+  const PowerSGDOptions& o = options_;
   Tensor buffer = bucket.buffer;
-  // Which gradients are compressed: matrices where the factors are smaller than the matrix.
-  std::vector<Tensor> matrices;      // views of buffer, n x m
-  std::vector<Tensor> uncompressed;  // views of buffer, flat
+  MutexLock lock(mutex_);
+  if (bucket.layout != layout_) {
+    layout_ = bucket.layout;
+    buckets_.clear();
+    keys_.clear();
+  }
+  keys_[bucket.index] = key;
+  PerBucket& mine = buckets_[key];
+  if (o.use_error_feedback) {
+    if (mine.error.defined() && mine.error.numel() == buffer.numel() &&
+        mine.error.dtype() == buffer.dtype()) {
+      buffer.add_(mine.error);
+    }
+    *local = buffer.clone();
+  }
+  auto& kept = mine.qs;
+  bool reuse = o.warm_start && kept.size() == matrices.size();
+  for (size_t i = 0; reuse && i < matrices.size(); ++i)
+    reuse = kept[i].size(0) == matrices[i].size(1) && kept[i].dtype() == buffer.dtype();
+  if (!reuse) {
+    kept.clear();
+    for (const Tensor& m : matrices)
+      kept.push_back(randn({m.size(1), o.rank}, &generator_, m.options()));
+  }
+  return kept;
+}
+
+void PowerSGDState::keep_error(uint64_t layout, const Key& key, Tensor error) {
+  MutexLock lock(mutex_);
+  if (layout_ == layout) buckets_[key].error = std::move(error);
+}
+
+namespace {
+
+// Which gradients of `bucket` are compressed: matrices (views of the buffer, n x m) where
+// the factors are smaller than the matrix; the rest travel flat.
+void choose_compressed(const GradBucket& bucket, const PowerSGDOptions& o,
+                       std::vector<Tensor>* matrices, std::vector<Tensor>* uncompressed) {
   for (const Tensor& g : bucket.gradients) {
     if (g.dim() >= 2) {
       const int64_t n = g.size(0);
       const int64_t m = g.numel() / n;
       if (static_cast<double>((n + m) * o.rank) * o.min_compression_rate <
           static_cast<double>(n * m)) {
-        matrices.push_back(g.view({n, m}));
+        matrices->push_back(g.view({n, m}));
         continue;
       }
     }
-    uncompressed.push_back(g.view({-1}));
+    uncompressed->push_back(g.view({-1}));
   }
+}
+
+}  // namespace
+
+Future<Tensor> powersgd_hook(const std::shared_ptr<PowerSGDState>& state, GradBucket& bucket) {
+  autograd::NoGradGuard no_grad;
+  if (state->plain_round(bucket)) return allreduce_hook(bucket);
+
+  Tensor buffer = bucket.buffer;
+  std::vector<Tensor> matrices;
+  std::vector<Tensor> uncompressed;
+  choose_compressed(bucket, state->options_, &matrices, &uncompressed);
 
   // Error feedback, the local input (for the next error), and the Qs: this bucket's, by the
-  // parameters it holds; a new layout (the Reducer's rebuild) starts every bucket afresh.
+  // parameters it holds.
   const PowerSGDState::Key key = PowerSGDState::key_of(bucket.parameters);
   Tensor local;
-  std::vector<Tensor> qs;
-  {
-    MutexLock lock(state->mutex_);
-    if (bucket.layout != state->layout_) {
-      state->layout_ = bucket.layout;
-      state->buckets_.clear();
-      state->keys_.clear();
-    }
-    state->keys_[bucket.index] = key;
-    PowerSGDState::PerBucket& mine = state->buckets_[key];
-    if (o.use_error_feedback) {
-      if (mine.error.defined() && mine.error.numel() == buffer.numel() &&
-          mine.error.dtype() == buffer.dtype()) {
-        buffer.add_(mine.error);
-      }
-      local = buffer.clone();
-    }
-    auto& kept = mine.qs;
-    bool reuse = o.warm_start && kept.size() == matrices.size();
-    for (size_t i = 0; reuse && i < matrices.size(); ++i)
-      reuse = kept[i].size(0) == matrices[i].size(1) && kept[i].dtype() == buffer.dtype();
-    if (!reuse) {
-      kept.clear();
-      for (const Tensor& m : matrices)
-        kept.push_back(randn({m.size(1), o.rank}, &state->generator_, m.options()));
-    }
-    qs = kept;
-  }
-
-  if (!matrices.empty()) {
-    std::vector<Tensor> ps;
-    for (size_t i = 0; i < matrices.size(); ++i)
-      ps.push_back(mm(matrices[i], qs[i]));
-    Tensor flat_p = flatten_dense_tensors(ps);
-    bucket.group->all_reduce(flat_p).wait();
-    ps = unflatten_dense_tensors(flat_p, ps);
-    for (size_t i = 0; i < matrices.size(); ++i) {
-      orthonormalise(ps[i]);
-      qs[i].copy_(mm(matrices[i].t(), ps[i]));
-    }
-    // Keep the orthonormal Ps for the continuation.
-    std::vector<Tensor> wire_parts = qs;
-    for (const Tensor& u : uncompressed)
-      wire_parts.push_back(u);
-    Tensor wire = flatten_dense_tensors(wire_parts);
-    c10d::Work work = bucket.group->all_reduce(wire);
-    const double divisor = bucket.divisor;
-    std::weak_ptr<PowerSGDState> weak = state;
-    const uint64_t layout = bucket.layout;
-    return work.get_future().then(bucket.executor, [=](Future<std::vector<Tensor>> done) mutable {
-      done.value();
-      autograd::NoGradGuard guard;
-      wire.div_(Scalar(divisor));
-      std::vector<Tensor> parts = unflatten_dense_tensors(wire, wire_parts);
-      for (size_t i = 0; i < matrices.size(); ++i) {
-        qs[i].copy_(parts[i]);
-        matrices[i].copy_(mm(ps[i], qs[i].t()));
-      }
-      for (size_t i = 0; i < uncompressed.size(); ++i)
-        uncompressed[i].copy_(parts[matrices.size() + i]);
-      if (local.defined()) {
-        if (auto s = weak.lock()) {
-          MutexLock lock(s->mutex_);
-          // Unless a new layout has started meanwhile.
-          if (s->layout_ == layout) s->buckets_[key].error = sub(local, buffer);
-        }
-      }
-      return buffer;
-    });
-  }
-
+  std::vector<Tensor> qs = state->begin_bucket(bucket, key, matrices, &local);
   // Nothing to compress: one plain all-reduce; the error stays zero.
-  return allreduce_hook(bucket);
+  if (matrices.empty()) return allreduce_hook(bucket);
+
+  std::vector<Tensor> ps;
+  for (size_t i = 0; i < matrices.size(); ++i)
+    ps.push_back(mm(matrices[i], qs[i]));
+  Tensor flat_p = flatten_dense_tensors(ps);
+  bucket.group->all_reduce(flat_p).wait();
+  ps = unflatten_dense_tensors(flat_p, ps);
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    orthonormalise(ps[i]);
+    qs[i].copy_(mm(matrices[i].t(), ps[i]));
+  }
+  // Keep the orthonormal Ps for the continuation.
+  std::vector<Tensor> wire_parts = qs;
+  for (const Tensor& u : uncompressed)
+    wire_parts.push_back(u);
+  Tensor wire = flatten_dense_tensors(wire_parts);
+  c10d::Work work = bucket.group->all_reduce(wire);
+  const double divisor = bucket.divisor;
+  std::weak_ptr<PowerSGDState> weak = state;
+  const uint64_t layout = bucket.layout;
+  return work.get_future().then(bucket.executor, [=](Future<std::vector<Tensor>> done) mutable {
+    done.value();
+    autograd::NoGradGuard guard;
+    wire.div_(Scalar(divisor));
+    std::vector<Tensor> parts = unflatten_dense_tensors(wire, wire_parts);
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      qs[i].copy_(parts[i]);
+      matrices[i].copy_(mm(ps[i], qs[i].t()));
+    }
+    for (size_t i = 0; i < uncompressed.size(); ++i)
+      uncompressed[i].copy_(parts[matrices.size() + i]);
+    // Unless a new layout has started meanwhile.
+    if (local.defined()) {
+      if (auto s = weak.lock()) s->keep_error(layout, key, sub(local, buffer));
+    }
+    return buffer;
+  });
 }
 
 CommHook make_powersgd_hook(std::shared_ptr<PowerSGDState> state) {

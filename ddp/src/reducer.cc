@@ -427,6 +427,19 @@ void Reducer::finalize() {
   // Stays disarmed if the pass fails; a successful one re-arms for another pass over the
   // same forward (a retained graph).
   expect_hooks_ = false;
+  throw_if_buckets_missing();
+  const std::vector<char> used_somewhere = used_somewhere_this_pass();
+  wait_for_buckets();
+  write_gradients(used_somewhere);
+  ++iterations_;
+  if (!rebuilt_ && iterations_ == 1) rebuild_pending_ = true;
+  reset_pass();
+  // Another pass over the same forward's graph (retain_graph) is reduced too.
+  expect_hooks_ = true;
+}
+
+// Throws (after resetting the pass) when the backward pass ended with a bucket never launched.
+void Reducer::throw_if_buckets_missing() {
   if (next_bucket_ < buckets_.size()) {
     std::vector<size_t> missing;
     for (size_t i = 0; i < params_.size(); ++i)
@@ -441,8 +454,11 @@ void Reducer::finalize() {
                 "sure every parameter takes part in producing the loss (and the loss in the "
                 "forward's outputs)");
   }
-  // Which parameters some rank used: unused everywhere keep what they had. With
-  // static_graph the flags of the first pass hold for every later one (no all-reduce).
+}
+
+// Which parameters some rank used this pass: unused everywhere keep what they had.
+std::vector<char> Reducer::used_somewhere_this_pass() {
+  // With static_graph the flags of the first pass hold for every later one (no all-reduce).
   std::vector<char> used_somewhere(params_.size(), 1);
   if (options_.static_graph && iterations_ > 0) {
     used_somewhere = static_used_somewhere_;
@@ -455,6 +471,12 @@ void Reducer::finalize() {
       static_used_somewhere_ = used_somewhere;
     }
   }
+  return used_somewhere;
+}
+
+// Waits for every bucket's all-reduce and copies a result that is not the bucket itself back
+// into it; the first failure resets the pass and is thrown.
+void Reducer::wait_for_buckets() {
   std::exception_ptr failure;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
@@ -477,6 +499,10 @@ void Reducer::finalize() {
     reset_pass();
     std::rethrow_exception(failure);
   }
+}
+
+// Writes the averaged gradients where the pass puts them: the sink, or .grad.
+void Reducer::write_gradients(const std::vector<char>& used_somewhere) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     auto [b, slot] = locator_[i];
@@ -516,11 +542,6 @@ void Reducer::finalize() {
       p.set_grad(view.clone());
     }
   }
-  ++iterations_;
-  if (!rebuilt_ && iterations_ == 1) rebuild_pending_ = true;
-  reset_pass();
-  // Another pass over the same forward's graph (retain_graph) is reduced too.
-  expect_hooks_ = true;
 }
 
 std::vector<char> Reducer::all_reduce_used_flags() {

@@ -285,6 +285,54 @@ void wait_all(std::vector<Future<int64_t>>& steps, trace::Span& span) {
   if (first != nullptr) std::rethrow_exception(first);
 }
 
+// The step sent early, to the owner whose part ends last; `closed` once backward() has
+// returned, so that a late call of the hook sends nothing (that owner steps with the rest).
+struct Early {
+  Mutex mutex;
+  bool closed GRADWIRE_GUARDED_BY(mutex) = false;
+  size_t owner GRADWIRE_GUARDED_BY(mutex) = 0;
+  std::optional<Future<int64_t>> step GRADWIRE_GUARDED_BY(mutex);
+};
+
+using LastPartHook = std::function<void(uint64_t, const rpc::WorkerInfo&)>;
+using ShardsByWorker = std::map<int, std::pair<size_t, RRef<detail::Shard>>>;
+
+// `hook` run on `pool` instead of where it is called; what it throws is logged.
+LastPartHook on_pool(std::shared_ptr<Executor> pool, LastPartHook hook) {
+  return [pool = std::move(pool), hook = std::move(hook)](uint64_t pass_id,
+                                                          const rpc::WorkerInfo& last) {
+    // What this throws (a pool shut down with its agent) dist_autograd logs.
+    pool->execute([hook, pass_id, last] {
+      try {
+        hook(pass_id, last);
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kWarning) << "dist_optim: BackwardOptions::on_last_part for pass " << pass_id
+                               << " threw: " << e.what();
+      }
+    });
+  };
+}
+
+// The on_last_part hook that sends the step early to the owner whose part is left (unless
+// backward() has returned), then calls the caller's own hook.
+LastPartHook send_early_step(std::shared_ptr<Early> early,
+                             std::shared_ptr<ShardsByWorker> by_worker, uint64_t context_id,
+                             std::chrono::milliseconds early_timeout, LastPartHook theirs) {
+  return [early = std::move(early), by_worker = std::move(by_worker), context_id, early_timeout,
+          theirs = std::move(theirs)](uint64_t pass_id, const rpc::WorkerInfo& last) {
+    auto it = by_worker->find(last.id);
+    if (it != by_worker->end()) {  // else the part left is not an owner's
+      MutexLock lock(early->mutex);
+      if (!early->closed) {
+        early->owner = it->second.first;
+        early->step = it->second.second.rpc_async<int64_t>(
+            "step_after", rpc::CallOptions{.timeout = early_timeout}, context_id, pass_id);
+      }
+    }
+    if (theirs) theirs(pass_id, last);
+  };
+}
+
 }  // namespace
 
 void DistributedOptimizer::step(uint64_t context_id) {
@@ -301,14 +349,6 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
   trace::Span span("dist_optim.backward_and_step", "dist_optim",
                    trace::Arg("context_id", context_id),
                    trace::Arg("owners", static_cast<uint64_t>(shards_.size())));
-  // The step sent early, to the owner whose part ends last; `closed` once backward() has
-  // returned, so that a late call of the hook sends nothing (that owner steps with the rest).
-  struct Early {
-    Mutex mutex;
-    bool closed GRADWIRE_GUARDED_BY(mutex) = false;
-    size_t owner GRADWIRE_GUARDED_BY(mutex) = 0;
-    std::optional<Future<int64_t>> step GRADWIRE_GUARDED_BY(mutex);
-  };
   auto early = std::make_shared<Early>();
   // The early step waits on its owner for the owner's part, which may take as long as the
   // pass (bounded by its own deadline, not by rpc_timeout), and then for the step itself.
@@ -316,40 +356,17 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
   const std::chrono::milliseconds early_timeout =
       pass == kNoTimeout || call == kNoTimeout || pass > kNoTimeout - call ? kNoTimeout
                                                                            : pass + call;
-  auto by_worker = std::make_shared<std::map<int, std::pair<size_t, RRef<detail::Shard>>>>();
+  auto by_worker = std::make_shared<ShardsByWorker>();
   for (size_t i = 0; i < shards_.size(); ++i)
     by_worker->emplace(owners_[i].id, std::make_pair(i, shards_[i]));
   // The hook only sends (rpc_async), so it runs where the last part but one ends; a hook of
   // the caller's own runs where the caller asked (on the pool unless it said inline).
-  std::function<void(uint64_t, const rpc::WorkerInfo&)> theirs = std::move(options.on_last_part);
-  if (theirs && !options.on_last_part_inline) {
-    theirs = [pool = agent_->executor(), hook = std::move(theirs)](uint64_t pass_id,
-                                                                   const rpc::WorkerInfo& last) {
-      // What this throws (a pool shut down with its agent) dist_autograd logs.
-      pool->execute([hook, pass_id, last] {
-        try {
-          hook(pass_id, last);
-        } catch (const std::exception& e) {
-          GRADWIRE_LOG(kWarning) << "dist_optim: BackwardOptions::on_last_part for pass " << pass_id
-                                 << " threw: " << e.what();
-        }
-      });
-    };
-  }
+  LastPartHook theirs = std::move(options.on_last_part);
+  if (theirs && !options.on_last_part_inline)
+    theirs = on_pool(agent_->executor(), std::move(theirs));
   options.on_last_part_inline = true;
-  options.on_last_part = [early, by_worker, context_id, early_timeout, theirs = std::move(theirs)](
-                             uint64_t pass_id, const rpc::WorkerInfo& last) {
-    auto it = by_worker->find(last.id);
-    if (it != by_worker->end()) {  // else the part left is not an owner's
-      MutexLock lock(early->mutex);
-      if (!early->closed) {
-        early->owner = it->second.first;
-        early->step = it->second.second.rpc_async<int64_t>(
-            "step_after", rpc::CallOptions{.timeout = early_timeout}, context_id, pass_id);
-      }
-    }
-    if (theirs) theirs(pass_id, last);
-  };
+  options.on_last_part =
+      send_early_step(early, by_worker, context_id, early_timeout, std::move(theirs));
   std::exception_ptr failed;
   try {
     dist_autograd::backward(*agent_, context_id, roots, options);

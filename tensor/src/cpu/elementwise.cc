@@ -291,6 +291,8 @@ void binary_typed(BinaryOp op, const LoopPlan<3>& plan, std::array<char*, 3> bas
   }
 }
 
+// One case per UnaryOp, each a single kernel: a flat dispatch table, kept whole so that every
+// op's element function is read in one place.
 template <typename T>
 void unary_typed(UnaryOp op, const LoopPlan<2>& plan, std::array<char*, 2> base, double p0,
                  double p1, DType dtype) {

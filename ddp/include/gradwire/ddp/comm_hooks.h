@@ -88,6 +88,16 @@ class PowerSGDState {
     std::vector<Tensor> qs;
   };
   static Key key_of(const std::vector<Tensor>& parameters);
+  // powersgd_hook's steps. Whether this round is still a plain all-reduce (counts the
+  // iteration at the last bucket).
+  bool plain_round(const GradBucket& bucket);
+  // Takes up `bucket` (a new layout starts every bucket afresh): adds the error feedback to
+  // the buffer, keeps the local input in `*local` (when error feedback is on) and returns
+  // the Qs for `matrices`, warm-started when their shapes still match.
+  std::vector<Tensor> begin_bucket(const GradBucket& bucket, const Key& key,
+                                   const std::vector<Tensor>& matrices, Tensor* local);
+  // Records the error of bucket `key` unless a newer layout than `layout` has started.
+  void keep_error(uint64_t layout, const Key& key, Tensor error);
   PowerSGDOptions options_;
   mutable Mutex mutex_;
   int64_t iteration_ GRADWIRE_GUARDED_BY(mutex_) = 0;

@@ -193,6 +193,11 @@ class Reducer {
   void launch_ready_buckets();
   GradBucket make_grad_bucket(size_t b, const Tensor& buffer, const std::vector<Tensor>& views);
   void finalize();
+  // finalize()'s steps, in order.
+  void throw_if_buckets_missing();
+  std::vector<char> used_somewhere_this_pass();
+  void wait_for_buckets();
+  void write_gradients(const std::vector<char>& used_somewhere);
   void reset_pass();
   // A bucketed pass: copies parameter `index`'s gradient into its slot of `bucket`.
   void copy_into_bucket(Bucket& bucket, size_t slot, size_t index, autograd::LeafGradient* g);
