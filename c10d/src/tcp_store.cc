@@ -1,12 +1,5 @@
-// TCPStore client: blocking sockets, requests pipelined over one connection.
-//
-// Each request carries an id. A caller registers its reply slot, writes its frame under
-// the write mutex, and then waits for the slot. There is no reader thread: whichever
-// waiting caller finds nobody reading takes the reader role, reads what has arrived,
-// hands every complete reply to its slot, and gives the role back, so a single-threaded
-// caller reads its own reply directly, and a thread parked in a long get never blocks
-// another thread's set. When the socket reports end-of-file or an error, every pending
-// caller fails with NetworkError and the connection is replaced on the next call.
+// TCPStore client: connects (and reconnects) with the handshake, and runs each store
+// operation as one request over the shared connection (tcp_store_connection.h).
 #include "gradwire/c10d/tcp_store.h"
 
 #include <fcntl.h>
@@ -37,6 +30,7 @@
 #include "gradwire/core/mutex.h"
 #include "gradwire/core/trace.h"
 #include "tcp_protocol.h"
+#include "tcp_store_connection.h"
 
 namespace gradwire::c10d {
 
@@ -44,20 +38,18 @@ using proto::FrameReader;
 using proto::FrameWriter;
 using proto::Op;
 using proto::Reply;
-using Clock = std::chrono::steady_clock;
+using store_client::Clock;
+using store_client::Connection;
+using store_client::errno_text;
+using store_client::kReceiveSlice;
+using store_client::limit_message;
+using store_client::Response;
+using store_client::ServerLimits;
 
 namespace {
 
-// Longest a blocked receive lasts before the reader re-checks its deadline.
-constexpr std::chrono::milliseconds kReceiveSlice{100};
-constexpr int64_t kProbeIdleNs = 1'000'000;
-
 constexpr const char* kJoinedKey = "__gradwire/tcpstore/joined";
 constexpr const char* kReadyKey = "__gradwire/tcpstore/ready";
-
-std::string errno_text(int err) {
-  return std::strerror(err);
-}
 
 // Milliseconds left until `deadline` for poll(): at least 0, at most INT_MAX.
 int poll_ms(Clock::time_point deadline) {
@@ -71,29 +63,6 @@ Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
   // Saturate: a timeout of years must not overflow the clock.
   if (timeout > std::chrono::hours(24 * 365 * 10)) return now + std::chrono::hours(24 * 365 * 10);
   return now + timeout;
-}
-
-struct ServerLimits {
-  uint32_t max_key = 0;
-  uint32_t max_value = 0;
-  uint32_t max_keys = 0;
-  uint32_t max_frame = 0;
-};
-
-// One reply: its kind and payload.
-struct Response {
-  uint8_t kind = 0;
-  std::string payload;
-};
-
-// The message of a kLimit reply: which limit, its value, and the server's explanation.
-std::string limit_message(const std::string& payload) {
-  FrameReader r(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
-  const auto limit = static_cast<proto::Limit>(r.u8());
-  const uint64_t value = r.u64();
-  const std::string text(r.bytes(UINT32_MAX, "message"));
-  return "refused by the store's limit " + std::string(proto::limit_name(limit)) + " = " +
-         std::to_string(value) + ": " + text;
 }
 
 // A c10d.store span around one client request: op, the key (the first of a multi-key
@@ -152,234 +121,6 @@ void TCPStoreOptions::validate() const {
   GRADWIRE_CHECK_ARG(max_keys_per_request >= 1)
       << "TCPStoreOptions.max_keys_per_request must be at least 1";
 }
-
-namespace {
-
-// One TCP connection to the server, shared by every thread of a TCPStore.
-class Connection {
- public:
-  Connection(int fd, std::string address, ServerLimits limits)
-      : fd_(fd), address_(std::move(address)), limits_(limits) {}
-  ~Connection() { ::close(fd_); }
-  Connection(const Connection&) = delete;
-  Connection& operator=(const Connection&) = delete;
-
-  const ServerLimits& limits() const { return limits_; }
-  const std::string& address() const { return address_; }
-
-  bool broken() GRADWIRE_EXCLUDES(mutex_) {
-    MutexLock lock(mutex_);
-    return broken_.has_value();
-  }
-
-  // Liveness probe for a connection that has been idle: a server that went away has left
-  // an end-of-file (or a reset) in the socket, which peeking finds without consuming
-  // data, so the next call reconnects instead of writing into a dead socket. A connection
-  // that received a reply within the last millisecond is not probed (it saves a system
-  // call per request in bursts); like any probe, this is best effort.
-  void probe() GRADWIRE_EXCLUDES(mutex_) {
-    const int64_t now = Clock::now().time_since_epoch().count();
-    if (now - last_reply_ns_.load(std::memory_order_relaxed) < kProbeIdleNs) return;
-    char byte;
-    const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0) {
-      mark_broken("the server closed the connection");
-    } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      mark_broken(errno_text(errno));
-    }
-  }
-
-  // Sends one request; with `reply`, waits for its response until `deadline`.
-  // Throws NetworkError when the connection is or becomes broken, TimeoutError at the
-  // deadline. `what` names the operation for messages.
-  Response call(const std::string& frame, uint32_t id, bool reply, Clock::time_point deadline,
-                std::string_view what) GRADWIRE_EXCLUDES(mutex_, write_mutex_) {
-    Slot slot;
-    {
-      MutexLock lock(mutex_);
-      throw_if_broken_locked(what);
-      throw_deferred_locked();
-      if (reply) pending_.emplace(id, &slot);
-    }
-    if (!send_all(frame)) {
-      if (reply) forget(id);
-      throw_broken(what);
-    }
-    if (!reply) return {};
-    return wait_for(slot, id, deadline, what);
-  }
-
- private:
-  struct Slot {
-    bool done = false;
-    Response response;
-  };
-
-  bool send_all(const std::string& frame) GRADWIRE_EXCLUDES(write_mutex_) {
-    MutexLock lock(write_mutex_);
-    const char* p = frame.data();
-    size_t left = frame.size();
-    while (left > 0) {
-      const ssize_t n = ::send(fd_, p, left, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        mark_broken("send failed: " + errno_text(errno));
-        return false;
-      }
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    return true;
-  }
-
-  void forget(uint32_t id) GRADWIRE_EXCLUDES(mutex_) {
-    MutexLock lock(mutex_);
-    pending_.erase(id);
-  }
-
-  void mark_broken(const std::string& why) GRADWIRE_EXCLUDES(mutex_) {
-    MutexLock lock(mutex_);
-    if (!broken_) broken_ = why;
-    changed_.notify_all();
-  }
-
-  [[noreturn]] void throw_broken(std::string_view what) GRADWIRE_EXCLUDES(mutex_) {
-    MutexLock lock(mutex_);
-    throw_if_broken_locked(what);
-    GRADWIRE_THROW(NetworkError) << "TCPStore " << what << ": connection to " << address_
-                                 << " lost";
-  }
-
-  void throw_if_broken_locked(std::string_view what) GRADWIRE_REQUIRES(mutex_) {
-    if (broken_) {
-      GRADWIRE_THROW(NetworkError) << "TCPStore " << what << ": connection to the server at "
-                                   << address_ << " lost: " << *broken_;
-    }
-  }
-
-  // A one-way write (set, multi_set) that the server rejected is reported by the next call.
-  void throw_deferred_locked() GRADWIRE_REQUIRES(mutex_) {
-    if (deferred_.empty()) return;
-    std::string message = std::move(deferred_);
-    deferred_.clear();
-    throw_error(deferred_kind_, "TCPStore: an earlier write was rejected by the server at " +
-                                    address_ + ": " + message);
-  }
-
-  Response wait_for(Slot& slot, uint32_t id, Clock::time_point deadline, std::string_view what)
-      GRADWIRE_EXCLUDES(mutex_) {
-    for (;;) {
-      {
-        MutexLock lock(mutex_);
-        for (;;) {
-          if (slot.done) return std::move(slot.response);
-          if (broken_) {
-            pending_.erase(id);
-            throw_if_broken_locked(what);
-          }
-          if (Clock::now() >= deadline) {
-            pending_.erase(id);
-            GRADWIRE_THROW(TimeoutError) << "TCPStore " << what << ": no reply from the server at "
-                                         << address_ << " before the deadline";
-          }
-          if (!reader_active_) {
-            reader_active_ = true;
-            break;
-          }
-          lock.wait_until(changed_, deadline);
-        }
-      }
-      read_and_dispatch();
-    }
-  }
-
-  // The reader role: reads once (waiting at most kReceiveSlice), dispatches every
-  // complete frame, and releases the role. inbuf_ belongs to whoever holds the role.
-  void read_and_dispatch() GRADWIRE_EXCLUDES(mutex_) {
-    // A blocking receive: the socket's SO_RCVTIMEO (kReceiveSlice) bounds it, so a reader
-    // whose deadline passed gives the role up soon after; no poll() call per reply.
-    std::string failure;
-    char buf[64 * 1024];
-    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-    if (n == 0) {
-      failure = "the server closed the connection";
-    } else if (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-      failure = "receive failed: " + errno_text(errno);
-    } else if (n > 0) {
-      inbuf_.append(buf, static_cast<size_t>(n));
-      last_reply_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-    }
-    // Complete frames, cut out of inbuf_ before taking the lock.
-    std::vector<std::pair<uint32_t, Response>> frames;
-    size_t used = 0;
-    while (inbuf_.size() - used >= proto::kLengthBytes) {
-      const auto* p = reinterpret_cast<const uint8_t*>(inbuf_.data() + used);
-      const uint32_t len = proto::load_u32(p);
-      if (len < proto::kMinFrame) {
-        failure = "malformed reply from the server (frame length " + std::to_string(len) + ")";
-        break;
-      }
-      if (inbuf_.size() - used < proto::kLengthBytes + len) break;
-      Response r;
-      r.kind = p[4];
-      const uint32_t id = proto::load_u32(p + 5);
-      r.payload.assign(inbuf_, used + proto::kLengthBytes + proto::kMinFrame,
-                       len - proto::kMinFrame);
-      frames.emplace_back(id, std::move(r));
-      used += proto::kLengthBytes + len;
-    }
-    inbuf_.erase(0, used);
-
-    MutexLock lock(mutex_);
-    for (auto& [id, response] : frames) {
-      auto it = pending_.find(id);
-      if (it != pending_.end()) {
-        it->second->response = std::move(response);
-        it->second->done = true;
-        pending_.erase(it);
-        continue;
-      }
-      ErrorKind kind = ErrorKind::kStore;
-      std::string message;
-      if (response.kind == static_cast<uint8_t>(Reply::kLimit)) {
-        message = limit_message(response.payload);
-      } else if (response.kind == static_cast<uint8_t>(Reply::kError)) {
-        FrameReader er(reinterpret_cast<const uint8_t*>(response.payload.data()),
-                       response.payload.size());
-        kind = static_cast<ErrorKind>(er.u8());
-        message = std::string(er.bytes(UINT32_MAX, "message"));
-      } else {
-        continue;  // a late reply
-      }
-      if (id == 0) {
-        // The server is closing this connection and says why.
-        if (!broken_) broken_ = message;
-      } else if (deferred_.empty()) {
-        deferred_kind_ = kind;
-        deferred_ = message;
-      }
-    }
-    if (!failure.empty() && !broken_) broken_ = failure;
-    reader_active_ = false;
-    changed_.notify_all();
-  }
-
-  const int fd_;
-  const std::string address_;
-  const ServerLimits limits_;
-  Mutex write_mutex_;  // one frame at a time on the socket
-  Mutex mutex_;
-  std::condition_variable changed_;
-  std::unordered_map<uint32_t, Slot*> pending_ GRADWIRE_GUARDED_BY(mutex_);
-  bool reader_active_ GRADWIRE_GUARDED_BY(mutex_) = false;
-  std::optional<std::string> broken_ GRADWIRE_GUARDED_BY(mutex_);
-  std::string deferred_ GRADWIRE_GUARDED_BY(mutex_);
-  ErrorKind deferred_kind_ GRADWIRE_GUARDED_BY(mutex_) = ErrorKind::kStore;
-  std::string inbuf_;  // owned by the thread holding the reader role
-  std::atomic<int64_t> last_reply_ns_{0};
-};
-
-}  // namespace
 
 // The client half of a TCPStore: connects (and reconnects) and runs calls.
 class TCPStore::Client {
@@ -643,6 +384,27 @@ class TCPStore::Client {
     proto::Transcript t;
     t.client_nonce = random_bytes(proto::kNonceBytes);
     t.client_flags = secret_.empty() ? 0 : proto::kFlagSecret;
+    ServerLimits limits;
+    if (!hello(fd, deadline, t, limits, error, refused)) return false;
+    const bool server_secret = (t.server_flags & proto::kFlagSecret) != 0;
+    if (server_secret != !secret_.empty()) {
+      refused = true;
+      error = server_secret ? "authentication failed: the store requires a shared secret and "
+                              "none is set here (TCPStoreOptions::secret, GRADWIRE_SECRET or "
+                              "GRADWIRE_SECRET_FILE)"
+                            : "authentication failed: this client has a secret and the store "
+                              "has none";
+      return false;
+    }
+    if (server_secret && !authenticate(fd, deadline, t, limits, error, refused)) return false;
+    conn = std::make_shared<Connection>(fd, address_, limits);
+    return true;
+  }
+
+  // Sends HELLO and reads the HELLO_OK answer: the server's limits, and its flags and nonce
+  // into `t`.
+  bool hello(int fd, Clock::time_point deadline, proto::Transcript& t, ServerLimits& limits,
+             std::string& error, bool& refused) GRADWIRE_REQUIRES(connect_mutex_) {
     std::string frame;
     FrameWriter w(frame);
     w.begin(static_cast<uint8_t>(Op::kHello), 0);
@@ -663,7 +425,6 @@ class TCPStore::Client {
     const uint8_t kind = r.u8();
     r.u32();  // request id
     if (refusal(r, kind, in, error, refused)) return false;
-    ServerLimits limits;
     const uint16_t version = r.u16();
     limits.max_key = r.u32();
     limits.max_value = r.u32();
@@ -676,68 +437,64 @@ class TCPStore::Client {
               std::to_string(proto::kVersion) + ")";
       return false;
     }
-    const bool server_secret = (t.server_flags & proto::kFlagSecret) != 0;
-    if (server_secret != !secret_.empty()) {
+    return true;
+  }
+
+  // With a secret: sends the client's proof (AUTH) over the transcript `t`, and checks the
+  // server's proof in its OK answer.
+  bool authenticate(int fd, Clock::time_point deadline, proto::Transcript& t,
+                    const ServerLimits& limits, std::string& error, bool& refused)
+      GRADWIRE_REQUIRES(connect_mutex_) {
+    t.max_key = limits.max_key;
+    t.max_value = limits.max_value;
+    t.max_keys = limits.max_keys;
+    t.max_frame = limits.max_frame;
+    std::string client_proof;
+    std::string want;
+    try {
+      client_proof = proof(proto::kClientProofLabel, t);
+      want = proof(proto::kServerProofLabel, t);
+    } catch (const Error& e) {
+      // Fail closed: nothing is sent without a real proof.
       refused = true;
-      error = server_secret ? "authentication failed: the store requires a shared secret and "
-                              "none is set here (TCPStoreOptions::secret, GRADWIRE_SECRET or "
-                              "GRADWIRE_SECRET_FILE)"
-                            : "authentication failed: this client has a secret and the store "
-                              "has none";
+      error = std::string("authentication failed: ") + e.what();
       return false;
     }
-    if (server_secret) {
-      t.max_key = limits.max_key;
-      t.max_value = limits.max_value;
-      t.max_keys = limits.max_keys;
-      t.max_frame = limits.max_frame;
-      std::string client_proof;
-      std::string want;
-      try {
-        client_proof = proof(proto::kClientProofLabel, t);
-        want = proof(proto::kServerProofLabel, t);
-      } catch (const Error& e) {
-        // Fail closed: nothing is sent without a real proof.
-        refused = true;
-        error = std::string("authentication failed: ") + e.what();
-        return false;
-      }
-      std::string auth;
-      FrameWriter a(auth);
-      a.begin(static_cast<uint8_t>(Op::kAuth), 0);
-      a.raw(client_proof);
-      a.end();
-      if (::send(fd, auth.data(), auth.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(auth.size())) {
-        error = "handshake send: " + errno_text(errno);
-        return false;
-      }
-      if (!read_handshake_frame(fd, deadline, in, error)) return false;
-      FrameReader ok(reinterpret_cast<const uint8_t*>(in.data()) + proto::kLengthBytes,
-                     in.size() - proto::kLengthBytes);
-      const uint8_t answer = ok.u8();
-      ok.u32();
-      if (answer == static_cast<uint8_t>(Reply::kRefused)) {
-        refused = true;
-        error =
-            "authentication failed: the store does not know this job's secret (it refused "
-            "this client's proof)";
-        return false;
-      }
-      if (refusal(ok, answer, in, error, refused)) return false;
-      const std::string_view server_proof = ok.raw(proto::kProofBytes, "server proof");
-      if (answer != static_cast<uint8_t>(Reply::kOk) || !ok.done()) {
-        error = "handshake: unexpected answer to the client's proof";
-        return false;
-      }
-      if (!constant_time_equal(want.data(), server_proof.data(), want.size())) {
-        refused = true;
-        error =
-            "authentication failed: the store does not know this job's secret (its proof "
-            "is wrong)";
-        return false;
-      }
+    std::string auth;
+    FrameWriter a(auth);
+    a.begin(static_cast<uint8_t>(Op::kAuth), 0);
+    a.raw(client_proof);
+    a.end();
+    if (::send(fd, auth.data(), auth.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(auth.size())) {
+      error = "handshake send: " + errno_text(errno);
+      return false;
     }
-    conn = std::make_shared<Connection>(fd, address_, limits);
+    std::string in;
+    if (!read_handshake_frame(fd, deadline, in, error)) return false;
+    FrameReader ok(reinterpret_cast<const uint8_t*>(in.data()) + proto::kLengthBytes,
+                   in.size() - proto::kLengthBytes);
+    const uint8_t answer = ok.u8();
+    ok.u32();
+    if (answer == static_cast<uint8_t>(Reply::kRefused)) {
+      refused = true;
+      error =
+          "authentication failed: the store does not know this job's secret (it refused "
+          "this client's proof)";
+      return false;
+    }
+    if (refusal(ok, answer, in, error, refused)) return false;
+    const std::string_view server_proof = ok.raw(proto::kProofBytes, "server proof");
+    if (answer != static_cast<uint8_t>(Reply::kOk) || !ok.done()) {
+      error = "handshake: unexpected answer to the client's proof";
+      return false;
+    }
+    if (!constant_time_equal(want.data(), server_proof.data(), want.size())) {
+      refused = true;
+      error =
+          "authentication failed: the store does not know this job's secret (its proof "
+          "is wrong)";
+      return false;
+    }
     return true;
   }
 
