@@ -1,36 +1,32 @@
+// ProcessGroupShm's operations: the step protocol over the shared segments (ShmExchange)
+// and each collective written against it. The segments are made in
+// process_group_shm_setup.cc.
 #include "gradwire/c10d/process_group_shm.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "../gloo/reduce_kernels.h"
-#include "gradwire/c10d/prefix_store.h"
 #include "gradwire/core/error.h"
 #include "gradwire/core/logging.h"
-#include "gradwire/core/net.h"
 #include "gradwire/core/thread_pool.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
-#include "rank_keys.h"
+#include "process_group_shm_impl.h"
 
 namespace gradwire::c10d {
 
@@ -47,26 +43,8 @@ constexpr int32_t kMaxLead = 2;
 constexpr int kInput0 = 0;
 constexpr int kOutput0 = 2;
 
-size_t page_size() {
-  const long p = ::sysconf(_SC_PAGESIZE);
-  return p > 0 ? static_cast<size_t>(p) : 4096;
-}
-
-std::string errno_text(int err) {
-  return std::strerror(err);
-}
-
 long futex(const void* addr, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, addr, op, value, timeout, nullptr, 0);
-}
-
-int pidfd_open(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  errno = ENOSYS;
-  return -1;
-#endif
 }
 
 // Whether `pid` has exited (a zombie counts as exited: it will never write again).
@@ -83,67 +61,6 @@ bool pid_exited(pid_t pid, int pidfd) {
   if (paren == std::string::npos || paren + 2 >= line.size()) return false;
   const char state = line[paren + 2];
   return state == 'Z' || state == 'X';
-}
-
-std::string hex(uint64_t v) {
-  static const char* digits = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 15; i >= 0; --i, v >>= 4)
-    s[static_cast<size_t>(i)] = digits[v & 0xf];
-  return s;
-}
-
-uint64_t random_token() {
-  std::random_device rd;
-  return (uint64_t{rd()} << 32) ^ uint64_t { rd() };
-}
-
-// What a rank publishes about itself in the store when the group is made.
-struct RankRecord {
-  std::string host;
-  uint64_t netns = 0;
-  std::string segment;  // shm name
-  uint64_t token = 0;
-  int64_t pid = 0;
-  uint64_t area_bytes = 0;
-};
-
-std::string encode(const RankRecord& r) {
-  std::ostringstream out;
-  out << r.host << '\n'
-      << r.netns << '\n'
-      << r.segment << '\n'
-      << r.token << '\n'
-      << r.pid << '\n'
-      << r.area_bytes << '\n';
-  return out.str();
-}
-
-// Parses a peer's record; throws NetworkError naming the rank when it is malformed.
-RankRecord decode(const Bytes& bytes, int rank, const std::string& what) {
-  std::istringstream in(std::string(bytes.begin(), bytes.end()));
-  RankRecord r;
-  if (!std::getline(in, r.host) || !(in >> r.netns) || !(in >> std::ws) ||
-      !std::getline(in, r.segment) || !(in >> r.token >> r.pid >> r.area_bytes)) {
-    throw NetworkError(what + ": rank " + std::to_string(rank) +
-                       " published a malformed shared-memory record");
-  }
-  // The name is ours to open: "/gradwire-shm-<16 hex>-<rank>" and nothing else.
-  const std::string prefix = "/gradwire-shm-";
-  // Appended, not "-" + to_string(...): g++ 12 at -O3 (this file's level) warns falsely
-  // (-Wrestrict) on a literal prepended to a temporary string.
-  std::string suffix(1, '-');
-  suffix += std::to_string(rank);
-  bool ok = r.segment.size() == prefix.size() + 16 + suffix.size() &&
-            r.segment.compare(0, prefix.size(), prefix) == 0 &&
-            r.segment.compare(prefix.size() + 16, suffix.size(), suffix) == 0;
-  for (size_t i = prefix.size(); ok && i < prefix.size() + 16; ++i)
-    ok = std::isxdigit(static_cast<unsigned char>(r.segment[i])) != 0;
-  if (!ok || r.pid <= 0) {
-    throw NetworkError(what + ": rank " + std::to_string(rank) +
-                       " published an invalid segment name or pid");
-  }
-  return r;
 }
 
 std::vector<Tensor> detached(const std::vector<Tensor>& tensors) {
@@ -165,45 +82,6 @@ struct ShmFailure {
 };
 
 }  // namespace
-
-struct ProcessGroupShm::Impl {
-  struct Peer {
-    const uint8_t* base = nullptr;  // read-only mapping (this rank: its own, writable one)
-    size_t bytes = 0;
-    const ShmSegmentHeader* header = nullptr;
-    pid_t pid = 0;
-    int pidfd = -1;
-    uint64_t token = 0;
-    uint32_t last_step = 0;
-  };
-
-  ~Impl() {
-    for (size_t r = 0; r < peers.size(); ++r) {
-      Peer& p = peers[r];
-      if (p.pidfd >= 0) ::close(p.pidfd);
-      if (p.base != nullptr && p.base != mine) ::munmap(const_cast<uint8_t*>(p.base), p.bytes);
-    }
-    if (mine != nullptr) ::munmap(mine, bytes);
-    if (!unlinked && !name.empty()) ::shm_unlink(name.c_str());
-  }
-
-  std::string name;
-  bool unlinked = false;
-  uint8_t* mine = nullptr;
-  size_t bytes = 0;
-  size_t area_bytes = 0;
-  ShmSegmentHeader* header = nullptr;
-  std::vector<Peer> peers;
-  // Worker-thread state: steps published, which input and output area is next, and for
-  // each area the step every peer must have reached before this rank may overwrite it
-  // (the step it publishes once it has read the area's previous contents).
-  uint32_t step = 0;
-  int next_input = 0;
-  int next_output = 0;
-  uint32_t release[4] = {0, 0, 0, 0};
-  std::unique_ptr<ThreadPool> worker;
-  std::shared_ptr<ProcessGroupGloo> p2p;
-};
 
 // One operation's access to the segments, on the worker thread.
 class ShmExchange {
@@ -358,7 +236,7 @@ class ShmExchange {
         return;
       }
       check_header(r);
-      if (p.pid != ::getpid() && pid_exited(p.pid, p.pidfd)) {
+      if (p.pid != ::getpid() && pid_exited(p.pid, p.pidfd.get())) {
         throw ShmFailure{"rank " + std::to_string(r) + " (pid " + std::to_string(p.pid) +
                              ") exited; this rank was waiting for its step " +
                              std::to_string(target),
@@ -475,6 +353,60 @@ void divide_block(uint8_t* p, size_t count, DType dtype, int n) {
   }
 }
 
+// How a rank combines its own slice of a chunk: the kernel in rank order over every rank's
+// input, kAvg's division, and whether the result goes back into the tensors block by block
+// as it is made (`fused`) or after publishing.
+struct SliceReduce {
+  gloo_backend::RawReduceFn kernel;
+  ReduceOp op;
+  DType dtype;
+  TensorOptions options;
+  size_t es;  // element size
+  int me;
+  int n;
+  // kAvg divides in the fused pass only where divide_block does exactly what div_ does.
+  bool fused;
+
+  // Combines bytes [begin, begin + len) of `data` (this rank's slice) with the peers' same
+  // slice (`peers[r]`, this rank's entry unused) into `dst`.
+  void operator()(const Spans& data, size_t begin, size_t len, uint8_t* dst,
+                  const std::vector<const uint8_t*>& peers) const {
+    if (len == 0) return;
+    if (fused) {
+      // Block by block, while each block is in this core's cache: combine, divide (kAvg),
+      // and copy the result into the tensors, over the input it was just read from.
+      data.pieces(begin, len, [&](uint8_t* own, size_t off, size_t piece) {
+        for (size_t done = 0; done < piece; done += kFusedBlock) {
+          const size_t m = std::min(kFusedBlock, piece - done);
+          uint8_t* out_block = dst + off + done;
+          auto source = [&](int r) -> const uint8_t* {
+            return r == me ? own + done : peers[static_cast<size_t>(r)] + off + done;
+          };
+          kernel(out_block, source(0), source(1), m / es);
+          for (int r = 2; r < n; ++r)
+            kernel(out_block, out_block, source(r), m / es);
+          if (op == ReduceOp::kAvg) divide_block(out_block, m / es, dtype, n);
+          std::memcpy(own + done, out_block, m);
+        }
+      });
+      return;
+    }
+    data.pieces(begin, len, [&](const uint8_t* own, size_t off, size_t piece) {
+      auto source = [&](int r) { return r == me ? own : peers[static_cast<size_t>(r)] + off; };
+      kernel(dst + off, source(0), source(1), piece / es);
+      for (int r = 2; r < n; ++r)
+        kernel(dst + off, dst + off, source(r), piece / es);
+    });
+    // kAvg: each rank divides only its own slice, before publishing it (the same division
+    // of the same sums as dividing the whole result afterwards, n times less work per rank
+    // and none left for the caller).
+    if (op == ReduceOp::kAvg) {
+      from_blob(dst, {static_cast<int64_t>(len / es)}, options)
+          .div_(Scalar(static_cast<double>(n)));
+    }
+  }
+};
+
 // all_reduce of `tensors` (one dtype, contiguous, no two overlapping) as one buffer, in
 // chunks of an area, with the fixed reduction order. Order of steps: input 0; then for each
 // chunk k: input k+1, reduced slice k, copy out k, so that the next chunk's copy-in overlaps
@@ -489,14 +421,18 @@ void all_reduce_spans(ShmExchange& ex, const std::vector<Tensor>& tensors, Reduc
   const Spans data(tensors);
   if (data.bytes() == 0 || n == 1) return;
   const DType dtype = tensors.front().dtype();
-  const TensorOptions options = tensors.front().options();
   const auto es = static_cast<size_t>(tensors.front().element_size());
   const auto numel = static_cast<int64_t>(data.bytes() / es);
   const auto chunk = static_cast<int64_t>(ex.area_bytes() / es);
   const int64_t chunks = (numel + chunk - 1) / chunk;
-  const auto kernel = gloo_backend::reduce_kernel(dtype, op);
-  // kAvg divides in the fused pass only where divide_block does exactly what div_ does.
-  const bool fused = op != ReduceOp::kAvg || dtype == kFloat32 || dtype == kFloat64;
+  const SliceReduce reduce{gloo_backend::reduce_kernel(dtype, op),
+                           op,
+                           dtype,
+                           tensors.front().options(),
+                           es,
+                           me,
+                           n,
+                           op != ReduceOp::kAvg || dtype == kFloat32 || dtype == kFloat64};
   int input_area[2] = {0, 0};
   uint32_t input_step[2] = {0, 0};
   auto count_of = [&](int64_t k) { return std::min(chunk, numel - k * chunk); };
@@ -535,41 +471,10 @@ void all_reduce_spans(ShmExchange& ex, const std::vector<Tensor>& tensors, Reduc
       if (r != me) peers[static_cast<size_t>(r)] = ex.peer_area(r, in, bytes) + b;
     }
     uint8_t* dst = ex.area(out) + b;
-    if (len > 0 && fused) {
-      // Block by block, while each block is in this core's cache: combine, divide (kAvg),
-      // and copy the result into the tensors, over the input it was just read from.
-      data.pieces(at + b, len, [&](uint8_t* own, size_t off, size_t piece) {
-        for (size_t done = 0; done < piece; done += kFusedBlock) {
-          const size_t m = std::min(kFusedBlock, piece - done);
-          uint8_t* out_block = dst + off + done;
-          auto source = [&](int r) -> const uint8_t* {
-            return r == me ? own + done : peers[static_cast<size_t>(r)] + off + done;
-          };
-          kernel(out_block, source(0), source(1), m / es);
-          for (int r = 2; r < n; ++r)
-            kernel(out_block, out_block, source(r), m / es);
-          if (op == ReduceOp::kAvg) divide_block(out_block, m / es, dtype, n);
-          std::memcpy(own + done, out_block, m);
-        }
-      });
-    } else if (len > 0) {
-      data.pieces(at + b, len, [&](const uint8_t* own, size_t off, size_t piece) {
-        auto source = [&](int r) { return r == me ? own : peers[static_cast<size_t>(r)] + off; };
-        kernel(dst + off, source(0), source(1), piece / es);
-        for (int r = 2; r < n; ++r)
-          kernel(dst + off, dst + off, source(r), piece / es);
-      });
-      // kAvg: each rank divides only its own slice, before publishing it (the same
-      // division of the same sums as dividing the whole result afterwards, n times less
-      // work per rank and none left for the caller).
-      if (op == ReduceOp::kAvg) {
-        from_blob(dst, {static_cast<int64_t>(len / es)}, options)
-            .div_(Scalar(static_cast<double>(n)));
-      }
-    }
+    reduce(data, at + b, len, dst, peers);
     ex.done_reading(in);
     ex.publish(out, bytes);
-    if (!fused) data.write(at + b, dst, len);
+    if (!reduce.fused) data.write(at + b, dst, len);
     ex.wait_all(ex.step());
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
@@ -640,234 +545,6 @@ void divide_for_avg(Tensor t, ReduceOp op, int n) {
 }
 
 }  // namespace
-
-// ---- creation
-
-std::vector<std::string> ProcessGroupShm::rank_hosts(Store& store, int rank, int size,
-                                                     const std::string& key, milliseconds timeout) {
-  const std::string mine = net::host_id() + "/" + std::to_string(net::network_namespace_id());
-  store.set(key + "/" + std::to_string(rank), std::string_view(mine));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r)
-    keys.push_back(key + "/" + std::to_string(r));
-  try {
-    store.wait(keys, timeout);
-  } catch (const TimeoutError&) {
-    throw TimeoutError("make_process_group: ranks " +
-                       detail::ranks_text(detail::ranks_without_key(store, key + "/", size)) +
-                       " did not publish their host within " + std::to_string(timeout.count()) +
-                       " ms");
-  }
-  std::vector<std::string> hosts;
-  for (int r = 0; r < size; ++r) {
-    const Bytes theirs = store.get(keys[static_cast<size_t>(r)], timeout);
-    hosts.emplace_back(theirs.begin(), theirs.end());
-  }
-  return hosts;
-}
-
-bool ProcessGroupShm::ranks_share_host(Store& store, int rank, int size, const std::string& key,
-                                       milliseconds timeout) {
-  const std::vector<std::string> hosts = rank_hosts(store, rank, size, key, timeout);
-  return std::all_of(hosts.begin(), hosts.end(),
-                     [&](const std::string& h) { return h == hosts.front(); });
-}
-
-std::shared_ptr<ProcessGroupShm> ProcessGroupShm::create(std::shared_ptr<Store> store, int rank,
-                                                         int size, ProcessGroupOptions options,
-                                                         ShmOptions shm_options) {
-  return std::shared_ptr<ProcessGroupShm>(new ProcessGroupShm(
-      std::move(store), rank, size, std::move(options), std::move(shm_options)));
-}
-
-ProcessGroupShm::ProcessGroupShm(std::shared_ptr<Store> store, int rank, int size,
-                                 ProcessGroupOptions options, ShmOptions shm_options)
-    : ProcessGroup(std::move(store), rank, size, std::move(options)),
-      shm_options_(std::move(shm_options)),
-      impl_(std::make_unique<Impl>()) {
-  const std::string what = "ProcessGroupShm (group '" + name() + "', rank " +
-                           std::to_string(this->rank()) + " of " + std::to_string(this->size()) +
-                           ")";
-  if (shm_options_.buffer_bytes < 4096) {
-    throw InvalidArgument(what + ": ShmOptions::buffer_bytes must be at least 4096, got " +
-                          std::to_string(shm_options_.buffer_bytes));
-  }
-  if (shm_options_.buffer_bytes > (size_t{1} << 32)) {
-    throw InvalidArgument(what + ": ShmOptions::buffer_bytes must be at most 4 GiB, got " +
-                          std::to_string(shm_options_.buffer_bytes));
-  }
-  if (shm_options_.buffer_bytes / static_cast<size_t>(std::max(this->size(), 1)) < 64) {
-    throw InvalidArgument(what +
-                          ": ShmOptions::buffer_bytes must be at least 64 bytes per rank, got " +
-                          std::to_string(shm_options_.buffer_bytes) + " for " +
-                          std::to_string(this->size()) + " ranks");
-  }
-  if (shm_options_.wait_slice.count() <= 0) {
-    throw InvalidArgument(what + ": ShmOptions::wait_slice must be positive, got " +
-                          std::to_string(shm_options_.wait_slice.count()) + " ms");
-  }
-  if (shm_options_.spin.count() < 0) {
-    throw InvalidArgument(what + ": ShmOptions::spin must not be negative");
-  }
-  connect(what);
-}
-
-void ProcessGroupShm::connect(const std::string& what) {
-  Impl& im = *impl_;
-  const size_t page = page_size();
-  im.area_bytes = (shm_options_.buffer_bytes + page - 1) / page * page;
-  im.bytes = ShmSegmentHeader::kBytes + 4 * im.area_bytes;
-
-  // This rank's segment: created exclusively, owner-only, under a random name.
-  const uint64_t token = random_token();
-  im.name = "/gradwire-shm-" + hex(token) + "-" + std::to_string(rank());
-  const int fd = ::shm_open(im.name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    const int err = errno;
-    im.name.clear();
-    throw NetworkError(what + ": cannot create a shared-memory segment: " + errno_text(err));
-  }
-  if (::ftruncate(fd, static_cast<off_t>(im.bytes)) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw NetworkError(what + ": cannot size the shared-memory segment to " +
-                       std::to_string(im.bytes) + " bytes: " + errno_text(err));
-  }
-  void* base = ::mmap(nullptr, im.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int map_err = errno;
-  ::close(fd);
-  if (base == MAP_FAILED) {
-    throw NetworkError(what + ": cannot map the shared-memory segment: " + errno_text(map_err));
-  }
-  im.mine = static_cast<uint8_t*>(base);
-  im.header = new (im.mine) ShmSegmentHeader{};
-  im.header->magic = ShmSegmentHeader::kMagic;
-  im.header->version = ShmSegmentHeader::kVersion;
-  im.header->rank = rank();
-  im.header->segment_bytes = im.bytes;
-  im.header->area_bytes = im.area_bytes;
-  im.header->token = token;
-  im.header->pid = ::getpid();
-  im.header->world = static_cast<uint32_t>(size());
-  im.header->step.store(0, std::memory_order_release);
-
-  // Exchange records through the store.
-  RankRecord record{net::host_id(), net::network_namespace_id(), im.name, token, ::getpid(),
-                    im.area_bytes};
-  const std::string info = "shm/info/";
-  store()->set(info + std::to_string(rank()), std::string_view(encode(record)));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size(); ++r)
-    keys.push_back(info + std::to_string(r));
-  const Clock::time_point start = Clock::now();
-  try {
-    store()->wait(keys, timeout());
-  } catch (const TimeoutError&) {
-    throw TimeoutError(what + ": ranks " +
-                       detail::ranks_text(detail::ranks_without_key(*store(), info, size())) +
-                       " did not join within " + std::to_string(timeout().count()) + " ms");
-  }
-  std::vector<RankRecord> records;
-  std::vector<int> elsewhere;
-  for (int r = 0; r < size(); ++r) {
-    records.push_back(decode(store()->get(keys[static_cast<size_t>(r)], timeout()), r, what));
-    if (records.back().host != record.host || records.back().netns != record.netns)
-      elsewhere.push_back(r);
-  }
-  if (!elsewhere.empty()) {
-    throw InvalidArgument(what + ": ranks " + detail::ranks_text(elsewhere) +
-                          " are on another host or network namespace; shared memory serves only "
-                          "ranks of one host (use make_process_group(\"cpu\") or \"gloo\")");
-  }
-
-  // Map the peers' segments read-only, and validate them.
-  im.peers.resize(static_cast<size_t>(size()));
-  for (int r = 0; r < size(); ++r) {
-    Impl::Peer& p = im.peers[static_cast<size_t>(r)];
-    const RankRecord& rec = records[static_cast<size_t>(r)];
-    p.pid = static_cast<pid_t>(rec.pid);
-    p.token = rec.token;
-    if (r == rank()) {
-      p.base = im.mine;
-      p.bytes = im.bytes;
-      p.header = im.header;
-      continue;
-    }
-    const std::string who = what + ": rank " + std::to_string(r) + "'s segment";
-    if (rec.area_bytes != im.area_bytes) {
-      throw InvalidArgument(who + " has areas of " + std::to_string(rec.area_bytes) +
-                            " bytes, this rank's " + std::to_string(im.area_bytes) +
-                            " (every rank must use the same ShmOptions::buffer_bytes)");
-    }
-    const int pfd = ::shm_open(rec.segment.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (pfd < 0) {
-      throw NetworkError(who + " cannot be opened: " + errno_text(errno));
-    }
-    struct stat st {};
-    if (::fstat(pfd, &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
-        static_cast<size_t>(st.st_size) != im.bytes) {
-      ::close(pfd);
-      throw NetworkError(who + " is not an owner-only segment of " + std::to_string(im.bytes) +
-                         " bytes belonging to this user");
-    }
-    void* peer_base = ::mmap(nullptr, im.bytes, PROT_READ, MAP_SHARED, pfd, 0);
-    const int err = errno;
-    ::close(pfd);
-    if (peer_base == MAP_FAILED) {
-      throw NetworkError(who + " cannot be mapped: " + errno_text(err));
-    }
-    p.base = static_cast<const uint8_t*>(peer_base);
-    p.bytes = im.bytes;
-    p.header = reinterpret_cast<const ShmSegmentHeader*>(p.base);
-    const ShmSegmentHeader& h = *p.header;
-    if (h.magic != ShmSegmentHeader::kMagic || h.version != ShmSegmentHeader::kVersion ||
-        h.rank != r || h.token != rec.token || h.pid != rec.pid || h.area_bytes != im.area_bytes ||
-        h.segment_bytes != im.bytes || h.world != static_cast<uint32_t>(size())) {
-      throw NetworkError(who + " has a header that does not match what it published");
-    }
-    p.last_step = h.step.load(std::memory_order_acquire);
-    if (p.last_step != 0) throw NetworkError(who + " does not start at step 0");
-    if (p.pid != ::getpid()) p.pidfd = pidfd_open(p.pid);
-  }
-
-  // Once every rank has mapped every segment, the names go: nothing else can open them.
-  const std::string mapped = "shm/mapped/";
-  store()->set(mapped + std::to_string(rank()), std::string_view("1"));
-  std::vector<std::string> mapped_keys;
-  for (int r = 0; r < size(); ++r)
-    mapped_keys.push_back(mapped + std::to_string(r));
-  const auto left = std::chrono::duration_cast<milliseconds>(timeout() - (Clock::now() - start));
-  try {
-    store()->wait(mapped_keys, std::max(left, milliseconds(1)));
-  } catch (const TimeoutError&) {
-    throw TimeoutError(what + ": ranks " +
-                       detail::ranks_text(detail::ranks_without_key(*store(), mapped, size())) +
-                       " did not map the segments within " + std::to_string(timeout().count()) +
-                       " ms");
-  }
-  ::shm_unlink(im.name.c_str());
-  im.unlinked = true;
-
-  ProcessGroupOptions p2p_options{
-      .timeout = timeout(), .debug_level = DebugLevel::kOff, .name = name() + "/p2p"};
-  im.p2p = ProcessGroupGloo::create(std::make_shared<PrefixStore>("shm_p2p", store()), rank(),
-                                    size(), p2p_options, shm_options_.gloo);
-  im.worker =
-      std::make_unique<ThreadPool>(ThreadPoolOptions{.num_threads = 1, .name = "shm-" + name()});
-  if (debug_level() != DebugLevel::kOff) {
-    GRADWIRE_LOG(kInfo) << what << ": segments of " << im.bytes << " bytes mapped";
-  }
-}
-
-ProcessGroupShm::~ProcessGroupShm() {
-  if (impl_->worker) impl_->worker->shutdown();
-  impl_->worker.reset();
-  impl_->p2p.reset();
-}
-
-ShmSegmentHeader* ProcessGroupShm::own_header_for_testing() {
-  return impl_->header;
-}
 
 // ---- running operations
 
