@@ -341,8 +341,8 @@ Work ProcessGroupGloo::enqueue(const OpContext& ctx, std::vector<Tensor> outputs
                                std::function<void(WorkState&)> run) {
   auto state = std::make_shared<WorkState>(ctx.description, std::move(outputs), ctx.timeout);
   // The destructor drains the workers before anything the task uses is torn down, so the
-  // task may use `this`. (Letting a waiting caller run a queued collective itself was
-  // measured slower: the worker woken for it still competes for the two cores.)
+  // task may use `this`. Collectives run only on the workers, never on a waiting caller's
+  // thread: a worker woken for the same task would compete with the caller for the cores.
   impl_->workers->execute([this, ctx, state, run = std::move(run)] {
     // Gloo's waits start no earlier than this, so their timeouts are measured from later.
     const Clock::time_point start = Clock::now();

@@ -76,8 +76,8 @@ namespace gradwire::c10d {
 struct ShmOptions {
   // Bytes of each of a segment's four data areas (>= 4096 and >= 64 per rank; rounded up
   // to the page size). A collective moves data in chunks of at most this size; the segment
-  // is four times it. 1 MiB keeps every rank's live areas in a shared last-level cache;
-  // 4 MiB measured slower at 16 and 64 MiB on a 2-core machine with a 32 MiB L3.
+  // is four times it. The default keeps every rank's live areas within a shared
+  // last-level cache; areas that spill out of it make each chunk go to memory and back.
   size_t buffer_bytes{1 << 20};
   // How long a waiting rank polls a peer's step before sleeping on the futex.
   std::chrono::microseconds spin{10};
