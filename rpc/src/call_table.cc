@@ -80,8 +80,8 @@ std::vector<PendingCall> CallTable::take_connection(uint64_t connection) {
   for (uint64_t id : ids)
     taken.push_back(std::move(*take_locked(id, 0)));
   // No reply can come on a connection that is gone.
-  for (auto it = late_.begin(); it != late_.end();)
-    it = it->second.connection == connection ? late_.erase(it) : std::next(it);
+  late_.erase_if(
+      [connection](uint64_t, const LateCall& late) { return late.connection == connection; });
   return taken;
 }
 
@@ -90,23 +90,14 @@ void CallTable::keep_late_locked(const PendingCall& call) {
   for (const auto& state : call.states)
     kept = kept || state != nullptr;
   if (!kept || call.interceptors == nullptr) return;
-  late_.emplace(call.id, LateCall{call.to, call.connection, call.interceptors, call.states});
-  late_order_.push_back(call.id);
-  // Ids only grow: the order holds ids already taken too, skipped here.
-  while (late_order_.size() > kMaxLateCalls ||
-         (!late_order_.empty() && late_.count(late_order_.front()) == 0)) {
-    late_.erase(late_order_.front());
-    late_order_.pop_front();
-  }
+  late_.put(call.id, LateCall{call.to, call.connection, call.interceptors, call.states});
 }
 
 std::optional<LateCall> CallTable::take_late(uint64_t id, uint64_t connection) {
   MutexLock lock(mutex_);
-  auto it = late_.find(id);
-  if (it == late_.end() || it->second.connection != connection) return std::nullopt;
-  LateCall call = std::move(it->second);
-  late_.erase(it);
-  return call;
+  const LateCall* late = late_.find(id);
+  if (late == nullptr || late->connection != connection) return std::nullopt;
+  return late_.take(id);
 }
 
 void CallTable::fail(uint64_t id, std::exception_ptr error, CallOutcome outcome,
@@ -222,7 +213,6 @@ void CallTable::close(const std::function<std::exception_ptr(const PendingCall&)
       count_->store(0, std::memory_order_relaxed);
       deadlines_.clear();
       late_.clear();
-      late_order_.clear();
       timer_cv_.notify_all();
       idle_cv_.notify_all();
     }

@@ -15,7 +15,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/recent.h"
 #include "gradwire/core/thread_annotations.h"
 #include "gradwire/rpc/agent.h"
 #include "stats_table.h"
@@ -148,8 +148,8 @@ class CallTable {
   // When the timer thread wakes next (max: it waits until notified). add() notifies it only
   // for an earlier deadline.
   Clock::time_point timer_wakes_at_ GRADWIRE_GUARDED_BY(mutex_) = Clock::time_point::min();
-  std::unordered_map<uint64_t, LateCall> late_ GRADWIRE_GUARDED_BY(mutex_);
-  std::deque<uint64_t> late_order_ GRADWIRE_GUARDED_BY(mutex_);  // oldest first
+  // Timed-out calls kept for their late replies, the oldest forgotten first.
+  RecentMap<uint64_t, LateCall> late_ GRADWIRE_GUARDED_BY(mutex_){kMaxLateCalls};
 };
 
 }  // namespace gradwire::rpc::detail
