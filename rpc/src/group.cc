@@ -12,7 +12,6 @@
 #include "text.h"
 
 namespace gradwire::rpc::detail {
-namespace {
 
 // A worker's published record: its name, its address, its device maps, and where its loan
 // table is (when it lends).
@@ -28,6 +27,8 @@ struct WorkerRecord {
   uint64_t netns{0};
   std::vector<std::string> transports;
 };
+
+namespace {
 
 // A host id as one word of a record (GRADWIRE_HOST_ID is free text).
 std::string record_word(const std::string& text) {
@@ -208,6 +209,16 @@ void GroupDirectory::validate_device_maps(const std::string& who,
 }
 
 void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoin) {
+  enter_generation(rejoin);
+  claim_name_and_publish(me, rejoin);
+  const std::vector<WorkerRecord> records = read_records(rejoin);
+  adopt_records(me, records);
+  const std::string can_read = find_readable(me, records, direct_copies);
+  if (rejoin) return;  // lends to nobody; the others' records stand
+  agree_on_lenders(can_read, direct_copies);
+}
+
+void GroupDirectory::enter_generation(bool rejoin) {
   const std::string rank_text = std::to_string(self_.id);
   if (rejoin) {
     // The running generation: the one this rank's predecessor started.
@@ -230,6 +241,10 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
     // Each rank counts its own starts on this store; see the file comment.
     prefix_ = "rpc/" + std::to_string(store_->add("rpc/starts/" + rank_text, 1)) + "/";
   }
+}
+
+void GroupDirectory::claim_name_and_publish(const Announcement& me, bool rejoin) {
+  const std::string rank_text = std::to_string(self_.id);
   // Names are unique: the first rank to claim one keeps it.
   const c10d::Bytes owner =
       store_->compare_set(key("name/" + self_.name), {}, c10d::to_bytes(rank_text));
@@ -242,6 +257,9 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
               format_record(WorkerRecord{self_.name, me.url, me.cuda_devices, me.device_maps,
                                          me.boot_id, rejoin ? std::nullopt : me.loans, incarnation_,
                                          me.host_id, me.netns, me.transports}));
+}
+
+std::vector<WorkerRecord> GroupDirectory::read_records(bool rejoin) const {
   std::vector<std::string> values;
   try {
     values = gather("worker/", "to start");
@@ -256,6 +274,11 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
   std::vector<WorkerRecord> records;
   for (int r = 0; r < world_size_; ++r)
     records.push_back(parse_record(values[static_cast<size_t>(r)], r));
+  return records;
+}
+
+void GroupDirectory::adopt_records(const Announcement& me,
+                                   const std::vector<WorkerRecord>& records) {
   {
     MutexLock lock(mutable_mutex_);
     for (int r = 0; r < world_size_; ++r) {
@@ -298,6 +321,11 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
                                 DeviceRoute::Direction::kReply);
     }
   }
+}
+
+std::string GroupDirectory::find_readable(const Announcement& me,
+                                          const std::vector<WorkerRecord>& records,
+                                          bool direct_copies) {
   // Direct copies: each worker finds whose memory it can read and says so, so that every
   // worker knows to whom it may lend.
   readable_.resize(static_cast<size_t>(world_size_));
@@ -315,7 +343,11 @@ void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoi
       can_read += " " + std::to_string(r);
     }
   }
-  if (rejoin) return;  // lends to nobody; the others' records stand
+  return can_read;
+}
+
+void GroupDirectory::agree_on_lenders(const std::string& can_read, bool direct_copies) {
+  const std::string rank_text = std::to_string(self_.id);
   store_->set(key("direct/" + rank_text), can_read);
   const std::vector<std::string> readers = gather("direct/", "to check its peers");
   for (int r = 0; direct_copies && r < world_size_; ++r) {
@@ -541,25 +573,52 @@ bool GroupDirectory::lends_to(int id) const {
 
 // ---- admission of incoming connections
 
-std::string PeerAdmission::check(const Claim& claim) const {
+MemberState next(MemberState state, MemberEvent event) {
+  switch (event) {
+    case MemberEvent::kJoin:
+      return state == MemberState::kUnjoined ? MemberState::kKnown : state;
+    case MemberEvent::kClaimNewer:
+      return state == MemberState::kKnown ? MemberState::kRereading : state;
+    case MemberEvent::kReread:
+      return state == MemberState::kRereading ? MemberState::kKnown : state;
+    case MemberEvent::kClose:
+      return MemberState::kClosed;
+  }
+  return state;
+}
+
+MemberState& PeerAdmission::member(int rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= members_.size()) return outsiders_;
+  return members_[static_cast<size_t>(rank)];
+}
+
+void PeerAdmission::apply_to_all(MemberEvent event) {
+  for (MemberState& state : members_)
+    state = next(state, event);
+  outsiders_ = next(outsiders_, event);
+}
+
+PeerAdmission::Finding PeerAdmission::check(const Claim& claim) const {
+  using Verdict = Finding::Verdict;
   const std::string who = "worker '" + printable(claim.name) + "' of rank " +
                           std::to_string(claim.rank) + ", incarnation " +
                           std::to_string(claim.incarnation);
   const int id = group_.id_of(claim.name);
   if (id < 0) {
     // Not a worker of this group: served as an outsider (rank -1), which speaks for nobody.
-    if (claim.rank == -1) return "";
-    return "it claims to be " + who + ", but no worker of this group has that name";
+    if (claim.rank == -1) return {Verdict::kAdmit, ""};
+    return {Verdict::kRefuse,
+            "it claims to be " + who + ", but no worker of this group has that name"};
   }
   if (claim.rank != id) {
-    return "it claims to be " + who + ", but worker '" + claim.name + "' has rank " +
-           std::to_string(id);
+    return {Verdict::kRefuse, "it claims to be " + who + ", but worker '" + claim.name +
+                                  "' has rank " + std::to_string(id)};
   }
   const int current = group_.incarnation(id);
-  if (claim.incarnation == current) return "";
-  if (claim.incarnation > current) return kNewer;
-  return "it claims to be " + who + ", which incarnation " + std::to_string(current) +
-         " has replaced";
+  if (claim.incarnation == current) return {Verdict::kAdmit, ""};
+  if (claim.incarnation > current) return {Verdict::kNewer, ""};
+  return {Verdict::kRefuse, "it claims to be " + who + ", which incarnation " +
+                                std::to_string(current) + " has replaced"};
 }
 
 void PeerAdmission::verify(Claim claim, Done done) {
@@ -567,14 +626,15 @@ void PeerAdmission::verify(Claim claim, Done done) {
   std::string refused;
   {
     MutexLock lock(mutex_);
-    switch (state_) {
-      case State::kWaiting:
+    switch (member(claim.rank)) {
+      case MemberState::kUnjoined:
         waiting_.emplace_back(std::move(claim), std::move(done));
         return;
-      case State::kClosed:
+      case MemberState::kClosed:
         refused = closed_why_;
         break;
-      case State::kOpen:
+      case MemberState::kKnown:
+      case MemberState::kRereading:
         runner = runner_;
         break;
     }
@@ -587,9 +647,9 @@ void PeerAdmission::verify(Claim claim, Done done) {
 }
 
 void PeerAdmission::decide(Claim claim, Done done, const Runner& runner) {
-  const std::string why = check(claim);
-  if (why != kNewer) {
-    done(why);
+  const Finding finding = check(claim);
+  if (finding.verdict != Finding::Verdict::kNewer) {
+    done(finding.why);
     return;
   }
   // A rank taken over since this worker last read its record (AgentOptions::rejoin): the
@@ -599,40 +659,47 @@ void PeerAdmission::decide(Claim claim, Done done, const Runner& runner) {
   const int rank = claim.rank;
   {
     MutexLock lock(mutex_);
+    MemberState& state = member(rank);
+    state = next(state, MemberEvent::kClaimNewer);
     auto [it, first] = refreshing_.try_emplace(rank);
     it->second.emplace_back(std::move(claim), std::move(done));
     if (!first) return;
   }
-  auto read = [this, rank] {
-    group_.refresh(rank, refresh_timeout_);
-    std::vector<std::pair<Claim, Done>> decided;
-    {
-      MutexLock lock(mutex_);
-      decided.swap(refreshing_[rank]);
-      refreshing_.erase(rank);
-    }
-    for (auto& [c, d] : decided) {
-      const std::string after = check(c);
-      d(after != kNewer
-            ? after
-            : "it claims to be worker '" + printable(c.name) + "' of rank " +
-                  std::to_string(c.rank) + " in incarnation " + std::to_string(c.incarnation) +
-                  ", but the store's record of that rank holds incarnation " +
-                  std::to_string(group_.incarnation(c.rank)));
-    }
-  };
   try {
     if (!runner) throw Error("nothing runs it");
-    runner(std::move(read));
+    runner([this, rank] { reread(rank); });
   } catch (const std::exception& e) {
     std::vector<std::pair<Claim, Done>> refused;
     {
       MutexLock lock(mutex_);
       refused.swap(refreshing_[rank]);
       refreshing_.erase(rank);
+      MemberState& state = member(rank);
+      state = next(state, MemberEvent::kReread);
     }
     for (auto& [c, d] : refused)
       d("its claim of a newer incarnation cannot be checked now: " + std::string(e.what()));
+  }
+}
+
+void PeerAdmission::reread(int rank) {
+  group_.refresh(rank, refresh_timeout_);
+  std::vector<std::pair<Claim, Done>> decided;
+  {
+    MutexLock lock(mutex_);
+    decided.swap(refreshing_[rank]);
+    refreshing_.erase(rank);
+    MemberState& state = member(rank);
+    state = next(state, MemberEvent::kReread);
+  }
+  for (auto& [c, d] : decided) {
+    const Finding after = check(c);
+    d(after.verdict != Finding::Verdict::kNewer
+          ? after.why
+          : "it claims to be worker '" + printable(c.name) + "' of rank " + std::to_string(c.rank) +
+                " in incarnation " + std::to_string(c.incarnation) +
+                ", but the store's record of that rank holds incarnation " +
+                std::to_string(group_.incarnation(c.rank)));
   }
 }
 
@@ -640,8 +707,8 @@ void PeerAdmission::open(Runner runner) {
   std::vector<std::pair<Claim, Done>> waiting;
   {
     MutexLock lock(mutex_);
-    if (state_ != State::kWaiting) return;
-    state_ = State::kOpen;
+    if (outsiders_ != MemberState::kUnjoined) return;
+    apply_to_all(MemberEvent::kJoin);
     runner_ = runner;
     waiting.swap(waiting_);
   }
@@ -653,7 +720,7 @@ void PeerAdmission::close(const std::string& why) {
   std::vector<std::pair<Claim, Done>> waiting;
   {
     MutexLock lock(mutex_);
-    state_ = State::kClosed;
+    apply_to_all(MemberEvent::kClose);
     closed_why_ = why;
     runner_ = nullptr;
     waiting.swap(waiting_);

@@ -38,6 +38,9 @@ class Store;
 
 namespace gradwire::rpc::detail {
 
+// A worker's record in the store (group.cc).
+struct WorkerRecord;
+
 // 1 to 128 characters from [A-Za-z0-9_.:-].
 bool valid_worker_name(const std::string& name);
 
@@ -160,6 +163,21 @@ class GroupDirectory {
   bool lends_to(int id) const;
 
  private:
+  // join()'s steps. The generation this worker joins (prefix_; a rejoining worker's
+  // incarnation_).
+  void enter_generation(bool rejoin);
+  // Claims this worker's name (names are unique: the first rank to claim one keeps it) and
+  // publishes its record.
+  void claim_name_and_publish(const Announcement& me, bool rejoin);
+  // Every worker's record, by rank, once all are published.
+  std::vector<WorkerRecord> read_records(bool rejoin) const;
+  // Who is in the group, where each is, what it registered, and the device routes.
+  void adopt_records(const Announcement& me, const std::vector<WorkerRecord>& records);
+  // Whose memory this worker can read (readable_); returns the direct-copy record saying so.
+  std::string find_readable(const Announcement& me, const std::vector<WorkerRecord>& records,
+                            bool direct_copies);
+  // Publishes `can_read` and learns from the others' to whom this worker may lend.
+  void agree_on_lenders(const std::string& can_read, bool direct_copies);
   // The store key of `name` in this group's generation.
   std::string key(const std::string& name) const { return prefix_ + name; }
   // Waits, at most `timeout`, for every rank's key `<prefix><rank>`; TimeoutError naming
@@ -202,6 +220,30 @@ class GroupDirectory {
   std::vector<bool> lend_to_;
 };
 
+// The lifecycle of one member of the group as PeerAdmission sees it: whether a claim of that
+// member's identity waits, is checked against its record, or is refused (docs/rpc.md, "The
+// group directory"). Every move goes through next(); claims of a name that is no member's
+// follow the same lifecycle, as one more member.
+enum class MemberState {
+  kUnjoined,   // the directory is not joined yet: claims wait for it
+  kKnown,      // its record is read: a claim is checked against it at once
+  kRereading,  // a claim named an incarnation newer than the record's: the record is being
+               // re-read, and newer claims that arrive meanwhile wait for that read
+  kClosed,     // the agent is closing: claims are refused (a read under way still decides
+               // the claims that wait for it)
+};
+
+enum class MemberEvent {
+  kJoin,        // the directory is joined (PeerAdmission::open)
+  kClaimNewer,  // a claim names an incarnation newer than the record's
+  kReread,      // the re-read of the record ended (refreshed, kept, or not started)
+  kClose,       // PeerAdmission::close
+};
+
+// The state that `event` moves `state` to. An event that does not apply to a state (a
+// re-read that ends after close, a join after close) leaves it as it is.
+MemberState next(MemberState state, MemberEvent event);
+
 // Which incoming connections an agent admits. Each connection's handshake claims a worker:
 // its name, rank and incarnation (with a shared secret, authenticated by the handshake's
 // MAC; without one, merely claimed). A claim of a worker of this group is admitted only
@@ -229,7 +271,9 @@ class PeerAdmission {
 
   // `group` must outlive this object; `refresh_timeout` bounds a re-read of a record.
   PeerAdmission(GroupDirectory& group, std::chrono::milliseconds refresh_timeout)
-      : group_(group), refresh_timeout_(refresh_timeout) {}
+      : group_(group),
+        refresh_timeout_(refresh_timeout),
+        members_(static_cast<size_t>(group.world_size()), MemberState::kUnjoined) {}
 
   // Runs a task off the caller's thread (which may be a transport's loop), keeping what the
   // task uses alive; throws when it cannot.
@@ -245,20 +289,31 @@ class PeerAdmission {
   void close(const std::string& why);
 
  private:
-  // "" when `claim` matches what the directory knows; kNewer when it claims a newer
-  // incarnation than the directory knows (re-read the record); else why it is refused.
-  static constexpr const char* kNewer = "newer";
-  std::string check(const Claim& claim) const;
+  // What check() finds of a claim against the directory's record of the member it names.
+  struct Finding {
+    enum class Verdict {
+      kAdmit,   // it matches the record
+      kRefuse,  // it cannot be that member: `why`
+      kNewer,   // it claims a newer incarnation than the record's: re-read the record
+    };
+    Verdict verdict{Verdict::kAdmit};
+    std::string why;
+  };
+  Finding check(const Claim& claim) const;
   void decide(Claim claim, Done done, const Runner& runner);
+  // Re-reads the record of `rank` and decides the claims that waited for it.
+  void reread(int rank);
+  // The state of the member `rank` claims; ranks outside the group share one.
+  MemberState& member(int rank) GRADWIRE_REQUIRES(mutex_);
+  // Moves every member's state by `event`.
+  void apply_to_all(MemberEvent event) GRADWIRE_REQUIRES(mutex_);
 
   GroupDirectory& group_;
   const std::chrono::milliseconds refresh_timeout_;
   Mutex mutex_;
-  enum class State {
-    kWaiting,
-    kOpen,
-    kClosed
-  } state_ GRADWIRE_GUARDED_BY(mutex_) = State::kWaiting;
+  // Per rank of the group; then the one of every claim outside it.
+  std::vector<MemberState> members_ GRADWIRE_GUARDED_BY(mutex_);
+  MemberState outsiders_ GRADWIRE_GUARDED_BY(mutex_) = MemberState::kUnjoined;
   std::string closed_why_ GRADWIRE_GUARDED_BY(mutex_);
   Runner runner_ GRADWIRE_GUARDED_BY(mutex_);
   std::vector<std::pair<Claim, Done>> waiting_ GRADWIRE_GUARDED_BY(mutex_);
