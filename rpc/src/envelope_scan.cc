@@ -124,75 +124,22 @@ class Scanner {
     }
   }
 
+  // One length-delimited field of a message of `kind`: a nested message to scan, or bytes
+  // whose size is checked against the limits.
   void on_bytes(Msg kind, uint64_t field, const uint8_t* p, const uint8_t* end, int depth,
                 Dims& dims) {
     const size_t size = static_cast<size_t>(end - p);
     switch (kind) {
       case Msg::kEnvelope:
-        switch (field) {
-          case 2:  // request (a oneof: the last body seen is the one kept)
-            set_body(true, false, false);
-            return message(Msg::kRequest, p, end, 0);
-          case 3:
-            set_body(false, true, false);
-            return message(Msg::kResponse, p, end, 0);
-          case 5:
-            set_body(false, false, true);
-            return message(Msg::kRelease, p, end, 0);
-          case 4:
-            if (++shape_.tensors > limits_.max_tensors) {
-              malformed("more than " + count_text(limits_.max_tensors) + " tensors (max_tensors)");
-            }
-            return message(Msg::kTensorDesc, p, end, 0);
-          default:
-            return;
-        }
+        return on_envelope_bytes(field, p, end);
       case Msg::kRequest:
-        switch (field) {
-          case 3:
-            if (size > limits_.max_function_name_bytes) {
-              malformed("a function name of " + count_text(size) + " bytes, more than " +
-                        count_text(limits_.max_function_name_bytes));
-            }
-            return;
-          case 4:
-            return value(p, end, 1);
-          case 9:
-            return extension(p, end);
-          default:
-            return;
-        }
+        return on_request_bytes(field, p, end, size);
       case Msg::kResponse:
-        switch (field) {
-          case 2:
-            return value(p, end, 1);
-          case 3:
-            return message(Msg::kErrorReply, p, end, 0);
-          case 7:
-            return extension(p, end);
-          default:
-            return;
-        }
+        return on_response_bytes(field, p, end);
       case Msg::kRelease:
-        if (field == 1) {
-          if (++loans_ > limits_.max_tensors) {
-            malformed("a release of more than " + count_text(limits_.max_tensors) + " loans");
-          }
-          message(Msg::kLeaf, p, end, 0);
-        }
-        return;
+        return on_release_bytes(field, p, end);
       case Msg::kValue:
-        switch (field) {
-          case 1:   // none
-          case 10:  // rref
-            return message(Msg::kLeaf, p, end, depth);
-          case 8:
-            return message(Msg::kList, p, end, depth);
-          case 9:
-            return message(Msg::kMap, p, end, depth);
-          default:
-            return;
-        }
+        return on_value_bytes(field, p, end, depth);
       case Msg::kList:
         if (field == 1) value(p, end, depth + 1);
         return;
@@ -206,36 +153,119 @@ class Scanner {
         if (field == 1 || field == 2) value(p, end, depth + 1);
         return;
       case Msg::kTensorDesc:
-        if (field == 2) {
-          add_dims(dims.sizes, packed_varints(p, end), "dims");
-        } else if (field == 9) {
-          // A broadcast's shape: as many int64 as sizes once built, so bounded the same.
-          add_dims(dims.expand_to, packed_varints(p, end), "expand_to dims");
-        } else if (field == 7) {
-          message(Msg::kLeaf, p, end, 0);
-        }
-        return;
+        return on_tensor_desc_bytes(field, p, end, dims);
       case Msg::kExtension:
-        if (field == 1 && size > limits_.max_extension_key_bytes) {
-          malformed("an extension key of " + count_text(size) + " bytes exceeds the limit of " +
-                    count_text(limits_.max_extension_key_bytes));
-        }
-        if (field == 2) {
-          extension_bytes_ += size;
-          if (extension_bytes_ > limits_.max_extension_bytes) {
-            malformed("extension values of more than " + count_text(limits_.max_extension_bytes) +
-                      " bytes");
-          }
-        }
-        return;
+        return on_extension_bytes(field, size);
       case Msg::kErrorReply:
-        if (field == 3 && size > limits_.max_worker_name_bytes) {
-          malformed("an error's worker name of " + count_text(size) +
-                    " bytes exceeds the limit of " + count_text(limits_.max_worker_name_bytes));
-        }
-        return;
+        return on_error_reply_bytes(field, size);
       case Msg::kLeaf:
         return;
+    }
+  }
+
+  void on_envelope_bytes(uint64_t field, const uint8_t* p, const uint8_t* end) {
+    switch (field) {
+      case 2:  // request (a oneof: the last body seen is the one kept)
+        set_body(true, false, false);
+        return message(Msg::kRequest, p, end, 0);
+      case 3:
+        set_body(false, true, false);
+        return message(Msg::kResponse, p, end, 0);
+      case 5:
+        set_body(false, false, true);
+        return message(Msg::kRelease, p, end, 0);
+      case 4:
+        if (++shape_.tensors > limits_.max_tensors) {
+          malformed("more than " + count_text(limits_.max_tensors) + " tensors (max_tensors)");
+        }
+        return message(Msg::kTensorDesc, p, end, 0);
+      default:
+        return;
+    }
+  }
+
+  void on_request_bytes(uint64_t field, const uint8_t* p, const uint8_t* end, size_t size) {
+    switch (field) {
+      case 3:
+        if (size > limits_.max_function_name_bytes) {
+          malformed("a function name of " + count_text(size) + " bytes, more than " +
+                    count_text(limits_.max_function_name_bytes));
+        }
+        return;
+      case 4:
+        return value(p, end, 1);
+      case 9:
+        return extension(p, end);
+      default:
+        return;
+    }
+  }
+
+  void on_response_bytes(uint64_t field, const uint8_t* p, const uint8_t* end) {
+    switch (field) {
+      case 2:
+        return value(p, end, 1);
+      case 3:
+        return message(Msg::kErrorReply, p, end, 0);
+      case 7:
+        return extension(p, end);
+      default:
+        return;
+    }
+  }
+
+  void on_release_bytes(uint64_t field, const uint8_t* p, const uint8_t* end) {
+    if (field == 1) {
+      if (++loans_ > limits_.max_tensors) {
+        malformed("a release of more than " + count_text(limits_.max_tensors) + " loans");
+      }
+      message(Msg::kLeaf, p, end, 0);
+    }
+  }
+
+  void on_value_bytes(uint64_t field, const uint8_t* p, const uint8_t* end, int depth) {
+    switch (field) {
+      case 1:   // none
+      case 10:  // rref
+        return message(Msg::kLeaf, p, end, depth);
+      case 8:
+        return message(Msg::kList, p, end, depth);
+      case 9:
+        return message(Msg::kMap, p, end, depth);
+      default:
+        return;
+    }
+  }
+
+  void on_tensor_desc_bytes(uint64_t field, const uint8_t* p, const uint8_t* end, Dims& dims) {
+    if (field == 2) {
+      add_dims(dims.sizes, packed_varints(p, end), "dims");
+    } else if (field == 9) {
+      // A broadcast's shape: as many int64 as sizes once built, so bounded the same.
+      add_dims(dims.expand_to, packed_varints(p, end), "expand_to dims");
+    } else if (field == 7) {
+      message(Msg::kLeaf, p, end, 0);
+    }
+  }
+
+  void on_extension_bytes(uint64_t field, size_t size) {
+    if (field == 1 && size > limits_.max_extension_key_bytes) {
+      malformed("an extension key of " + count_text(size) + " bytes exceeds the limit of " +
+                count_text(limits_.max_extension_key_bytes));
+    }
+    if (field == 2) {
+      extension_bytes_ += size;
+      if (extension_bytes_ > limits_.max_extension_bytes) {
+        malformed("extension values of more than " + count_text(limits_.max_extension_bytes) +
+                  " bytes");
+      }
+    }
+  }
+
+  void on_error_reply_bytes(uint64_t field, size_t size) {
+    if (field == 3 && size > limits_.max_worker_name_bytes) {
+      malformed("an error's worker name of " + count_text(size) + " bytes exceeds the limit of " +
+                count_text(limits_.max_worker_name_bytes));
     }
   }
 

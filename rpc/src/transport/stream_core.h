@@ -42,7 +42,7 @@ std::string errno_text(int err);
 //
 // TensorPipe's NopReader does not bounds-check the one-byte reads libnop makes for every
 // value's prefix, so a truncated control frame would make decoding read past the frame (a
-// null pointer when it ends exactly there; found by fuzz_transport). Frames are therefore
+// null pointer when it ends exactly there). Frames are therefore
 // decoded with a guard after them, whose bytes are a prefix no encoding accepts (libnop
 // reserves 0x8a), so decoding past the end fails at its next prefix; and a decode counts
 // only if the object it produced encodes back to exactly the frame's size, so nothing of

@@ -188,10 +188,10 @@ struct AgentOptions {
   // permission to read a peer's memory (same user, ptrace not restricted); each worker
   // checks that at start and otherwise everything travels through TensorPipe as usual.
   // direct_copy_threads in [0, 64]; 0 turns direct copies off. Up to 1 MiB (a 512x512
-  // float32 tensor is exactly that) a pair that talks over the local transport does better
-  // through its rings (the ring channel: two memcpys through memory that stays in the cache,
-  // no control messages, no copying threads to wake; benchmarks.md), so by default only
-  // tensors larger than 1 MiB are lent.
+  // float32 tensor is exactly that) a pair that talks over the local transport sends a
+  // tensor through its rings instead (the ring channel: two memcpys through memory that
+  // stays in the cache, no control messages, no copying threads to wake), which costs less
+  // than a loan at that size, so by default only tensors larger than 1 MiB are lent.
   size_t direct_copy_min_bytes{(size_t{1} << 20) + 1};
   int direct_copy_threads{4};
   // Per destination worker name.

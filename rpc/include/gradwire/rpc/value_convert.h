@@ -31,8 +31,8 @@
 // pass a context "outside any agent" (CallContext{}); every container converter hands the
 // context it was given to its elements, so a context-aware type works nested in lists,
 // maps, optionals and tuples too. A converter with both forms is called with the context.
-// (A converter written against the older `from(const Value&, const std::string&)` still
-// works; it receives the rendered text.)
+// (A converter with the form `from(const Value&, const std::string&)` works too; it
+// receives the rendered text.)
 //
 // Where. Converting arguments is on every call's path, and the description of where a
 // value sits ("element 3 of argument 1 of f(list<int>) -> None") is needed only when one
