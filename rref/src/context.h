@@ -6,7 +6,8 @@
 // handler, an interceptor (it turns what happens to each message that carries references —
 // sent, delivered, not delivered, late — into fork events) and an agent listener (a lost
 // worker's forks are released; a graceful shutdown sends this worker's last deletes).
-// docs/rref.md describes the protocol and has its state tables.
+// docs/rref.md describes the protocol and has its state tables. The members are defined in
+// files by concept (context.cc names them); messages.h holds what they share of a message.
 //
 // Locking: mutex_ guards the table and the maps. No reference core is ever destroyed while
 // it is held (a core's destructor calls back into the context): whatever a change drops is
@@ -16,11 +17,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <typeindex>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "forks.h"
 #include "gradwire/core/future.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/recent.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/ids.h"
 #include "gradwire/rref/rref.h"
@@ -37,6 +37,12 @@ namespace gradwire::rref {
 namespace wire {
 class RRefMessage;
 class Create;
+class Fetch;
+class CallMethod;
+class AddFork;
+class Lost;
+class ChildAccepted;
+class Delete;
 }  // namespace wire
 
 class OwnerRRef;
@@ -172,6 +178,16 @@ class RRefContext : public rpc::Interceptor,
                   std::vector<std::shared_ptr<detail::RRefCore>>& out);
   std::shared_ptr<detail::RRefCore> accept(const rpc::RRefDescriptor& d,
                                            const rpc::WorkerInfo& from);
+  // A reference to a value owned here came back: the owned value (a placeholder when its
+  // creation has not arrived yet); the fork is settled with whoever minted it.
+  std::shared_ptr<OwnerRRef> accept_owned(const rpc::RRefDescriptor& d,
+                                          const rpc::WorkerInfo& from);
+  // A new user reference for a fork received here, confirmed at once when its owner made
+  // it or was lost, else once the owner answers its AddFork.
+  std::shared_ptr<UserRRef> accept_user(const rpc::RRefDescriptor& d);
+  // Asks `owner` to count the fork of `user` (an AddFork); its answer confirms the user.
+  void send_add_fork(const std::shared_ptr<UserRRef>& user, const rpc::RRefDescriptor& d,
+                     const rpc::WorkerInfo& owner);
   // Binds the forks minted here inside `value` to destination `to`.
   void bind_all(const rpc::Value& value, int to, std::vector<uint64_t>& bound);
   // Forks bound to `to` by a message that was not delivered.
@@ -197,6 +213,11 @@ class RRefContext : public rpc::Interceptor,
                                               const rpc::WorkerInfo& caller);
   // An owned reference whose creation has not arrived yet (bounded in number).
   std::shared_ptr<OwnerRRef> placeholder(uint64_t rref_id, const std::string& type_name);
+  // A new placeholder for value `rref_id`, not held here: CallRejected for a value freed here
+  // (the refusal ends with `refusing`) or past kMaxPlaceholders.
+  std::shared_ptr<OwnerRRef> new_placeholder_locked(uint64_t rref_id, const std::string& type_name,
+                                                    const std::string& refusing)
+      GRADWIRE_REQUIRES(mutex_);
   // The owned reference `rref_id`, made as a placeholder when a fork of it arrives before
   // its creation; counts `fork` (0: none) held by `holder`. CallRejected for a freed value.
   std::shared_ptr<OwnerRRef> owner_with_fork(uint64_t rref_id, const std::string& type_name,
@@ -204,6 +225,12 @@ class RRefContext : public rpc::Interceptor,
   // One attempt of send_settlement; the in-flight count it took carries over to the next.
   void settlement_attempt(const rpc::WorkerInfo& to, const std::string& payload,
                           const std::string& what, int attempt, bool through_losses);
+  // The answer to attempt `attempt`: sent again, or the settlement ends (end_settlement).
+  void settlement_answered(const Future<rpc::Value>& done, const rpc::WorkerInfo& to,
+                           const std::string& payload, const std::string& what, int attempt,
+                           bool through_losses);
+  // A settlement is over, answered or not: its count in messages_in_flight ends.
+  void end_settlement();
   // The loss of `worker` (its current incarnation): its forks and the references to its
   // values are released, placeholders it was creating abandoned. `tell`: the loss was seen
   // here, and `worker` is told (a Lost message), so that it releases the same of this one.
@@ -218,10 +245,29 @@ class RRefContext : public rpc::Interceptor,
   void remove_fork(uint64_t rref_id, uint64_t fork, int holder);
   void accept_children(const std::vector<uint64_t>& forks);
 
+  // Sends `to` (the worker that minted `fork`) the ChildAccepted that settles the fork:
+  // its owner counted it, refused it, or it was given up.
+  void settle_child(const rpc::WorkerInfo& to, uint64_t rref_id, uint64_t fork);
+
+  // ---- the handler (context_handler.cc): one function per message kind
   Future<rpc::Value> dispatch(const rpc::CallContext& ctx, const rpc::Request& request,
-                              const wire::RRefMessage& message);
+                              const wire::RRefMessage& message, rpc::RpcAgent& agent);
   Future<rpc::Value> handle_create(const rpc::CallContext& ctx, const rpc::Request& request,
                                    const wire::Create& create);
+  Future<rpc::Value> handle_fetch(const rpc::CallContext& ctx, const wire::Fetch& fetch);
+  Future<rpc::Value> handle_call_method(const rpc::CallContext& ctx, const rpc::Request& request,
+                                        const wire::CallMethod& call);
+  Future<rpc::Value> handle_add_fork(const rpc::CallContext& ctx, rpc::RpcAgent& agent,
+                                     const wire::AddFork& add);
+  Future<rpc::Value> handle_lost(const rpc::CallContext& ctx, rpc::RpcAgent& agent,
+                                 const wire::Lost& lost);
+  Future<rpc::Value> handle_child_accepted(const wire::ChildAccepted& accepted);
+  Future<rpc::Value> handle_delete(const rpc::CallContext& ctx, rpc::RpcAgent& agent,
+                                   const wire::Delete& del);
+  // A Delete from `caller` that arrived before the Create or AddFork counting its fork: the
+  // user that sent the fork is settled, or a creator's value given up is never made.
+  void deleted_before_counted(const rpc::WorkerInfo& caller, rpc::RpcAgent& agent,
+                              const wire::Delete& del);
 
   // The group's size, known once the agent has started.
   int world_size() const;
@@ -248,8 +294,7 @@ class RRefContext : public rpc::Interceptor,
   std::map<int, int> incarnations_ GRADWIRE_GUARDED_BY(mutex_);  // worker id -> the current one
   // Values this worker held and freed, whose ids another worker minted (the last
   // kRememberedFrees): a later fork or creation naming one is refused, never a placeholder.
-  std::set<uint64_t> freed_ GRADWIRE_GUARDED_BY(mutex_);
-  std::deque<uint64_t> freed_order_ GRADWIRE_GUARDED_BY(mutex_);
+  RecentSet<uint64_t> freed_ GRADWIRE_GUARDED_BY(mutex_);
   int64_t in_flight_ GRADWIRE_GUARDED_BY(mutex_) = 0;
   int64_t placeholders_ GRADWIRE_GUARDED_BY(mutex_) = 0;
 };

@@ -1,6 +1,7 @@
 // The two kinds of reference core: OwnerRRef (the value lives here) and UserRRef (a fork
 // of another worker's value). See context.h.
 #include "context.h"
+#include "gradwire/core/error_kind_of.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/printable.h"
 #include "proto/rref.pb.h"
@@ -418,16 +419,9 @@ void UserRRef::owner_answered(const Future<Value>& reply, bool creation) {
     return;
   }
   const std::exception_ptr error = reply.error();
-  bool timed_out = false;
-  bool lost = false;
-  try {
-    std::rethrow_exception(error);
-  } catch (const TimeoutError&) {
-    timed_out = true;
-  } catch (const NetworkError&) {
-    lost = true;
-  } catch (...) {
-  }
+  const ErrorKind kind = error_kind_of(error);
+  const bool timed_out = kind == ErrorKind::kTimeout;
+  const bool lost = kind == ErrorKind::kNetwork;
   // A timeout leaves it open whether the owner counts the fork: the Delete is sent, and the
   // owner forgets the fork whether it counted it yet or not. A refused AddFork counted
   // nothing; a failed Create may have counted it. The owner's loss releases it on its own.

@@ -42,7 +42,7 @@ ForkVerdict ForkTable::apply(uint64_t fork, const ForkEvent& e, Dropped& dropped
         add(fork, Fork{ForkSide::kOwner, ForkState::kHeld, e.rref_id, e.peer, -1, e.keeps});
         return ForkVerdict::kApplied;
       case ForkEventKind::kDelete:
-        if (deleted_.count(fork) != 0) return ForkVerdict::kIgnored;  // sent again
+        if (deleted_.contains(fork)) return ForkVerdict::kIgnored;  // sent again
         if (!e.may_remember) return ForkVerdict::kUnknown;
         if (given_up_ >= kMaxGivenUp) return ForkVerdict::kFull;
         add(fork, Fork{ForkSide::kOwner, ForkState::kGivenUp, e.rref_id, e.peer, -1, nullptr});
@@ -76,7 +76,7 @@ ForkVerdict ForkTable::apply(uint64_t fork, const ForkEvent& e, Dropped& dropped
       if (f.side != ForkSide::kOwner) return ForkVerdict::kIgnored;
       if (f.state == ForkState::kGivenUp && f.peer == e.peer) {
         remove(it, dropped);
-        remember_deleted(fork);
+        deleted_.insert(fork);
         return ForkVerdict::kForgotten;
       }
       return ForkVerdict::kDuplicate;
@@ -85,7 +85,7 @@ ForkVerdict ForkTable::apply(uint64_t fork, const ForkEvent& e, Dropped& dropped
       if (f.peer != e.peer) return ForkVerdict::kNotHolder;
       if (f.state == ForkState::kGivenUp) return ForkVerdict::kIgnored;  // a second Delete
       remove(it, dropped);
-      remember_deleted(fork);
+      deleted_.insert(fork);
       return ForkVerdict::kApplied;
     case ForkEventKind::kSettle:
       if (f.side != ForkSide::kUser || f.state != ForkState::kSent) return ForkVerdict::kIgnored;
@@ -100,15 +100,6 @@ ForkVerdict ForkTable::apply(uint64_t fork, const ForkEvent& e, Dropped& dropped
       return ForkVerdict::kApplied;
   }
   return ForkVerdict::kIgnored;
-}
-
-void ForkTable::remember_deleted(uint64_t fork) {
-  if (!deleted_.insert(fork).second) return;
-  deleted_order_.push_back(fork);
-  if (deleted_order_.size() > kMaxGivenUp) {
-    deleted_.erase(deleted_order_.front());
-    deleted_order_.pop_front();
-  }
 }
 
 std::vector<uint64_t> ForkTable::take_minted_for_reply(int peer, uint64_t request) {
@@ -138,7 +129,6 @@ void ForkTable::clear(Dropped& dropped) {
   forks_.clear();
   per_value_.clear();
   deleted_.clear();
-  deleted_order_.clear();
   for_reply_.clear();
   owner_forks_ = 0;
   user_forks_ = 0;

@@ -14,13 +14,12 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
-#include <set>
 #include <utility>
 #include <vector>
 
+#include "gradwire/core/recent.h"
 #include "gradwire/rref/rref.h"
 
 namespace gradwire::rref {
@@ -126,9 +125,7 @@ class ForkTable {
   // Owner: forks whose holder's Delete was applied (the last kMaxGivenUp). A Delete sent
   // again (its first reply was lost, and the holder retried) finds its fork here and is
   // ignored instead of being remembered as a give-up that no Create or AddFork will claim.
-  std::set<uint64_t> deleted_;
-  std::deque<uint64_t> deleted_order_;
-  void remember_deleted(uint64_t fork);
+  RecentSet<uint64_t> deleted_{kMaxGivenUp};
   int64_t owner_forks_{0};
   int64_t user_forks_{0};
   size_t given_up_{0};
