@@ -2,6 +2,7 @@
 // aborted everywhere the pass reached (Abort), and the context remembers how it ended.
 #include "container.h"
 
+#include "gradwire/core/error_kind_of.h"
 #include "gradwire/core/printable.h"
 #include "gradwire/rpc/join.h"
 
@@ -38,28 +39,23 @@ Future<void> Container::watch_part(const std::shared_ptr<ContextState>& state, u
 void Container::retry_wait(const std::weak_ptr<Container>& weak_self,
                            const std::weak_ptr<ContextState>& weak_state, uint64_t pass_id,
                            const WorkerInfo& to, Future<void> result, const Future<Value>& done) {
-  {
-    std::shared_ptr<Container> self = weak_self.lock();
-    std::shared_ptr<ContextState> s = weak_state.lock();
-    bool ask_again = false;
-    try {
-      std::rethrow_exception(done.error());
-    } catch (const TimeoutError&) {
-      if (self != nullptr && s != nullptr) {
-        MutexLock lock(s->mutex);
-        ask_again = s->passes.count(pass_id) != 0 && s->aborted.count(pass_id) == 0;
-      }
-    } catch (...) {
-    }
-    if (!ask_again) {
-      result.try_set_error(done.error());
-      return;
-    }
-    try {
-      self->watch_part(s, pass_id, to, result);
-    } catch (...) {
-      result.try_set_error(std::current_exception());
-    }
+  std::shared_ptr<Container> self = weak_self.lock();
+  std::shared_ptr<ContextState> s = weak_state.lock();
+  bool ask_again = false;
+  if (error_kind_of(done.error()) == ErrorKind::kTimeout && self != nullptr && s != nullptr) {
+    // Asked again while the pass goes on here: its part holds, and it was not aborted.
+    MutexLock lock(s->mutex);
+    const PassPhase phase = s->pass_phase(pass_id);
+    ask_again = holds_part(phase) && !aborted(phase);
+  }
+  if (!ask_again) {
+    result.try_set_error(done.error());
+    return;
+  }
+  try {
+    self->watch_part(s, pass_id, to, result);
+  } catch (...) {
+    result.try_set_error(std::current_exception());
   }
 }
 
@@ -76,11 +72,13 @@ std::pair<std::shared_ptr<ContextState>, Future<void>> Container::part_for(const
   std::shared_ptr<ContextState> state = get_for(ctx, caller, what);
   {
     MutexLock lock(state->mutex);
-    auto pass = state->passes.find(pass_id);
-    if (pass != state->passes.end() && pass->second.sink != nullptr)
-      return {state, pass->second.done};
-    // Asked again after its answer was lost or late, or asked after the Wait's answer.
-    if (state->last_pass == pass_id) return {state, state->last_done};
+    // Its part holds here; or it is the last reported pass, asked again after its answer
+    // was lost or late, or asked after the Wait's answer.
+    const PassPhase phase = state->pass_phase(pass_id);
+    if (holds_part(phase) || phase == PassPhase::kReported ||
+        phase == PassPhase::kAbortedReported) {
+      return {state, state->passes.at(pass_id).done};
+    }
   }
   throw CallRejected("dist_autograd: worker " + self_.describe() + " takes no part in pass " +
                      ctx_text(pass_id));
@@ -116,12 +114,14 @@ void Container::part_over(ContextState& state, uint64_t pass_id, const Future<vo
   bool failed = part.has_error();
   {
     MutexLock lock(state.mutex);
-    auto it = state.passes.find(pass_id);
-    if (it != state.passes.end()) {
-      task = std::move(it->second.task);
-      sink = it->second.sink;
+    const PassPhase was = state.pass_phase(pass_id);
+    // A part reported before its outcome was set (its task let go) has nothing to finish.
+    if (state.apply(pass_id, PassEvent::kPartEnds)) {
+      Pass& pass = state.passes.at(pass_id);
+      task = std::move(pass.task);
+      sink = pass.sink;
     }
-    if (state.aborted.count(pass_id) != 0) failed = true;
+    if (aborted(was)) failed = true;
     if (failed) {
       if (!state.failure || state.failure->first != pass_id) {
         state.failure.emplace(pass_id, part.has_error() ? error_text(part.error())
@@ -138,9 +138,9 @@ void Container::fail_part(ContextState& state, uint64_t pass_id, std::exception_
   Future<void> outcome;
   {
     MutexLock lock(state.mutex);
-    auto it = state.passes.find(pass_id);
-    if (it == state.passes.end()) return;
-    outcome = it->second.outcome;
+    const Pass* pass = state.part(pass_id);
+    if (pass == nullptr) return;
+    outcome = pass->outcome;
   }
   outcome.try_set_error(std::move(error));
 }
@@ -148,13 +148,10 @@ void Container::fail_part(ContextState& state, uint64_t pass_id, std::exception_
 void Container::forget_pass(ContextState& state, uint64_t pass_id) {
   std::shared_ptr<autograd::GraphTask> task;
   MutexLock lock(state.mutex);
-  auto it = state.passes.find(pass_id);
-  if (it == state.passes.end()) return;
-  task = std::move(it->second.task);
-  state.last_pass = pass_id;
-  state.last_sink = std::move(it->second.sink);
-  state.last_done = it->second.done;
-  state.passes.erase(it);
+  Pass* pass = state.part(pass_id);
+  if (pass == nullptr) return;
+  task = std::move(pass->task);
+  state.apply(pass_id, PassEvent::kReport);
   std::vector<EarlyGradients> early = drop_early(state, pass_id);
   lock.unlock();
   refuse_early(std::move(early),
@@ -166,7 +163,7 @@ void Container::forget_pass(ContextState& state, uint64_t pass_id) {
 void Container::end_pass(ContextState& state, uint64_t pass_id) {
   forget_pass(state, pass_id);
   MutexLock lock(state.mutex);
-  state.running = false;
+  state.apply(ContextEvent::kBackwardEnds);
 }
 
 Future<void> Container::abort(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
@@ -177,13 +174,14 @@ Future<void> Container::abort(const std::shared_ptr<ContextState>& state, uint64
   std::vector<EarlyGradients> early;
   {
     MutexLock lock(state->mutex);
-    if (!state->aborted.insert(pass_id).second) return make_ready_future();
-    auto it = state->passes.find(pass_id);
-    if (it != state->passes.end()) {
-      outcome = it->second.outcome;
-      sink = it->second.sink;
-    } else if (state->last_pass == pass_id) {
-      sink = state->last_sink;
+    const PassPhase was = state->pass_phase(pass_id);
+    if (!state->apply(pass_id, PassEvent::kAbort)) return make_ready_future();  // aborted
+    const Pass& pass = state->passes.at(pass_id);
+    if (holds_part(was)) {
+      outcome = pass.outcome;
+      sink = pass.sink;
+    } else if (was == PassPhase::kReported) {
+      sink = pass.sink;
     } else {
       // Never took part: nothing to take back or forward, but gradients that came early
       // for it are refused.

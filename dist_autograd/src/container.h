@@ -21,20 +21,20 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "context_state.h"
 #include "functions.h"
+#include "gradwire/autograd/engine.h"
 #include "gradwire/core/future.h"
 #include "gradwire/core/mutex.h"
+#include "gradwire/core/recent.h"
 #include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/rpc/agent.h"
@@ -204,6 +204,18 @@ class Container : public rpc::Interceptor,
   // A Discover: take the sends it names, and answer with the workers reached and the
   // caller's sends reached from them (docs/dist_autograd.md, Messages).
   Future<Value> on_discover(const WorkerInfo& caller, const wire::Discover& d);
+  // discover()'s steps. walk_to_recvs: the recv functions below `edges` whose sender this
+  // part has not told yet (now recorded as told), per sender, those of `back_to` into
+  // `back` instead. take_named_back: on the pool, take_named for the sends the answers
+  // `named` back, then completes `result` with `here` and what they found.
+  using ToTell = std::map<int, std::pair<WorkerInfo, std::vector<uint64_t>>>;
+  static ToTell walk_to_recvs(ContextState& state, uint64_t pass_id,
+                              const std::vector<autograd::Edge>& edges, int back_to,
+                              std::vector<uint64_t>& back);
+  void take_named_back(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                       bool retain_graph, int back_to,
+                       std::vector<std::pair<WorkerInfo, std::vector<uint64_t>>> named, Found here,
+                       Future<Found> result);
   // Reads a Discover's answer from `from` into `found`'s workers; returns the sends of this
   // worker it names back. Throws Error, naming `from` and what was wrong, when the answer is
   // not two lists of ints.
@@ -247,6 +259,14 @@ class Container : public rpc::Interceptor,
   Future<Value> on_propagate(const WorkerInfo& caller, const wire::Propagate& p,
                              const std::vector<Value>& args);
 
+  // Keeps gradients of a Propagate that came ahead of the Discover naming their send
+  // (`runs_here`: the pass holds a part here), until that Discover takes them or they are
+  // refused; returns the Propagate's answer. Throws CallRejected past kMaxEarly, or for a
+  // gradient the send cannot take.
+  Future<Value> keep_early(ContextState& state, bool runs_here, const wire::Propagate& p,
+                           const std::shared_ptr<SendBackward>& send,
+                           const std::vector<Value>& args) const GRADWIRE_REQUIRES(state.mutex);
+
   // ---- completion (completion.cc)
   // Completes when worker `to`'s part of the pass is over (failing with its error). A Wait is
   // a call like any other, bounded by rpc_timeout; while the pass goes on, one that times
@@ -272,6 +292,20 @@ class Container : public rpc::Interceptor,
                       const std::set<int>& workers,
                       const std::function<void(uint64_t, const rpc::WorkerInfo&)>& on_last_part,
                       bool hook_inline);
+  // backward()'s steps. check_backward: its arguments, or InvalidArgument. run_pass: the
+  // pass from its start here to the end of every part, throwing its error (a TimeoutError
+  // at `deadline`). watch_when_discovered: once `found` completes, watch_parts and
+  // end_discovery on the thread that completes it; the result fails with discovery.
+  // abort_failed_pass: aborts the failed pass and waits for the aborts within its deadline.
+  static void check_backward(const std::vector<Tensor>& roots, const BackwardOptions& options);
+  void run_pass(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                const std::vector<autograd::GraphRoot>& graph_roots, const BackwardOptions& options,
+                Clock::time_point deadline);
+  Future<Watched> watch_when_discovered(const std::shared_ptr<ContextState>& state,
+                                        uint64_t pass_id, const Future<Found>& found,
+                                        const BackwardOptions& options, int64_t discovery_ns);
+  void abort_failed_pass(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                         const std::exception_ptr& error, Clock::time_point deadline);
   // BackwardOptions::on_last_part: called once every part in `parts` (the other workers' of
   // `workers`, in order, then this one's) but one has ended well, when that one is another
   // worker's.
@@ -317,6 +351,11 @@ class Container : public rpc::Interceptor,
   // empty, says which worker was lost that the context ends for (its parts still running
   // here then fail with a NetworkError that names it).
   Future<void> release(uint64_t ctx, int from, const std::string& lost = {});
+  // release()'s last step: sends the Release (naming `lost`) to the workers in `touched`
+  // but `from` and this one; once they have answered (or failed), the context is released
+  // everywhere from here: out of releasing_, told (lifecycle.h), and `released` completes.
+  void tell_released(uint64_t ctx, int from, const std::string& lost, const std::set<int>& touched,
+                     const std::weak_ptr<ContextState>& weak_state, Future<void> released);
   // Sends a Release to `to`, and again when an attempt is not answered (dropped, timed out,
   // its connection lost): at most kReleaseAttempts, each bounded by a share of rpc_timeout,
   // so a worker hears of the end unless the faults outlast all of them. `result` completes
@@ -343,12 +382,11 @@ class Container : public rpc::Interceptor,
   // a worker remembers the last kReleasedMemory (ids are never reused, so an older one
   // could only come from a message delayed past 65,536 later releases).
   static constexpr size_t kReleasedMemory = 1u << 16;
-  std::unordered_set<uint64_t> released_ GRADWIRE_GUARDED_BY(mutex_);
-  std::deque<uint64_t> released_order_ GRADWIRE_GUARDED_BY(mutex_);
+  RecentSet<uint64_t> released_ GRADWIRE_GUARDED_BY(mutex_){kReleasedMemory};
   // (context, worker): released by that worker before reaching here (the newest
   // kReleasedMemory).
-  std::set<std::pair<uint64_t, int>> released_by_ GRADWIRE_GUARDED_BY(mutex_);
-  std::deque<std::pair<uint64_t, int>> released_by_order_ GRADWIRE_GUARDED_BY(mutex_);
+  RecentSet<std::pair<uint64_t, int>, PairHash> released_by_ GRADWIRE_GUARDED_BY(mutex_){
+      kReleasedMemory};
   // Why a context was released here when a worker was lost (the newest kLostMemory): a
   // later request in it (the initiator's Wait, say) gets that cause, as a NetworkError,
   // instead of "unknown, or already released".
@@ -358,8 +396,7 @@ class Container : public rpc::Interceptor,
     std::string why;
     std::set<int> members;
   };
-  std::unordered_map<uint64_t, LostWhy> lost_why_ GRADWIRE_GUARDED_BY(mutex_);
-  std::deque<uint64_t> lost_why_order_ GRADWIRE_GUARDED_BY(mutex_);
+  RecentMap<uint64_t, LostWhy> lost_why_ GRADWIRE_GUARDED_BY(mutex_){kLostMemory};
   // Contexts whose release here still waits for the workers it told: completes with it.
   std::map<uint64_t, Future<void>> releasing_ GRADWIRE_GUARDED_BY(mutex_);
 

@@ -1,7 +1,7 @@
 // What a worker holds for one context: the sends recorded in it, the workers it reached from
-// here, the gradients of this worker's leaves (ContextSink), and its part in each pass (Pass,
-// with the PassSink that lets a failed pass take back what it gave). The Container keeps one
-// ContextState per context (contexts.cc).
+// here, the gradients of this worker's leaves (ContextSink), its state and each pass's
+// (lifecycle.h), and its part in each pass (Pass, with the PassSink that lets a failed pass
+// take back what it gave). The Container keeps one ContextState per context (contexts.cc).
 //
 // Locking: ContextState::mutex guards its fields; the sinks have their own (a PassSink's is
 // taken before the ContextSink's, never the other way). No message is sent and no node runs
@@ -25,6 +25,7 @@
 #include "gradwire/core/future.h"
 #include "gradwire/core/mutex.h"
 #include "gradwire/tensor/ops.h"
+#include "lifecycle.h"
 
 namespace gradwire::dist_autograd::internal {
 
@@ -62,8 +63,11 @@ class PassSink : public autograd::GradientSink {
   std::unordered_map<const void*, std::pair<Tensor, Tensor>> before_ GRADWIRE_GUARDED_BY(mutex_);
 };
 
-// One pass as this worker takes part in it.
+// One pass as this worker knows it: its state (lifecycle.h) and, while it holds a part here,
+// the part's data. Reported passes keep their sink and done (the context's last one); an
+// aborted pass keeps its entry (refused from then on) but not its part's data.
 struct Pass {
+  PassPhase phase = PassPhase::kNone;
   std::shared_ptr<autograd::GraphTask> task;  // dropped once this worker's part is over
   std::shared_ptr<PassSink> sink;
   // This worker's part: completes with the task, or fails first (gradients it sent were
@@ -73,13 +77,10 @@ struct Pass {
   Future<void> done;
   std::set<const autograd::Node*> notified;  // recv functions whose sender was told
   // The sends recorded here that a Discover of this pass has named (each gets its
-  // gradients in this pass). Until discovery is over, the nodes below the sends not yet
-  // named are held in the task (their counts may still grow); the rest run as gradients
-  // come.
+  // gradients in this pass). While the pass is discovering, the nodes below the sends not
+  // yet named are held in the task (their counts may still grow); the rest run as
+  // gradients come.
   std::set<uint64_t> named;
-  // Discovery is over everywhere (the initiator's own discovery finished, or its Wait came):
-  // no send will be named any more, and nothing is held.
-  bool discovered = false;
 };
 
 // Gradients for a send that arrived before a Discover named that send in their pass: they
@@ -156,26 +157,35 @@ struct ContextState {
   const uint64_t id;
   const std::shared_ptr<ContextSink> sink = std::make_shared<ContextSink>();
   Mutex mutex;
+  // Made: none --make--> open (lifecycle.h).
+  ContextPhase phase GRADWIRE_GUARDED_BY(mutex) = ContextPhase::kOpen;
   std::map<uint64_t, std::shared_ptr<SendBackward>> sends GRADWIRE_GUARDED_BY(mutex);
   std::set<int> touched GRADWIRE_GUARDED_BY(mutex);  // workers that know this context from here
+  // Every pass this worker knows in the context but those in state none: parts started and
+  // not yet reported, the last reported pass, and the passes aborted here.
   std::map<uint64_t, Pass> passes GRADWIRE_GUARDED_BY(mutex);
-  bool running GRADWIRE_GUARDED_BY(mutex) = false;  // a backward() started here is running
-  // The last pass whose part here is over, and its sink: an abort that comes after this
-  // worker's part succeeded still takes back what the pass gave.
-  uint64_t last_pass GRADWIRE_GUARDED_BY(mutex) = 0;
-  std::shared_ptr<PassSink> last_sink GRADWIRE_GUARDED_BY(mutex);
-  Future<void> last_done GRADWIRE_GUARDED_BY(mutex);  // for a Wait asked again
-  // Passes aborted here: their later messages are refused.
-  std::set<uint64_t> aborted GRADWIRE_GUARDED_BY(mutex);
   // Gradients that came ahead of their Discover, per pass: at most kMaxEarly for each pass
   // running here, and kMaxEarly for all the passes not started here together.
   std::map<uint64_t, std::vector<EarlyGradients>> early GRADWIRE_GUARDED_BY(mutex);
   static constexpr size_t kMaxEarly = 256;
   // Per initiator, the newest pass this worker took part in: gradients for an older pass
-  // that is not running here come too late, and are refused at once.
+  // that holds no part here come too late, and are refused at once.
   std::map<int, uint64_t> newest_pass GRADWIRE_GUARDED_BY(mutex);
   // Why the last pass failed here, until one succeeds here (get_gradients throws it).
   std::optional<std::pair<uint64_t, std::string>> failure GRADWIRE_GUARDED_BY(mutex);
+
+  // Moves the context by `event` (next(ContextPhase, ContextEvent)); false, changing
+  // nothing, when the table refuses it.
+  bool apply(ContextEvent event) GRADWIRE_REQUIRES(mutex);
+  // Moves pass `pass_id` by `event` (next(PassPhase, PassEvent)); false, changing nothing,
+  // when the table refuses it. The entry is made on start and dropped when the pass goes
+  // back to none; a report supersedes the pass reported before it and drops what only a
+  // running part needs (the caller has taken the task).
+  bool apply(uint64_t pass_id, PassEvent event) GRADWIRE_REQUIRES(mutex);
+  // The state of pass `pass_id` here.
+  PassPhase pass_phase(uint64_t pass_id) const GRADWIRE_REQUIRES(mutex);
+  // Pass `pass_id` while it holds a part here (holds_part), else null.
+  Pass* part(uint64_t pass_id) GRADWIRE_REQUIRES(mutex);
 };
 
 }  // namespace gradwire::dist_autograd::internal

@@ -70,7 +70,11 @@ std::shared_ptr<ContextState> Container::get_or_make(uint64_t id, int from) {
   MutexLock lock(mutex_);
   auto it = contexts_.find(id);
   if (it != contexts_.end()) return it->second;
-  if (released_.count(id) != 0 || released_by_.count({id, from}) != 0) {
+  // Not held here: released here (or by `from`) before, or never seen.
+  const ContextPhase known = released_.contains(id) || released_by_.contains({id, from})
+                                 ? ContextPhase::kReleased
+                                 : ContextPhase::kNone;
+  if (!next(known, ContextEvent::kMake)) {
     throw CallRejected("dist_autograd: worker " + self_.describe() + " already released context " +
                        ctx_text(id));
   }
@@ -86,21 +90,11 @@ void Container::remember_released_unseen(uint64_t id) {
 
 void Container::remember_released_by(uint64_t id, int by) {
   MutexLock lock(mutex_);
-  if (contexts_.count(id) != 0 || !released_by_.insert({id, by}).second) return;
-  released_by_order_.push_back({id, by});
-  if (released_by_order_.size() > kReleasedMemory) {
-    released_by_.erase(released_by_order_.front());
-    released_by_order_.pop_front();
-  }
+  if (contexts_.count(id) == 0) released_by_.insert({id, by});
 }
 
 void Container::remember_released(uint64_t id) {
-  if (!released_.insert(id).second) return;
-  released_order_.push_back(id);
-  if (released_order_.size() > kReleasedMemory) {
-    released_.erase(released_order_.front());
-    released_order_.pop_front();
-  }
+  released_.insert(id);
 }
 
 size_t Container::size() const {
@@ -151,9 +145,9 @@ std::shared_ptr<ContextState> Container::get_for(uint64_t id, const WorkerInfo& 
     auto it = contexts_.find(id);
     if (it != contexts_.end()) {
       state = it->second;
-    } else if (auto why = lost_why_.find(id);
-               why != lost_why_.end() && why->second.members.count(caller.id) != 0) {
-      lost = why->second.why;
+    } else if (const LostWhy* why = lost_why_.find(id);
+               why != nullptr && why->members.count(caller.id) != 0) {
+      lost = why->why;
     }
   }
   // Released here because a worker was lost: what a member asking after it must hear.

@@ -9,18 +9,17 @@ namespace gradwire::dist_autograd::internal {
 std::shared_ptr<autograd::GraphTask> Container::start_part(
     const std::shared_ptr<ContextState>& state, uint64_t pass_id, bool retain_graph) {
   MutexLock lock(state->mutex);
-  if (state->aborted.count(pass_id) != 0) {
-    throw CallRejected("dist_autograd: worker " + self_.describe() + " already aborted pass " +
-                       ctx_text(pass_id) + " in context " + ctx_text(state->id));
-  }
-  auto found = state->passes.find(pass_id);
-  if ((found != state->passes.end() && found->second.task == nullptr) ||
-      state->last_pass == pass_id) {
+  const PassPhase was = state->pass_phase(pass_id);
+  if (!state->apply(pass_id, PassEvent::kStart)) {
+    if (aborted(was)) {
+      throw CallRejected("dist_autograd: worker " + self_.describe() + " already aborted pass " +
+                         ctx_text(pass_id) + " in context " + ctx_text(state->id));
+    }
     throw CallRejected("dist_autograd: worker " + self_.describe() + "'s part in pass " +
                        ctx_text(pass_id) + " is already over");
   }
-  if (found != state->passes.end()) return found->second.task;
-  Pass& pass = state->passes[pass_id];
+  Pass& pass = state->passes.at(pass_id);
+  if (was != PassPhase::kNone) return pass.task;  // a later Discover joins the running part
   autograd::ExecuteOptions options;
   options.retain_graph = retain_graph;
   pass.sink = std::make_shared<PassSink>(state->sink);
@@ -56,43 +55,11 @@ Future<Container::Found> Container::discover(const std::shared_ptr<ContextState>
                                              uint64_t pass_id,
                                              const std::vector<autograd::Edge>& edges,
                                              bool retain_graph, int back_to) {
-  std::map<int, std::pair<WorkerInfo, std::vector<uint64_t>>> to_tell;
   Found here;
   here.workers.insert(self_.id);
-  {
-    std::vector<autograd::Node*> stack;
-    std::set<autograd::Node*> seen;
-    for (const auto& e : edges) {
-      if (e.is_valid()) stack.push_back(e.function.get());
-    }
-    MutexLock lock(state->mutex);
-    Pass& pass = state->passes[pass_id];
-    while (!stack.empty()) {
-      autograd::Node* node = stack.back();
-      stack.pop_back();
-      if (!seen.insert(node).second) continue;
-      if (auto* recv = dynamic_cast<RecvBackward*>(node)) {
-        if (pass.notified.insert(recv).second) {
-          if (recv->from().id == back_to) {
-            // The worker whose Discover this answers: told in the answer, one round trip
-            // less than a Discover of its own (and nothing sent while this worker computes).
-            here.back.push_back(recv->message_id());
-          } else {
-            auto& entry = to_tell[recv->from().id];
-            entry.first = recv->from();
-            entry.second.push_back(recv->message_id());
-          }
-        }
-        continue;
-      }
-      for (const auto& next : node->next_edges()) {
-        if (next.is_valid()) stack.push_back(next.function.get());
-      }
-    }
-  }
   std::vector<WorkerInfo> asked;
   std::vector<Future<Value>> told;
-  for (auto& [id, entry] : to_tell) {
+  for (auto& [id, entry] : walk_to_recvs(*state, pass_id, edges, back_to, here.back)) {
     wire::DistAutogradMessage message;
     wire::Discover* d = message.mutable_discover();
     d->set_context_id(state->id);
@@ -128,39 +95,87 @@ Future<Container::Found> Container::discover(const std::shared_ptr<ContextState>
           result.try_set_value(std::move(here));
           return;
         }
-        // Sends of this worker named back in the answers: taken on the pool (walking on
-        // from them is no work for the transport thread that has the answer), and this
-        // discovery completes once what that told has answered too.
-        auto take = [self, state, pass_id, retain_graph, back_to, named, here, result]() mutable {
-          std::vector<Future<Found>> more;
-          try {
-            for (const auto& [from, sends] : named)
-              more.push_back(self->take_named(state, from, pass_id, sends, retain_graph, back_to));
-          } catch (...) {
-            result.try_set_error(std::current_exception());
-            return;
-          }
-          gradwire::detail::on_complete_inline(
-              collect_all(std::move(more)),
-              [here, result](const Future<std::vector<Found>>& taken) mutable {
-                if (taken.has_error()) {
-                  result.try_set_error(taken.error());
-                  return;
-                }
-                for (const Found& f : taken.value()) {
-                  here.workers.insert(f.workers.begin(), f.workers.end());
-                  here.back.insert(here.back.end(), f.back.begin(), f.back.end());
-                }
-                result.try_set_value(std::move(here));
-              });
-        };
-        try {
-          self->agent()->executor()->execute(std::move(take));
-        } catch (...) {
-          result.try_set_error(std::current_exception());
-        }
+        self->take_named_back(state, pass_id, retain_graph, back_to, std::move(named),
+                              std::move(here), result);
       });
   return result;
+}
+
+Container::ToTell Container::walk_to_recvs(ContextState& state, uint64_t pass_id,
+                                           const std::vector<autograd::Edge>& edges, int back_to,
+                                           std::vector<uint64_t>& back) {
+  ToTell to_tell;
+  std::vector<autograd::Node*> stack;
+  std::set<autograd::Node*> seen;
+  for (const auto& e : edges) {
+    if (e.is_valid()) stack.push_back(e.function.get());
+  }
+  MutexLock lock(state.mutex);
+  // The recv functions whose sender this part told; a pass that holds no part here any
+  // more (reported while this walk was on its way) records none.
+  std::set<const autograd::Node*> unrecorded;
+  Pass* pass = state.part(pass_id);
+  std::set<const autograd::Node*>& notified = pass != nullptr ? pass->notified : unrecorded;
+  while (!stack.empty()) {
+    autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (auto* recv = dynamic_cast<RecvBackward*>(node)) {
+      if (notified.insert(recv).second) {
+        if (recv->from().id == back_to) {
+          // The worker whose Discover this answers: told in the answer, one round trip
+          // less than a Discover of its own (and nothing sent while this worker computes).
+          back.push_back(recv->message_id());
+        } else {
+          auto& entry = to_tell[recv->from().id];
+          entry.first = recv->from();
+          entry.second.push_back(recv->message_id());
+        }
+      }
+      continue;
+    }
+    for (const auto& next : node->next_edges()) {
+      if (next.is_valid()) stack.push_back(next.function.get());
+    }
+  }
+  return to_tell;
+}
+
+void Container::take_named_back(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                                bool retain_graph, int back_to,
+                                std::vector<std::pair<WorkerInfo, std::vector<uint64_t>>> named,
+                                Found here, Future<Found> result) {
+  // Taken on the pool (walking on from them is no work for the transport thread that has
+  // the answer), and this discovery completes once what that told has answered too.
+  auto take = [self = shared_from_this(), state, pass_id, retain_graph, back_to, named, here,
+               result]() mutable {
+    std::vector<Future<Found>> more;
+    try {
+      for (const auto& [from, sends] : named)
+        more.push_back(self->take_named(state, from, pass_id, sends, retain_graph, back_to));
+    } catch (...) {
+      result.try_set_error(std::current_exception());
+      return;
+    }
+    gradwire::detail::on_complete_inline(
+        collect_all(std::move(more)),
+        [here, result](const Future<std::vector<Found>>& taken) mutable {
+          if (taken.has_error()) {
+            result.try_set_error(taken.error());
+            return;
+          }
+          for (const Found& f : taken.value()) {
+            here.workers.insert(f.workers.begin(), f.workers.end());
+            here.back.insert(here.back.end(), f.back.begin(), f.back.end());
+          }
+          result.try_set_value(std::move(here));
+        });
+  };
+  try {
+    agent()->executor()->execute(std::move(take));
+  } catch (...) {
+    result.try_set_error(std::current_exception());
+  }
 }
 
 std::vector<uint64_t> Container::read_answer(const WorkerInfo& from, const Value& answer,
@@ -201,11 +216,10 @@ Future<Container::Found> Container::take_named(const std::shared_ptr<ContextStat
     // Each send gets its gradients once per pass: a send named again would wait for
     // gradients that never come. Refused before the pass is made here.
     MutexLock lock(state->mutex);
-    auto pass = state->passes.find(pass_id);
+    const Pass* pass = state->part(pass_id);
     std::set<uint64_t> seen;
     for (uint64_t m : ids) {
-      if (!seen.insert(m).second ||
-          (pass != state->passes.end() && pass->second.named.count(m) != 0)) {
+      if (!seen.insert(m).second || (pass != nullptr && pass->named.count(m) != 0)) {
         throw CallRejected("dist_autograd: worker " + self_.describe() + " refused send " +
                            ctx_text(m) + " named again by worker " + from.describe() + " in pass " +
                            ctx_text(pass_id) + " of context " + ctx_text(state->id));
@@ -223,9 +237,8 @@ Future<Container::Found> Container::take_named(const std::shared_ptr<ContextStat
   {
     // Counted: what lies below only these sends may run as soon as its gradients are in.
     MutexLock lock(state->mutex);
-    auto pass = state->passes.find(pass_id);
-    if (pass != state->passes.end()) {
-      pass->second.named.insert(ids.begin(), ids.end());
+    if (Pass* pass = state->part(pass_id)) {
+      pass->named.insert(ids.begin(), ids.end());
       update_hold(*state, pass_id);
     }
   }
@@ -293,11 +306,11 @@ std::unordered_set<const autograd::Node*> Container::unnamed_reach(const Context
 }
 
 void Container::update_hold(ContextState& state, uint64_t pass_id) {
-  auto it = state.passes.find(pass_id);
-  if (it == state.passes.end() || it->second.task == nullptr || it->second.discovered) return;
+  Pass* pass = state.part(pass_id);
+  if (pass == nullptr || pass->phase != PassPhase::kDiscovering || pass->task == nullptr) return;
   // Under the context's lock (taken before the task's, never after): two Discovers
   // updating at once cannot leave the older, larger set in place.
-  it->second.task->hold(unnamed_reach(state, it->second));
+  pass->task->hold(unnamed_reach(state, *pass));
 }
 
 std::vector<EarlyGradients> Container::drop_early(ContextState& state, uint64_t pass_id) {
@@ -335,16 +348,13 @@ void Container::take_early(const std::shared_ptr<ContextState>& state, uint64_t 
   std::shared_ptr<autograd::GraphTask> task;
   {
     MutexLock lock(state->mutex);
-    auto pass = state->passes.find(pass_id);
+    const Pass* pass = state->part(pass_id);
     auto early = state->early.find(pass_id);
-    if (pass == state->passes.end() || pass->second.task == nullptr ||
-        early == state->early.end()) {
-      return;
-    }
-    task = pass->second.task;
+    if (pass == nullptr || pass->task == nullptr || early == state->early.end()) return;
+    task = pass->task;
     std::vector<EarlyGradients>& waiting = early->second;
     for (auto it = waiting.begin(); it != waiting.end();) {
-      if (pass->second.named.count(it->message_id) == 0) {
+      if (pass->named.count(it->message_id) == 0) {
         ++it;
         continue;
       }
@@ -372,10 +382,8 @@ std::shared_ptr<autograd::GraphTask> Container::end_discovery(
   std::vector<EarlyGradients> unnamed;
   {
     MutexLock lock(state->mutex);
-    auto pass = state->passes.find(pass_id);
-    if (pass == state->passes.end() || pass->second.discovered) return nullptr;
-    pass->second.discovered = true;
-    task = pass->second.task;
+    if (!state->apply(pass_id, PassEvent::kDiscoveryOver)) return nullptr;
+    task = state->passes.at(pass_id).task;
     unnamed = drop_early(*state, pass_id);
   }
   if (!unnamed.empty()) {

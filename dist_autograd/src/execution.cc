@@ -11,6 +11,40 @@ namespace gradwire::dist_autograd::internal {
 void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
                          const BackwardOptions& options) {
   std::shared_ptr<ContextState> state = get(ctx);
+  check_backward(roots, options);
+  std::vector<autograd::GraphRoot> graph_roots = autograd::make_roots(roots);
+  {
+    MutexLock lock(state->mutex);
+    if (!state->apply(ContextEvent::kBackward)) {
+      if (state->phase == ContextPhase::kBackward) {
+        throw InvalidArgument("dist_autograd::backward: context " + ctx_text(ctx) +
+                              " already runs a backward pass");
+      }
+      // Released between the look-up above and here.
+      throw InvalidArgument("dist_autograd: worker " + self_.describe() + " has no context " +
+                            ctx_text(ctx) + " (unknown, or already released)");
+    }
+  }
+  const uint64_t pass_id = mint();
+  const Clock::time_point deadline = deadline_after(options.timeout);
+  // The whole pass as the initiator sees it, its release of a failed pass included.
+  trace::Span span("dist_autograd.backward", "dist_autograd", trace::Arg("context_id", ctx),
+                   trace::Arg("pass_id", pass_id),
+                   trace::Arg("roots", static_cast<uint64_t>(roots.size())));
+  try {
+    run_pass(state, pass_id, graph_roots, options, deadline);
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    span.arg(trace::Arg("error", 1));
+    abort_failed_pass(state, pass_id, error, deadline);
+    end_pass(*state, pass_id);
+    std::rethrow_exception(error);
+  }
+  end_pass(*state, pass_id);
+  span.arg(trace::Arg("error", 0));
+}
+
+void Container::check_backward(const std::vector<Tensor>& roots, const BackwardOptions& options) {
   if (roots.empty()) throw InvalidArgument("dist_autograd::backward: no roots");
   if (options.timeout <= std::chrono::milliseconds(0)) {
     throw InvalidArgument("dist_autograd::backward: BackwardOptions::timeout must be > 0, got " +
@@ -22,145 +56,134 @@ void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
                             " does not require grad");
     }
   }
-  std::vector<autograd::GraphRoot> graph_roots = autograd::make_roots(roots);
-  {
-    MutexLock lock(state->mutex);
-    if (state->running) {
-      throw InvalidArgument("dist_autograd::backward: context " + ctx_text(ctx) +
-                            " already runs a backward pass");
-    }
-    state->running = true;
+}
+
+void Container::run_pass(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                         const std::vector<autograd::GraphRoot>& graph_roots,
+                         const BackwardOptions& options, Clock::time_point deadline) {
+  const uint64_t ctx = state->id;
+  std::shared_ptr<rpc::RpcAgent> agent = this->agent();
+  std::shared_ptr<autograd::GraphTask> task = start_part(state, pass_id, options.retain_graph);
+  std::vector<autograd::Edge> edges;
+  for (const auto& r : graph_roots) {
+    task->expect(r.edge);
+    edges.push_back(r.edge);
   }
-  const uint64_t pass_id = mint();
-  const Clock::time_point deadline = deadline_after(options.timeout);
-  // The whole pass as the initiator sees it, its release of a failed pass included.
-  trace::Span span("dist_autograd.backward", "dist_autograd", trace::Arg("context_id", ctx),
-                   trace::Arg("pass_id", pass_id),
-                   trace::Arg("roots", static_cast<uint64_t>(roots.size())));
+  auto timed_out = [&] {
+    return TimeoutError("dist_autograd::backward in context " + ctx_text(ctx) +
+                        " did not finish within " + std::to_string(options.timeout.count()) +
+                        " ms (BackwardOptions::timeout)");
+  };
+  const int64_t discovery_ns = trace::enabled() ? trace::now_ns() : 0;
+  Future<Found> found = discover(state, pass_id, edges, options.retain_graph, /*back_to=*/-1);
+  Future<Watched> watched = watch_when_discovered(state, pass_id, found, options, discovery_ns);
+  // The backward starts while discovery goes on: what lies below only the roots runs now
+  // (gradients it sends on wait at their receivers for the Discover that names their
+  // send); what lies below a send here waits until a Discover names the send, or until
+  // discovery is over.
+  for (const auto& r : graph_roots)
+    task->add_gradient(r.edge, r.grad);
   try {
-    std::shared_ptr<rpc::RpcAgent> agent = this->agent();
-    std::shared_ptr<autograd::GraphTask> task = start_part(state, pass_id, options.retain_graph);
-    std::vector<autograd::Edge> edges;
-    for (const auto& r : graph_roots) {
-      task->expect(r.edge);
-      edges.push_back(r.edge);
-    }
-    auto timed_out = [&] {
-      return TimeoutError("dist_autograd::backward in context " + ctx_text(ctx) +
-                          " did not finish within " + std::to_string(options.timeout.count()) +
-                          " ms (BackwardOptions::timeout)");
-    };
-    const int64_t discovery_ns = trace::enabled() ? trace::now_ns() : 0;
-    Future<Found> found = discover(state, pass_id, edges, options.retain_graph, /*back_to=*/-1);
-    // What discovery's end starts (the Waits, the watch for the last part) starts where it
-    // ends, on the thread that takes the last answer: this thread, blocked below, would be
-    // woken first, and on a machine whose cores are all busy that wake-up can come late,
-    // with every Wait (and an early optimizer step) after it.
-    Future<Watched> watched;
-    {
-      std::weak_ptr<Container> weak_self = weak_from_this();
-      gradwire::detail::on_complete_inline(
-          found,
-          [weak_self, state, pass_id, ctx, discovery_ns, on_last_part = options.on_last_part,
-           hook_inline = options.on_last_part_inline, watched](const Future<Found>& done) mutable {
-            if (done.has_error()) {
-              watched.try_set_error(done.error());
-              return;
-            }
-            try {
-              std::shared_ptr<Container> self = weak_self.lock();
-              if (self == nullptr) throw Error("dist_autograd: the agent of this pass is gone");
-              const std::set<int>& workers = done.value().workers;
-              if (discovery_ns != 0) {
-                trace::complete("dist_autograd.discovery", "dist_autograd", discovery_ns,
-                                trace::now_ns(),
-                                {trace::Arg("context_id", ctx), trace::Arg("pass_id", pass_id),
-                                 trace::Arg("workers", static_cast<uint64_t>(workers.size()))});
-              }
-              Watched parts = self->watch_parts(state, pass_id, workers, on_last_part, hook_inline);
-              // Discovery is over everywhere: nothing here is held any more. A part whose
-              // nodes all ran meanwhile (a trainer's, once it sent the logits' gradient)
-              // then ends here, and with it perhaps every part but one (the last-part
-              // watch, dist_optim's early step), instead of once backward()'s thread,
-              // blocked below, has woken. A part with work left runs it there; the hold
-              // ends before that thread is let go, so that what it runs can finish.
-              if (std::shared_ptr<autograd::GraphTask> open = self->end_discovery(state, pass_id)) {
-                try {
-                  open->finish_if_idle();
-                } catch (...) {
-                  // The task holds the error; backward()'s wait reports it.
-                }
-              }
-              watched.try_set_value(std::move(parts));
-            } catch (...) {
-              watched.try_set_error(std::current_exception());
-            }
-          });
-    }
-    // The backward starts while discovery goes on: what lies below only the roots runs now
-    // (gradients it sends on wait at their receivers for the Discover that names their
-    // send); what lies below a send here waits until a Discover names the send, or until
-    // discovery is over.
-    for (const auto& r : graph_roots)
-      task->add_gradient(r.edge, r.grad);
-    try {
-      task->run_ready();
-    } catch (...) {
-      // The task holds the error; the wait below reports it.
-    }
-    if (!watched.wait(time_left(deadline))) throw timed_out();
-    if (watched.has_error()) {
-      // This worker's part may have failed first (gradients it sent on were refused), and
-      // a Discover that reached it afterwards was refused for that: the cause is the part's.
-      Future<void> own;
-      {
-        MutexLock lock(state->mutex);
-        auto pass = state->passes.find(pass_id);
-        if (pass != state->passes.end()) own = pass->second.outcome;
-      }
-      if (own.completed() && own.has_error()) own.get();
-    }
-    const std::set<int> workers = watched.value().workers;
-    std::vector<Future<void>> parts = watched.value().parts;
-    Future<void> all = rpc::join_fail_fast(parts);
-    // Discovery is over everywhere (every Discover was answered, so every one sent here was
-    // taken): nothing is held any more. The thread that took the last answer ended the hold
-    // before letting this one go, and finished the part if nothing was left to run; what is
-    // left runs here.
-    try {
-      task->run_ready();
-    } catch (...) {
-      // The task holds the error; the wait below reports it.
-    }
-    {
-      // The initiator waits for every worker's part (its own included) to end.
-      const trace::Span wait("dist_autograd.wait", "dist_autograd", trace::Arg("context_id", ctx),
-                             trace::Arg("pass_id", pass_id),
-                             trace::Arg("workers", static_cast<uint64_t>(workers.size())));
-      if (!all.wait(time_left(deadline))) throw timed_out();
-    }
-    all.value();
+    task->run_ready();
   } catch (...) {
-    const std::exception_ptr error = std::current_exception();
-    span.arg(trace::Arg("error", 1));
-    // Every worker the pass reached takes back what it gave and records the failure
-    // before backward reports it (so a step right after it cannot use partial gradients).
-    // The wait is the pass's: bounded by what is left of its deadline (plus a small margin,
-    // for the aborts of a pass that failed at its deadline) and by rpc_timeout. Aborts that
-    // take longer still go on; a worker they miss keeps its part until the context ends.
-    std::chrono::milliseconds abort_wait = agent_wait();
-    if (deadline != Clock::time_point::max())
-      abort_wait = std::min(abort_wait, time_left(deadline) + kAbortMargin);
-    if (!abort(state, pass_id, error_text(error), -1).wait(abort_wait)) {
-      GRADWIRE_LOG(kWarning) << "dist_autograd worker " << self_.describe()
-                             << ": the abort of pass " << ctx_text(pass_id) << " in context "
-                             << ctx_text(ctx) << " did not reach every worker in time";
-    }
-    end_pass(*state, pass_id);
-    std::rethrow_exception(error);
+    // The task holds the error; the wait below reports it.
   }
-  end_pass(*state, pass_id);
-  span.arg(trace::Arg("error", 0));
+  if (!watched.wait(time_left(deadline))) throw timed_out();
+  if (watched.has_error()) {
+    // This worker's part may have failed first (gradients it sent on were refused), and
+    // a Discover that reached it afterwards was refused for that: the cause is the part's.
+    Future<void> own;
+    {
+      MutexLock lock(state->mutex);
+      if (const Pass* pass = state->part(pass_id)) own = pass->outcome;
+    }
+    if (own.completed() && own.has_error()) own.get();
+  }
+  const std::set<int> workers = watched.value().workers;
+  std::vector<Future<void>> parts = watched.value().parts;
+  Future<void> all = rpc::join_fail_fast(parts);
+  // Discovery is over everywhere (every Discover was answered, so every one sent here was
+  // taken): nothing is held any more. The thread that took the last answer ended the hold
+  // before letting this one go, and finished the part if nothing was left to run; what is
+  // left runs here.
+  try {
+    task->run_ready();
+  } catch (...) {
+    // The task holds the error; the wait below reports it.
+  }
+  {
+    // The initiator waits for every worker's part (its own included) to end.
+    const trace::Span wait("dist_autograd.wait", "dist_autograd", trace::Arg("context_id", ctx),
+                           trace::Arg("pass_id", pass_id),
+                           trace::Arg("workers", static_cast<uint64_t>(workers.size())));
+    if (!all.wait(time_left(deadline))) throw timed_out();
+  }
+  all.value();
+}
+
+Future<Container::Watched> Container::watch_when_discovered(
+    const std::shared_ptr<ContextState>& state, uint64_t pass_id, const Future<Found>& found,
+    const BackwardOptions& options, int64_t discovery_ns) {
+  // What discovery's end starts (the Waits, the watch for the last part) starts where it
+  // ends, on the thread that takes the last answer: the initiator's thread, blocked in
+  // backward(), would be woken first, and on a machine whose cores are all busy that
+  // wake-up can come late, with every Wait (and an early optimizer step) after it.
+  Future<Watched> watched;
+  std::weak_ptr<Container> weak_self = weak_from_this();
+  gradwire::detail::on_complete_inline(found, [weak_self, state, pass_id, discovery_ns,
+                                               on_last_part = options.on_last_part,
+                                               hook_inline = options.on_last_part_inline,
+                                               watched](const Future<Found>& done) mutable {
+    if (done.has_error()) {
+      watched.try_set_error(done.error());
+      return;
+    }
+    try {
+      std::shared_ptr<Container> self = weak_self.lock();
+      if (self == nullptr) throw Error("dist_autograd: the agent of this pass is gone");
+      const std::set<int>& workers = done.value().workers;
+      if (discovery_ns != 0) {
+        trace::complete("dist_autograd.discovery", "dist_autograd", discovery_ns, trace::now_ns(),
+                        {trace::Arg("context_id", state->id), trace::Arg("pass_id", pass_id),
+                         trace::Arg("workers", static_cast<uint64_t>(workers.size()))});
+      }
+      Watched parts = self->watch_parts(state, pass_id, workers, on_last_part, hook_inline);
+      // Discovery is over everywhere: nothing here is held any more. A part whose
+      // nodes all ran meanwhile (a trainer's, once it sent the logits' gradient)
+      // then ends here, and with it perhaps every part but one (the last-part
+      // watch, dist_optim's early step), instead of once backward()'s thread,
+      // blocked in run_pass, has woken. A part with work left runs it there; the hold
+      // ends before that thread is let go, so that what it runs can finish.
+      if (std::shared_ptr<autograd::GraphTask> open = self->end_discovery(state, pass_id)) {
+        try {
+          open->finish_if_idle();
+        } catch (...) {
+          // The task holds the error; backward()'s wait reports it.
+        }
+      }
+      watched.try_set_value(std::move(parts));
+    } catch (...) {
+      watched.try_set_error(std::current_exception());
+    }
+  });
+  return watched;
+}
+
+void Container::abort_failed_pass(const std::shared_ptr<ContextState>& state, uint64_t pass_id,
+                                  const std::exception_ptr& error, Clock::time_point deadline) {
+  // Every worker the pass reached takes back what it gave and records the failure
+  // before backward reports it (so a step right after it cannot use partial gradients).
+  // The wait is the pass's: bounded by what is left of its deadline (plus a small margin,
+  // for the aborts of a pass that failed at its deadline) and by rpc_timeout. Aborts that
+  // take longer still go on; a worker they miss keeps its part until the context ends.
+  std::chrono::milliseconds abort_wait = agent_wait();
+  if (deadline != Clock::time_point::max())
+    abort_wait = std::min(abort_wait, time_left(deadline) + kAbortMargin);
+  if (!abort(state, pass_id, error_text(error), -1).wait(abort_wait)) {
+    GRADWIRE_LOG(kWarning) << "dist_autograd worker " << self_.describe() << ": the abort of pass "
+                           << ctx_text(pass_id) << " in context " << ctx_text(state->id)
+                           << " did not reach every worker in time";
+  }
 }
 
 Container::Watched Container::watch_parts(
@@ -173,13 +196,13 @@ Container::Watched Container::watch_parts(
     // The pass may have ended here while discovery went on (its deadline passed): no Wait
     // goes out for it then.
     MutexLock lock(state->mutex);
-    auto pass = state->passes.find(pass_id);
-    if (pass == state->passes.end() || state->aborted.count(pass_id) != 0) {
+    const Pass* pass = state->part(pass_id);
+    if (pass == nullptr || aborted(pass->phase)) {
       throw Error("dist_autograd: pass " + ctx_text(pass_id) + " of context " +
                   ctx_text(state->id) + " ended on worker " + self_.describe() +
                   " before its discovery did");
     }
-    own = pass->second.done;
+    own = pass->done;
   }
   std::shared_ptr<rpc::RpcAgent> agent = this->agent();
   // Every part reports when it is done; the first failure ends the pass.
@@ -359,52 +382,25 @@ Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Prop
   std::shared_ptr<autograd::GraphTask> task;
   {
     MutexLock lock(state->mutex);
-    if (state->aborted.count(p.pass_id()) != 0) throw refused("aborted");
-    auto pass = state->passes.find(p.pass_id());
-    if (pass == state->passes.end()) {
+    const PassPhase phase = state->pass_phase(p.pass_id());
+    if (aborted(phase)) throw refused("aborted");
+    const Pass* pass = state->part(p.pass_id());
+    if (pass == nullptr) {
+      // Reported here, or older than the newest pass of its initiator that was here.
       auto newest = state->newest_pass.find(worker_of(p.pass_id()));
-      if (state->last_pass == p.pass_id() ||
+      if (phase == PassPhase::kReported ||
           (newest != state->newest_pass.end() && p.pass_id() <= newest->second)) {
         throw refused("over");
       }
-    } else if (pass->second.task == nullptr) {
+    } else if (pass->task == nullptr) {
       throw refused("over");
-    } else if (pass->second.named.count(p.message_id()) != 0) {
-      task = pass->second.task;
-    } else if (pass->second.discovered) {
+    } else if (pass->named.count(p.message_id()) != 0) {
+      task = pass->task;
+    } else if (phase == PassPhase::kRunning) {
       throw refused("not discovered");
     }
     if (task == nullptr) {
-      // Ahead of the Discover that names this send (discovery overlaps the backward): kept
-      // until it comes, answered then. Bounded per pass this worker runs, and once for the
-      // passes it has not started: gradients for passes that may never come here cannot
-      // crowd out those of a pass that runs (whose discovery ends, taking or refusing them).
-      const bool runs_here = pass != state->passes.end();
-      size_t kept = 0;
-      for (const auto& [id, waiting] : state->early) {
-        const bool counts =
-            runs_here ? id == p.pass_id() : state->passes.find(id) == state->passes.end();
-        if (counts) kept += waiting.size();
-      }
-      if (kept >= ContextState::kMaxEarly) {
-        throw CallRejected("dist_autograd: worker " + self_.describe() + " already holds " +
-                           std::to_string(ContextState::kMaxEarly) +
-                           " gradients that came ahead of their discovery in context " +
-                           ctx_text(p.context_id()) +
-                           (runs_here ? " for pass " + ctx_text(p.pass_id())
-                                      : std::string(" for passes it has not started")) +
-                           "; refused those for send " + ctx_text(p.message_id()));
-      }
-      EarlyGradients early;
-      early.message_id = p.message_id();
-      early.send = send;
-      for (uint32_t i = 0; i < send->num_inputs(); ++i) {
-        early.grads.push_back(args[i].is_none() ? Tensor() : args[i].as_tensor());
-        // Refused now, as they would be when taken.
-        autograd::GraphTask::check_gradient(autograd::Edge(send, i), early.grads.back());
-      }
-      Future<Value> answer = early.answer;
-      state->early[p.pass_id()].push_back(std::move(early));
+      Future<Value> answer = keep_early(*state, pass != nullptr, p, send, args);
       span.arg(trace::Arg("early", 1));
       return answer;
     }
@@ -417,6 +413,40 @@ Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Prop
   // (however long it takes; a failure there is this worker's part's, and its Wait's).
   run_soon(task);
   return make_ready_future(Value());
+}
+
+Future<Value> Container::keep_early(ContextState& state, bool runs_here, const wire::Propagate& p,
+                                    const std::shared_ptr<SendBackward>& send,
+                                    const std::vector<Value>& args) const {
+  // Ahead of the Discover that names this send (discovery overlaps the backward): kept
+  // until it comes, answered then. Bounded per pass this worker runs, and once for the
+  // passes it has not started: gradients for passes that may never come here cannot
+  // crowd out those of a pass that runs (whose discovery ends, taking or refusing them).
+  size_t kept = 0;
+  for (const auto& [id, waiting] : state.early) {
+    const bool counts = runs_here ? id == p.pass_id() : state.part(id) == nullptr;
+    if (counts) kept += waiting.size();
+  }
+  if (kept >= ContextState::kMaxEarly) {
+    throw CallRejected("dist_autograd: worker " + self_.describe() + " already holds " +
+                       std::to_string(ContextState::kMaxEarly) +
+                       " gradients that came ahead of their discovery in context " +
+                       ctx_text(p.context_id()) +
+                       (runs_here ? " for pass " + ctx_text(p.pass_id())
+                                  : std::string(" for passes it has not started")) +
+                       "; refused those for send " + ctx_text(p.message_id()));
+  }
+  EarlyGradients early;
+  early.message_id = p.message_id();
+  early.send = send;
+  for (uint32_t i = 0; i < send->num_inputs(); ++i) {
+    early.grads.push_back(args[i].is_none() ? Tensor() : args[i].as_tensor());
+    // Refused now, as they would be when taken.
+    autograd::GraphTask::check_gradient(autograd::Edge(send, i), early.grads.back());
+  }
+  Future<Value> answer = early.answer;
+  state.early[p.pass_id()].push_back(std::move(early));
+  return answer;
 }
 
 std::vector<Tensor> RecvBackward::apply(std::vector<Tensor>&& grads) {

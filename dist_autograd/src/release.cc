@@ -2,6 +2,7 @@
 // end where they reached.
 #include "container.h"
 
+#include "gradwire/core/error_kind_of.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/printable.h"
 #include "gradwire/rpc/join.h"
@@ -41,9 +42,11 @@ Future<void> Container::release(uint64_t ctx, int from, const std::string& lost)
   std::vector<EarlyGradients> early;
   {
     MutexLock lock(state->mutex);
+    state->apply(ContextEvent::kRelease);
     touched = state->touched;
-    for (const auto& [id, pass] : state->passes)
-      parts.push_back(pass.outcome);
+    for (const auto& [id, pass] : state->passes) {
+      if (holds_part(pass.phase)) parts.push_back(pass.outcome);
+    }
     early = drop_early(*state, 0);
   }
   if (!lost.empty() && touched != members) {
@@ -61,18 +64,30 @@ Future<void> Container::release(uint64_t ctx, int from, const std::string& lost)
   refuse_early(std::move(early), lost.empty()
                                      ? std::make_exception_ptr(CallRejected(what))
                                      : std::make_exception_ptr(NetworkError(what + ": " + lost)));
+  tell_released(ctx, from, lost, touched, state, released);
+  return released;
+}
+
+void Container::tell_released(uint64_t ctx, int from, const std::string& lost,
+                              const std::set<int>& touched,
+                              const std::weak_ptr<ContextState>& weak_state,
+                              Future<void> released) {
   std::weak_ptr<Container> weak_self = weak_from_this();
-  auto settle = [weak_self, ctx, released](const Future<void>&) mutable {
+  auto settle = [weak_self, weak_state, ctx, released](const Future<void>&) mutable {
     if (auto self = weak_self.lock()) {
       MutexLock lock(self->mutex_);
       self->releasing_.erase(ctx);
+    }
+    if (auto s = weak_state.lock()) {
+      MutexLock lock(s->mutex);
+      s->apply(ContextEvent::kTold);
     }
     released.try_set_value();
   };
   std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
   if (agent == nullptr || agent->is_shut_down()) {
     settle(make_ready_future());
-    return released;
+    return;
   }
   std::vector<Future<Value>> told;
   for (int w : touched) {
@@ -92,7 +107,6 @@ Future<void> Container::release(uint64_t ctx, int from, const std::string& lost)
   }
   // A worker that is gone, or never had it, does not hold it: failures only end the wait.
   gradwire::detail::on_complete_inline(rpc::join_settled(told), std::move(settle));
-  return released;
 }
 
 void Container::send_release(const WorkerInfo& to, const wire::DistAutogradMessage& message,
@@ -113,15 +127,8 @@ void Container::send_release(const WorkerInfo& to, const wire::DistAutogradMessa
     // Not answered: the request or its reply was lost on the way (a timeout, a connection
     // closed under it). A refusal is the receiver's answer, and a worker that is gone holds
     // nothing; in both cases sending again would change nothing.
-    bool again = false;
-    try {
-      std::rethrow_exception(done.error());
-    } catch (const TimeoutError&) {
-      again = true;
-    } catch (const NetworkError&) {
-      again = true;
-    } catch (...) {
-    }
+    const ErrorKind kind = error_kind_of(done.error());
+    const bool again = kind == ErrorKind::kTimeout || kind == ErrorKind::kNetwork;
     std::shared_ptr<Container> self = weak_self.lock();
     if (!again || attempts_left <= 1 || self == nullptr) {
       if (again) {
@@ -165,21 +172,15 @@ Future<Value> Container::on_release(const WorkerInfo& caller, const wire::Releas
 }
 
 void Container::remember_lost(uint64_t ctx, const std::set<int>& touched, const std::string& lost) {
-  auto known = lost_why_.find(ctx);
-  if (known != lost_why_.end()) {
-    known->second.members.insert(touched.begin(), touched.end());
+  if (LostWhy* known = lost_why_.find(ctx)) {
+    known->members.insert(touched.begin(), touched.end());
     return;
   }
   LostWhy entry{"dist_autograd: context " + ctx_text(ctx) + " was released on worker " +
                     self_.describe() + ": " + lost,
                 touched};
   entry.members.insert(worker_of(ctx));
-  lost_why_.emplace(ctx, std::move(entry));
-  lost_why_order_.push_back(ctx);
-  if (lost_why_order_.size() > kLostMemory) {
-    lost_why_.erase(lost_why_order_.front());
-    lost_why_order_.pop_front();
-  }
+  lost_why_.put(ctx, std::move(entry));
 }
 
 void Container::on_worker_lost(const WorkerInfo& worker, const std::string& reason) {
