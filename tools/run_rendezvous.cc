@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "gradwire/core/error.h"
+#include "gradwire/core/fd.h"
 #include "gradwire/core/net.h"
 #include "gradwire/core/printable.h"
 
@@ -31,19 +32,17 @@ using c10d::to_string;
 
 // A TCP port nothing listens on now, on every interface.
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw NetworkError(std::string("gradwire-run: socket: ") + std::strerror(errno));
+  const UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw NetworkError(std::string("gradwire-run: socket: ") + std::strerror(errno));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t len = sizeof(sa);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    throw NetworkError("gradwire-run: cannot find a free port: " + why);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    throw NetworkError(std::string("gradwire-run: cannot find a free port: ") +
+                       std::strerror(errno));
   }
-  ::close(fd);
   return ntohs(sa.sin_port);
 }
 

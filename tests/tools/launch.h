@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/eventually.h"
 #include "support/ports.h"
 
 namespace gradwire::testing::launcher {
@@ -174,14 +175,9 @@ inline bool ended(pid_t pid) {
   return paren == std::string::npos || (paren + 2 < text.size() && text[paren + 2] == 'Z');
 }
 
-// Waits (bounded) for `pid` to end; polls its state every 10 ms.
+// Waits (bounded) for `pid` to end.
 inline bool ends_within(pid_t pid, std::chrono::milliseconds limit) {
-  const auto deadline = Clock::now() + limit;
-  while (!ended(pid)) {
-    if (Clock::now() >= deadline) return false;
-    ::poll(nullptr, 0, 10);
-  }
-  return true;
+  return gradwire::testing::eventually([&] { return ended(pid); }, limit);
 }
 
 // The value after "<word> " on the first line of `text` that has it ("pid 123" -> "123").

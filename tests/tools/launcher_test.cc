@@ -177,7 +177,7 @@ TEST(Launcher, RestartsTheGroupWithARestartCount) {
 }
 
 // --restart-workers: a failed worker is started again alone, told to rejoin, while the others
-// run on; once the restarts are spent, a failure stops the job as before.
+// run on; once the restarts are spent, a failure stops the job as it does without the flag.
 TEST(Launcher, RestartsAFailedWorkerAloneAndTellsItToRejoin) {
   // Rank 1 fails twice; rank 0 waits for rank 1's third life to print before it ends, so it
   // is certainly never restarted or stopped meanwhile.

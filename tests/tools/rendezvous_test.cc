@@ -20,7 +20,7 @@ namespace {
 
 using namespace gradwire::testing::launcher;
 
-// Short windows so that each case takes a few seconds (the heartbeat timeout long enough
+// Short windows keep each case short (the heartbeat timeout long enough
 // that a loaded machine does not make a live launcher look gone).
 std::vector<std::string> with(const std::string& endpoint, const std::string& nnodes,
                               std::vector<std::string> rest) {

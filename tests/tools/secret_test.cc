@@ -318,7 +318,7 @@ TEST(LauncherSecret, TheSecretFileIsRemovedWhenTheLauncherIsStopped) {
 }
 
 // Several nodes cannot make up a secret they agree on: without the user's, every launcher
-// says at start that anyone on the network can join, and the job runs as before. With it,
+// says at start that anyone on the network can join, and the job runs. With it,
 // there is no warning and a stranger is refused.
 TEST(LauncherSecret, AMultiNodeJobWithoutASecretSaysAnyoneCanJoin) {
   auto nodes = [](const std::string& endpoint, const std::string& tail) {
