@@ -268,30 +268,7 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
   }
   {
     ScopesEntered entered(scopes);
-    if (!failed) {
-      try {
-        // What is registered is not listed to the caller: a peer learns only that the
-        // name it sent is unknown (the worker's own log and registry() have the list).
-        if (entry == nullptr) {
-          throw CallRejected("worker " + self_.describe() + " has no handler with id " +
-                             std::to_string(request.handler));
-        }
-        const CallContext context(agent.get(), from->peer, request.id,
-                                  request.timeout.count() > 0
-                                      ? deadline_after(request.timeout)
-                                      : std::chrono::steady_clock::time_point::max());
-        if (request.handler == kCallHandler) {
-          result = function != nullptr
-                       ? function->invoke(context, request.args, executor_)
-                       : make_failed_future<Value>(std::make_exception_ptr(CallRejected(
-                             "no function '" + printable(request.function) + "' is registered")));
-        } else {
-          result = entry->handler(context, request);
-        }
-      } catch (...) {
-        result = make_failed_future<Value>(std::current_exception());
-      }
-    }
+    if (!failed) result = invoke(agent, *from, request, entry, function);
     if (result.completed()) {
       respond(from, request, result, tensor_bytes, *interceptors, timing);
       return;
@@ -311,6 +288,37 @@ void Dispatcher::run(const std::shared_ptr<RpcAgent>& agent, const std::shared_p
         ScopesEntered entered(scopes);
         respond(from, request, done, tensor_bytes, *interceptors, timing);
       });
+  reply_when_done(result, std::move(reply));
+}
+
+Future<Value> Dispatcher::invoke(const std::shared_ptr<RpcAgent>& agent, const Link& from,
+                                 const Request& request, const HandlerEntry* entry,
+                                 const std::shared_ptr<const RegisteredFunction>& function) {
+  try {
+    // What is registered is not listed to the caller: a peer learns only that the
+    // name it sent is unknown (the worker's own log and registry() have the list).
+    if (entry == nullptr) {
+      throw CallRejected("worker " + self_.describe() + " has no handler with id " +
+                         std::to_string(request.handler));
+    }
+    const CallContext context(agent.get(), from.peer, request.id,
+                              request.timeout.count() > 0
+                                  ? deadline_after(request.timeout)
+                                  : std::chrono::steady_clock::time_point::max());
+    if (request.handler == kCallHandler) {
+      return function != nullptr
+                 ? function->invoke(context, request.args, executor_)
+                 : make_failed_future<Value>(std::make_exception_ptr(CallRejected(
+                       "no function '" + printable(request.function) + "' is registered")));
+    }
+    return entry->handler(context, request);
+  } catch (...) {
+    return make_failed_future<Value>(std::current_exception());
+  }
+}
+
+void Dispatcher::reply_when_done(const Future<Value>& result,
+                                 std::shared_ptr<std::function<void(const Future<Value>&)>> reply) {
   gradwire::detail::on_complete_inline(result, [this, reply](const Future<Value>& done) {
     auto write = [reply, done] {
       try {

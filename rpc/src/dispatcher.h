@@ -144,6 +144,13 @@ class Dispatcher {
            Request& request, const std::shared_ptr<const Handlers>& handlers,
            const HandlerEntry* entry, const std::shared_ptr<const RegisteredFunction>& function,
            size_t tensor_bytes, Timing timing, bool after_reply_here);
+  // run()'s steps: the handler or registered function called (what it throws becomes a
+  // failed result), and a result that completes later answered once it does.
+  Future<Value> invoke(const std::shared_ptr<RpcAgent>& agent, const Link& from,
+                       const Request& request, const HandlerEntry* entry,
+                       const std::shared_ptr<const RegisteredFunction>& function);
+  void reply_when_done(const Future<Value>& result,
+                       std::shared_ptr<std::function<void(const Future<Value>&)>> reply);
   // Where a request for `entry` runs: its chooser's pick (the pool when that throws), or the
   // execution the handler was registered with.
   static Execution execution_of(const HandlerEntry& entry, const Request& request);

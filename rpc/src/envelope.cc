@@ -457,6 +457,84 @@ size_t IncomingTensor::logical_nbytes() const {
   return static_cast<size_t>(n);
 }
 
+namespace {
+
+// Small tensors travel inside the envelope: one TensorPipe message part instead of a
+// channel transfer each, which is most of the cost of a small call. Larger ones are lent
+// when `lender` takes them, else sent beside the envelope (added to `msg`).
+void place_tensors(std::vector<StagedTensor>& staged, size_t inline_tensor_bytes,
+                   const Lender& lender, EncodedMessage& msg) {
+  size_t inlined = 0;
+  for (StagedTensor& t : staged) {
+    const size_t bytes = t.data.nbytes();
+    if (bytes <= inline_tensor_bytes && inlined + bytes <= kMaxInlineBytesPerMessage) {
+      t.is_inline = true;
+      inlined += bytes;
+    } else if (std::optional<Loan> loan = lender ? lender(t.data) : std::nullopt) {
+      t.loan = loan;
+    } else {
+      msg.tensors.push_back(t.data);
+      msg.targets.push_back(t.target);
+    }
+  }
+}
+
+void write_tensor_descs(const std::vector<StagedTensor>& staged, BackWriter& w) {
+  for (size_t i = staged.size(); i-- > 0;) {
+    const size_t desc = w.size();
+    const StagedTensor& t = staged[i];
+    w.packed_field(9, t.expand_to);
+    w.bool_field(8, t.requires_grad);
+    if (t.loan) write_loan(*t.loan, 7, w);
+    if (t.is_inline) w.bytes_field(6, t.data.data_ptr(), t.data.nbytes());
+    w.bool_field(5, t.is_inline);
+    w.int32_field(4, t.target.index);
+    w.int32_field(3, t.target.is_cuda() ? 1 : 0);
+    w.packed_field(2, t.data.sizes());
+    w.uint_field(1, static_cast<uint32_t>(t.data.dtype()));
+    w.end_message(4, desc);
+  }
+}
+
+void write_request_body(const Request& req, BackWriter& w, uint32_t& next_tensor) {
+  const size_t body = w.size();
+  write_extensions(req.extensions, 9, w);
+  w.bytes_field(8, req.payload);
+  w.uint_field(7, static_cast<uint64_t>(std::max<int64_t>(0, req.timeout.count())));
+  w.uint_field(6, req.autograd_message_id);
+  w.uint_field(5, req.autograd_context_id);
+  for (size_t i = req.args.size(); i-- > 0;)
+    write_value_field(req.args[i], 4, w, next_tensor);
+  w.bytes_field(3, req.function);
+  w.uint_field(2, req.handler);
+  w.uint_field(1, req.id);
+  w.end_message(2, body);
+}
+
+// `result`: the response's value, null for an error reply.
+void write_response_body(const Response& resp, const Value* result, BackWriter& w,
+                         uint32_t& next_tensor) {
+  const size_t body = w.size();
+  write_extensions(resp.extensions, 7, w);
+  w.uint_field(6, resp.autograd_message_id);
+  w.uint_field(5, resp.autograd_context_id);
+  if (result != nullptr) {
+    write_value_field(*result, 2, w, next_tensor);
+  } else {
+    const size_t one = w.size();
+    const ErrorReply& err = std::get<ErrorReply>(resp.result);
+    w.bool_field(4, err.rejected);
+    w.bytes_field(3, err.worker);
+    w.bytes_field(2, err.message);
+    w.uint_field(1, static_cast<uint32_t>(err.kind));
+    w.end_message(3, one);
+  }
+  w.uint_field(1, resp.id);
+  w.end_message(3, body);
+}
+
+}  // namespace
+
 EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_device,
                       size_t inline_tensor_bytes, const Lender& lender) {
   EncodedMessage msg;
@@ -480,67 +558,14 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
   } else if (result != nullptr) {
     collect_tensors(*result, enc);
   }
-  // Small tensors travel inside the envelope: one TensorPipe message part instead of a
-  // channel transfer each, which is most of the cost of a small call.
-  size_t inlined = 0;
-  for (StagedTensor& t : enc.staged) {
-    const size_t bytes = t.data.nbytes();
-    if (bytes <= inline_tensor_bytes && inlined + bytes <= kMaxInlineBytesPerMessage) {
-      t.is_inline = true;
-      inlined += bytes;
-    } else if (std::optional<Loan> loan = lender ? lender(t.data) : std::nullopt) {
-      t.loan = loan;
-    } else {
-      msg.tensors.push_back(t.data);
-      msg.targets.push_back(t.target);
-    }
-  }
+  place_tensors(enc.staged, inline_tensor_bytes, lender, msg);
   // Envelope { version = 1; request = 2 | response = 3; tensors = 4 }, last field first.
-  for (size_t i = enc.staged.size(); i-- > 0;) {
-    const size_t desc = w.size();
-    const StagedTensor& t = enc.staged[i];
-    w.packed_field(9, t.expand_to);
-    w.bool_field(8, t.requires_grad);
-    if (t.loan) write_loan(*t.loan, 7, w);
-    if (t.is_inline) w.bytes_field(6, t.data.data_ptr(), t.data.nbytes());
-    w.bool_field(5, t.is_inline);
-    w.int32_field(4, t.target.index);
-    w.int32_field(3, t.target.is_cuda() ? 1 : 0);
-    w.packed_field(2, t.data.sizes());
-    w.uint_field(1, static_cast<uint32_t>(t.data.dtype()));
-    w.end_message(4, desc);
-  }
+  write_tensor_descs(enc.staged, w);
   auto next_tensor = static_cast<uint32_t>(enc.staged.size());
-  const size_t body = w.size();
   if (req != nullptr) {
-    write_extensions(req->extensions, 9, w);
-    w.bytes_field(8, req->payload);
-    w.uint_field(7, static_cast<uint64_t>(std::max<int64_t>(0, req->timeout.count())));
-    w.uint_field(6, req->autograd_message_id);
-    w.uint_field(5, req->autograd_context_id);
-    for (size_t i = req->args.size(); i-- > 0;)
-      write_value_field(req->args[i], 4, w, next_tensor);
-    w.bytes_field(3, req->function);
-    w.uint_field(2, req->handler);
-    w.uint_field(1, req->id);
-    w.end_message(2, body);
+    write_request_body(*req, w, next_tensor);
   } else {
-    write_extensions(resp->extensions, 7, w);
-    w.uint_field(6, resp->autograd_message_id);
-    w.uint_field(5, resp->autograd_context_id);
-    if (result != nullptr) {
-      write_value_field(*result, 2, w, next_tensor);
-    } else {
-      const size_t one = w.size();
-      const ErrorReply& err = std::get<ErrorReply>(resp->result);
-      w.bool_field(4, err.rejected);
-      w.bytes_field(3, err.worker);
-      w.bytes_field(2, err.message);
-      w.uint_field(1, static_cast<uint32_t>(err.kind));
-      w.end_message(3, one);
-    }
-    w.uint_field(1, resp->id);
-    w.end_message(3, body);
+    write_response_body(*resp, result, w, next_tensor);
   }
   w.uint_field(1, kEnvelopeVersion);
   msg.payload = w.str();
@@ -548,6 +573,34 @@ EncodedMessage encode(const Envelope& envelope, const DeviceMapper& target_devic
 }
 
 namespace {
+
+// A broadcast's shape (t.expand_to, read from `d`): each dimension 1 (expanded) or as sent,
+// and no larger than a tensor may be. Returns the bytes the tensor becomes (it is made on
+// arrival, so all of them together are held within max_tensor_bytes).
+size_t read_expand_to(const wire::TensorDesc& d, const std::string& which, IncomingTensor& t) {
+  if (d.expand_to_size() != d.sizes_size()) {
+    malformed(which + " is expanded to " + std::to_string(d.expand_to_size()) + " dims from " +
+              std::to_string(d.sizes_size()));
+  }
+  int64_t logical = element_size(t.dtype);
+  int64_t logical_extent = element_size(t.dtype);
+  for (int k = 0; k < d.expand_to_size(); ++k) {
+    const int64_t s = d.expand_to(k);
+    if (s < 0) malformed(which + " is expanded to a negative size " + std::to_string(s));
+    if (d.sizes(k) != 1 && d.sizes(k) != s) {
+      malformed(which + " of size " + std::to_string(d.sizes(k)) + " in dim " + std::to_string(k) +
+                " cannot be expanded to " + std::to_string(s));
+    }
+    const int64_t at_least_one = std::max<int64_t>(s, 1);
+    if (logical_extent > (int64_t{1} << 46) / at_least_one) {
+      malformed(which + " is expanded too far");
+    }
+    logical_extent *= at_least_one;
+    logical *= s;
+    t.expand_to.push_back(s);
+  }
+  return static_cast<size_t>(logical);
+}
 
 // The tensors an envelope announces, each description checked.
 std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
@@ -602,30 +655,7 @@ std::vector<IncomingTensor> describe_tensors(const wire::Envelope& env,
       t.is_inline = true;
     }
     if (d.expand_to_size() > 0) {
-      // Broadcast: each dimension 1 (expanded) or as sent, no larger than a tensor may be,
-      // and what all of them become within max_tensor_bytes (they are made on arrival).
-      if (d.expand_to_size() != d.sizes_size()) {
-        malformed(which + " is expanded to " + std::to_string(d.expand_to_size()) + " dims from " +
-                  std::to_string(d.sizes_size()));
-      }
-      int64_t logical = element_size(t.dtype);
-      int64_t logical_extent = element_size(t.dtype);
-      for (int k = 0; k < d.expand_to_size(); ++k) {
-        const int64_t s = d.expand_to(k);
-        if (s < 0) malformed(which + " is expanded to a negative size " + std::to_string(s));
-        if (d.sizes(k) != 1 && d.sizes(k) != s) {
-          malformed(which + " of size " + std::to_string(d.sizes(k)) + " in dim " +
-                    std::to_string(k) + " cannot be expanded to " + std::to_string(s));
-        }
-        const int64_t at_least_one = std::max<int64_t>(s, 1);
-        if (logical_extent > (int64_t{1} << 46) / at_least_one) {
-          malformed(which + " is expanded too far");
-        }
-        logical_extent *= at_least_one;
-        logical *= s;
-        t.expand_to.push_back(s);
-      }
-      expanded_bytes += static_cast<size_t>(logical);
+      expanded_bytes += read_expand_to(d, which, t);
       if (expanded_bytes > limits.max_tensor_bytes) {
         malformed("its broadcast tensors expand to " + std::to_string(expanded_bytes) +
                   " bytes or more, more than the limit of " +
@@ -721,64 +751,66 @@ Envelope decode(const std::string& payload, const std::vector<Tensor>& tensors,
   return decode(ParsedEnvelope(payload, limits), tensors, limits);
 }
 
-Envelope decode(const ParsedEnvelope& parsed, const std::vector<Tensor>& tensors,
-                const EnvelopeLimits& limits) {
-  const wire::Envelope& env = parsed.message();
-  if (env.has_release()) {
-    if (env.tensors_size() != 0 || !tensors.empty()) malformed("a release with tensors");
-    if (static_cast<size_t>(env.release().loans_size()) > limits.max_tensors) {
-      malformed("a release of " + std::to_string(env.release().loans_size()) +
-                " loans exceeds the limit of " + std::to_string(limits.max_tensors));
-    }
-    Release release;
-    for (const wire::Loan& l : env.release().loans())
-      release.loans.push_back(Loan{l.slot(), l.token()});
-    return Envelope{std::move(release)};
-  }
-  // The request's or response's own fields are checked (and its few extensions built)
-  // before any tensor or value is.
-  Envelope out;
-  if (env.has_request()) {
-    const wire::Request& in = env.request();
-    if (in.function().size() > limits.max_function_name_bytes) {
-      malformed("a function name of " + std::to_string(in.function().size()) + " bytes");
-    }
-    if (in.timeout_ms() > uint64_t{1} << 40) malformed("a timeout beyond any deadline");
-    Request req;
-    req.id = in.id();
-    req.handler = in.handler();
-    req.function = in.function();
-    req.autograd_context_id = in.autograd_context_id();
-    req.autograd_message_id = in.autograd_message_id();
-    req.timeout = std::chrono::milliseconds(static_cast<int64_t>(in.timeout_ms()));
-    req.payload.assign(in.payload().begin(), in.payload().end());
-    req.extensions = decode_extensions(in.extensions(), limits);
-    out.body = std::move(req);
-  } else if (env.has_response()) {
-    const wire::Response& in = env.response();
-    Response resp;
-    resp.id = in.id();
-    resp.autograd_context_id = in.autograd_context_id();
-    resp.autograd_message_id = in.autograd_message_id();
-    if (in.has_error()) {
-      const wire::ErrorReply& e = in.error();
-      if (e.worker().size() > limits.max_worker_name_bytes) {
-        malformed("an error's worker name of " + std::to_string(e.worker().size()) +
-                  " bytes exceeds the limit of " + std::to_string(limits.max_worker_name_bytes));
-      }
-      resp.result = ErrorReply{error_kind_from(e.kind()), e.message(), e.worker(), e.rejected()};
-    } else if (!in.has_value()) {
-      malformed("a response with neither a value nor an error");
-    }
-    resp.extensions = decode_extensions(in.extensions(), limits);
-    out.body = std::move(resp);
-  } else {
-    malformed("neither a request, a response nor a release");
-  }
+namespace {
 
+Envelope decode_release(const wire::Envelope& env, const std::vector<Tensor>& tensors,
+                        const EnvelopeLimits& limits) {
+  if (env.tensors_size() != 0 || !tensors.empty()) malformed("a release with tensors");
+  if (static_cast<size_t>(env.release().loans_size()) > limits.max_tensors) {
+    malformed("a release of " + std::to_string(env.release().loans_size()) +
+              " loans exceeds the limit of " + std::to_string(limits.max_tensors));
+  }
+  Release release;
+  for (const wire::Loan& l : env.release().loans())
+    release.loans.push_back(Loan{l.slot(), l.token()});
+  return Envelope{std::move(release)};
+}
+
+// A request's or response's own fields, checked (and its few extensions built) before any
+// tensor or value is.
+Request decode_request_fields(const wire::Envelope& env, const EnvelopeLimits& limits) {
+  const wire::Request& in = env.request();
+  if (in.function().size() > limits.max_function_name_bytes) {
+    malformed("a function name of " + std::to_string(in.function().size()) + " bytes");
+  }
+  if (in.timeout_ms() > uint64_t{1} << 40) malformed("a timeout beyond any deadline");
+  Request req;
+  req.id = in.id();
+  req.handler = in.handler();
+  req.function = in.function();
+  req.autograd_context_id = in.autograd_context_id();
+  req.autograd_message_id = in.autograd_message_id();
+  req.timeout = std::chrono::milliseconds(static_cast<int64_t>(in.timeout_ms()));
+  req.payload.assign(in.payload().begin(), in.payload().end());
+  req.extensions = decode_extensions(in.extensions(), limits);
+  return req;
+}
+
+Response decode_response_fields(const wire::Envelope& env, const EnvelopeLimits& limits) {
+  const wire::Response& in = env.response();
+  Response resp;
+  resp.id = in.id();
+  resp.autograd_context_id = in.autograd_context_id();
+  resp.autograd_message_id = in.autograd_message_id();
+  if (in.has_error()) {
+    const wire::ErrorReply& e = in.error();
+    if (e.worker().size() > limits.max_worker_name_bytes) {
+      malformed("an error's worker name of " + std::to_string(e.worker().size()) +
+                " bytes exceeds the limit of " + std::to_string(limits.max_worker_name_bytes));
+    }
+    resp.result = ErrorReply{error_kind_from(e.kind()), e.message(), e.worker(), e.rejected()};
+  } else if (!in.has_value()) {
+    malformed("a response with neither a value nor an error");
+  }
+  resp.extensions = decode_extensions(in.extensions(), limits);
+  return resp;
+}
+
+// Every tensor of the message by index: inline ones built from their bytes, the others
+// the received ones in order; each then moved to the device it was sent to.
+std::vector<Tensor> gather_tensors(const wire::Envelope& env, const std::vector<Tensor>& tensors,
+                                   const EnvelopeLimits& limits) {
   const std::vector<IncomingTensor> announced = describe_tensors(env, limits);
-  // Every tensor of the message by index: inline ones built from their bytes, the others
-  // the received ones in order; each then moved to the device it was sent to.
   const size_t out_of_line = static_cast<size_t>(std::count_if(
       announced.begin(), announced.end(), [](const IncomingTensor& t) { return !t.is_inline; }));
   if (out_of_line != tensors.size()) {
@@ -816,6 +848,26 @@ Envelope decode(const ParsedEnvelope& parsed, const std::vector<Tensor>& tensors
     all.push_back(std::move(t));
   }
 
+  return all;
+}
+
+}  // namespace
+
+Envelope decode(const ParsedEnvelope& parsed, const std::vector<Tensor>& tensors,
+                const EnvelopeLimits& limits) {
+  const wire::Envelope& env = parsed.message();
+  if (env.has_release()) return decode_release(env, tensors, limits);
+  // The request's or response's own fields are checked (and its few extensions built)
+  // before any tensor or value is.
+  Envelope out;
+  if (env.has_request()) {
+    out.body = decode_request_fields(env, limits);
+  } else if (env.has_response()) {
+    out.body = decode_response_fields(env, limits);
+  } else {
+    malformed("neither a request, a response nor a release");
+  }
+  const std::vector<Tensor> all = gather_tensors(env, tensors, limits);
   Decoder decoder{all, limits};
   if (Request* req = std::get_if<Request>(&out.body)) {
     const wire::Request& in = env.request();

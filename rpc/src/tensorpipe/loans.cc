@@ -176,13 +176,14 @@ std::string boot_id() {
   return id;
 }
 
-std::string read_loans(const LoanTableAddress& peer, int reader,
-                       const std::vector<LoanCopy>& copies, int threads, Executor* helpers) {
-  auto entry_address = [&](uint32_t slot) {
-    return peer.table_address + uint64_t{LoanTable::kWordsPerSlot} * sizeof(uint64_t) * slot;
-  };
-  if (peer.pid <= 0) return "the lender's process is not known";
-  // The process is the lender only if the probe it published is there.
+namespace {
+
+uint64_t entry_address(const LoanTableAddress& peer, uint32_t slot) {
+  return peer.table_address + uint64_t{LoanTable::kWordsPerSlot} * sizeof(uint64_t) * slot;
+}
+
+// The process is the lender only if the probe it published is there. Returns why not, or "".
+std::string check_probe(const LoanTableAddress& peer) {
   uint64_t probe = 0;
   if (std::string why = read_remote(peer.pid, peer.probe_address, &probe, sizeof probe);
       !why.empty()) {
@@ -192,18 +193,22 @@ std::string read_loans(const LoanTableAddress& peer, int reader,
     return "process " + std::to_string(peer.pid) +
            " does not hold the lender's probe: it is not the worker that published the table";
   }
-  // Check every entry before copying anything.
-  auto shared = std::make_shared<SharedCopy>();
-  shared->pid = peer.pid;
-  std::vector<uint64_t> addresses;
-  size_t total = 0;
+  return {};
+}
+
+// Checks every entry before anything is copied: each loan is lent to `reader` under its
+// token with the size the message announced. Fills `addresses` (where each loan's bytes
+// are in the lender) and `total`; returns why a loan cannot be copied, or "".
+std::string check_entries(const LoanTableAddress& peer, int reader,
+                          const std::vector<LoanCopy>& copies, std::vector<uint64_t>& addresses,
+                          size_t& total) {
   for (const LoanCopy& c : copies) {
     const std::string which = "loan " + std::to_string(c.loan.slot);
     if (c.loan.slot >= peer.slots) {
       return which + " is outside the lender's table of " + std::to_string(peer.slots);
     }
     uint64_t entry[LoanTable::kWordsPerSlot] = {};
-    std::string why = read_remote(peer.pid, entry_address(c.loan.slot), entry, sizeof entry);
+    std::string why = read_remote(peer.pid, entry_address(peer, c.loan.slot), entry, sizeof entry);
     if (!why.empty()) return "reading the lender's table: " + why;
     if (entry[0] != c.loan.token) return which + " is not (or no longer) lent under its token";
     if (static_cast<int64_t>(entry[3]) != reader) {
@@ -217,6 +222,16 @@ std::string read_loans(const LoanTableAddress& peer, int reader,
     addresses.push_back(entry[1]);
     total += c.nbytes;
   }
+  return {};
+}
+
+// Copies the loans' bytes (at `addresses` in process `pid`) in pieces, on this thread and up
+// to threads - 1 of `helpers`. Returns why the copy failed, or "".
+std::string copy_pieces(pid_t pid, const std::vector<LoanCopy>& copies,
+                        const std::vector<uint64_t>& addresses, size_t total, int threads,
+                        Executor* helpers) {
+  auto shared = std::make_shared<SharedCopy>();
+  shared->pid = pid;
   // More threads than cores only queue behind each other.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int parts =
@@ -242,18 +257,32 @@ std::string read_loans(const LoanTableAddress& peer, int reader,
     }
   }
   shared->work();
-  {
-    // Bounded: every piece not yet done is being copied by a running thread.
-    MutexLock lock(shared->mutex);
-    while (shared->done < shared->pieces.size())
-      lock.wait(shared->done_cv);
-    if (!shared->error.empty()) return "copying out of the lender's memory: " + shared->error;
-  }
+  // Bounded: every piece not yet done is being copied by a running thread.
+  MutexLock lock(shared->mutex);
+  while (shared->done < shared->pieces.size())
+    lock.wait(shared->done_cv);
+  if (!shared->error.empty()) return "copying out of the lender's memory: " + shared->error;
+  return {};
+}
+
+}  // namespace
+
+std::string read_loans(const LoanTableAddress& peer, int reader,
+                       const std::vector<LoanCopy>& copies, int threads, Executor* helpers) {
+  if (peer.pid <= 0) return "the lender's process is not known";
+  if (std::string why = check_probe(peer); !why.empty()) return why;
+  std::vector<uint64_t> addresses;
+  size_t total = 0;
+  if (std::string why = check_entries(peer, reader, copies, addresses, total); !why.empty())
+    return why;
+  if (std::string why = copy_pieces(peer.pid, copies, addresses, total, threads, helpers);
+      !why.empty())
+    return why;
   // The loans must still stand: had one ended meanwhile, its memory may have been reused
   // while it was being copied.
   for (const LoanCopy& c : copies) {
     uint64_t token = 0;
-    std::string why = read_remote(peer.pid, entry_address(c.loan.slot), &token, sizeof token);
+    std::string why = read_remote(peer.pid, entry_address(peer, c.loan.slot), &token, sizeof token);
     if (!why.empty()) return "reading the lender's table: " + why;
     if (token != c.loan.token) {
       return "loan " + std::to_string(c.loan.slot) + " ended while it was being copied";

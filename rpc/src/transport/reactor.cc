@@ -255,15 +255,7 @@ void Reactor::run() {
       last_work = Clock::now();
       backoff.worked();
     } else if (n == 0 && timeout == 0) {
-      // Polling with nothing to do: let another runnable thread have this core (with more
-      // busy threads than cores, a spinning loop would otherwise delay the very peer whose
-      // message it waits for). A yield that kept us off the core long says there are such
-      // threads: stop polling and sleep until the next activity (SpinBackoff).
-      const Clock::time_point before = Clock::now();
-      ::sched_yield();
-      const bool was_polling = backoff.allows_polling();
-      backoff.yielded(Clock::now() - before);
-      if (was_polling && !backoff.allows_polling() && on_backoff_) on_backoff_();
+      yield_core(backoff);
     }
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -271,25 +263,45 @@ void Reactor::run() {
                            << ": epoll_wait failed: " << std::strerror(errno);
       break;
     }
-    for (int i = 0; i < n; ++i) {
-      const uint64_t token = events[static_cast<size_t>(i)].data.u64;
-      if (token == kWakeToken) {
-        uint64_t count = 0;
-        ssize_t r = ::read(wake_fd_, &count, sizeof(count));
-        (void)r;
-        continue;
-      }
-      auto it = by_token_.find(token);
-      if (it == by_token_.end()) continue;  // removed by an earlier handler of this batch
-      std::shared_ptr<Handler> handler = it->second;
-      try {
-        (*handler)(events[static_cast<size_t>(i)].events);
-      } catch (const std::exception& e) {
-        GRADWIRE_LOG(kError) << "transport " << name_ << ": a handler threw: " << e.what();
-      }
-    }
+    handle_events(events.data(), n);
     run_due_timers();
   }
+  drain_after_stop();
+}
+
+void Reactor::yield_core(SpinBackoff& backoff) {
+  // Polling with nothing to do: let another runnable thread have this core (with more
+  // busy threads than cores, a spinning loop would otherwise delay the very peer whose
+  // message it waits for). A yield that kept us off the core long says there are such
+  // threads: stop polling and sleep until the next activity (SpinBackoff).
+  const Clock::time_point before = Clock::now();
+  ::sched_yield();
+  const bool was_polling = backoff.allows_polling();
+  backoff.yielded(Clock::now() - before);
+  if (was_polling && !backoff.allows_polling() && on_backoff_) on_backoff_();
+}
+
+void Reactor::handle_events(const epoll_event* events, int n) {
+  for (int i = 0; i < n; ++i) {
+    const uint64_t token = events[i].data.u64;
+    if (token == kWakeToken) {
+      uint64_t count = 0;
+      ssize_t r = ::read(wake_fd_, &count, sizeof(count));
+      (void)r;
+      continue;
+    }
+    auto it = by_token_.find(token);
+    if (it == by_token_.end()) continue;  // removed by an earlier handler of this batch
+    std::shared_ptr<Handler> handler = it->second;
+    try {
+      (*handler)(events[i].events);
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "transport " << name_ << ": a handler threw: " << e.what();
+    }
+  }
+}
+
+void Reactor::drain_after_stop() {
   // What was deferred before the stop still runs (it may owe callbacks); later defers fail.
   for (;;) {
     std::vector<std::function<void()>> batch;

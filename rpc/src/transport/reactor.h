@@ -110,6 +110,11 @@ class Reactor {
   int next_timeout_ms();
   bool run_pollers(bool arm);  // whether any found work
   void run_due_timers();
+  // run()'s steps: a polling loop's yield of the core (which may end the polling), the
+  // handlers of the ready descriptors, and the work deferred before the stop.
+  void yield_core(SpinBackoff& backoff);
+  void handle_events(const epoll_event* events, int n);
+  void drain_after_stop();
 
   const std::string name_;
   const std::chrono::microseconds spin_;
