@@ -353,6 +353,17 @@ class TCPStore::Client {
     }
   }
 
+  // Sends one handshake frame whole and reads the server's answer into `in`.
+  static bool handshake_round(int fd, const std::string& frame, Clock::time_point deadline,
+                              std::string& in, std::string& error) {
+    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(frame.size())) {
+      error = "handshake send: " + errno_text(errno);
+      return false;
+    }
+    return read_handshake_frame(fd, deadline, in, error);
+  }
+
   // A server's kRefused (final: authentication failed, or another protocol version),
   // kLimit (its connection limit: try again later) or kError (it failed otherwise) answer
   // to the handshake: the reason, and whether it refused this client for good.
@@ -413,13 +424,8 @@ class TCPStore::Client {
     w.u8(t.client_flags);
     w.raw(t.client_nonce);
     w.end();
-    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(frame.size())) {
-      error = "handshake send: " + errno_text(errno);
-      return false;
-    }
     std::string in;
-    if (!read_handshake_frame(fd, deadline, in, error)) return false;
+    if (!handshake_round(fd, frame, deadline, in, error)) return false;
     FrameReader r(reinterpret_cast<const uint8_t*>(in.data()) + proto::kLengthBytes,
                   in.size() - proto::kLengthBytes);
     const uint8_t kind = r.u8();
@@ -465,12 +471,8 @@ class TCPStore::Client {
     a.begin(static_cast<uint8_t>(Op::kAuth), 0);
     a.raw(client_proof);
     a.end();
-    if (::send(fd, auth.data(), auth.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(auth.size())) {
-      error = "handshake send: " + errno_text(errno);
-      return false;
-    }
     std::string in;
-    if (!read_handshake_frame(fd, deadline, in, error)) return false;
+    if (!handshake_round(fd, auth, deadline, in, error)) return false;
     FrameReader ok(reinterpret_cast<const uint8_t*>(in.data()) + proto::kLengthBytes,
                    in.size() - proto::kLengthBytes);
     const uint8_t answer = ok.u8();

@@ -18,16 +18,7 @@
 
 namespace gradwire::c10d {
 
-namespace {
-
-using proto::FrameReader;
-using proto::FrameWriter;
-using proto::Limit;
-using proto::Op;
-using proto::Reply;
 using store_server::uv_message;
-
-}  // namespace
 
 void TCPStoreServerOptions::validate() const {
   GRADWIRE_CHECK_ARG(max_key_bytes >= 1 && max_key_bytes <= (16u << 20))

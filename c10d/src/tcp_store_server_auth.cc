@@ -8,17 +8,6 @@
 
 namespace gradwire::c10d {
 
-namespace {
-
-using proto::FrameReader;
-using proto::FrameWriter;
-using proto::Limit;
-using proto::Op;
-using proto::Reply;
-using store_server::uv_message;
-
-}  // namespace
-
 std::string TCPStoreServer::Impl::proof(std::string_view label, const proto::Transcript& t) const {
   // hmac_sha256 throws on a failure of the library: the caller's handler refuses the client.
   const Digest256 mac = hmac_sha256(secret_, proto::transcript(label, t));

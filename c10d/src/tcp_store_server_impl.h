@@ -94,6 +94,11 @@ class TCPStoreServer::Impl {
   void set_request_hook(std::function<void(uint8_t)> hook) { request_hook_ = std::move(hook); }
 
  private:
+  using FrameReader = proto::FrameReader;
+  using FrameWriter = proto::FrameWriter;
+  using Limit = proto::Limit;
+  using Op = proto::Op;
+  using Reply = proto::Reply;
   struct Connection;
 
   // The keys of a multi-key request, each distinct key once: `keys[order[i]]` is the i-th

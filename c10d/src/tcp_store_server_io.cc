@@ -14,17 +14,12 @@
 
 namespace gradwire::c10d {
 
-namespace {
-
-using proto::FrameReader;
-using proto::FrameWriter;
-using proto::Limit;
-using proto::Op;
-using proto::Reply;
 using store_server::kFrameHeader;
 using store_server::kRequestWork;
 using store_server::kTurnWork;
 using store_server::uv_message;
+
+namespace {
 
 std::string format_address(const sockaddr_storage& addr) {
   char host[NI_MAXHOST] = "?";
@@ -233,7 +228,7 @@ bool TCPStoreServer::Impl::room_for(Connection* c, uint32_t id, uint64_t payload
   return true;
 }
 
-FrameWriter TCPStoreServer::Impl::reply(Connection* c, Reply kind, uint32_t id) {
+proto::FrameWriter TCPStoreServer::Impl::reply(Connection* c, Reply kind, uint32_t id) {
   FrameWriter w(c->out);
   w.begin(static_cast<uint8_t>(kind), id);
   return w;

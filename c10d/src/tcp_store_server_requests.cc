@@ -15,11 +15,6 @@ namespace gradwire::c10d {
 
 namespace {
 
-using proto::FrameReader;
-using proto::FrameWriter;
-using proto::Op;
-using proto::Reply;
-
 // A key quoted for a log line or an error message.
 std::string quoted(std::string_view key) {
   return "'" + printable(key) + "'";

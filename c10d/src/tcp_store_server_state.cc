@@ -10,17 +10,6 @@
 
 namespace gradwire::c10d {
 
-namespace {
-
-using proto::FrameReader;
-using proto::FrameWriter;
-using proto::Limit;
-using proto::Op;
-using proto::Reply;
-using store_server::uv_message;
-
-}  // namespace
-
 StoreJournal::ForEach TCPStoreServer::Impl::live_keys() {
   return [this](const StoreJournal::Visit& visit) {
     for (const auto& [key, value] : data_)

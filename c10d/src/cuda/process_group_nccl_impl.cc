@@ -178,21 +178,10 @@ bool ProcessGroupNCCL::Impl::create_comm_locked(const OpContext& ctx, NcclWorkSt
     return false;
   }
   comm = created;
-  const PollResult ready = poll_locked(deadline);
-  switch (ready.end) {
-    case PollEnd::kDeadline:
-      fail_locked(ctx, state, what + " did not finish: the other ranks did not all join", true);
-      return false;
-    case PollEnd::kBroken:
-      abort_locked();
-      fail_as_follower(ctx, state);
-      return false;
-    case PollEnd::kSettled:
-      if (ready.state != ncclSuccess) {
-        fail_locked(ctx, state, what + " failed: " + nccl_error_text(ready.state, comm), false);
-        return false;
-      }
-      break;
+  if (!settle_locked(ctx, state, deadline,
+                     what + " did not finish: the other ranks did not all join",
+                     what + " failed: ")) {
+    return false;
   }
   if (group.debug_level() != DebugLevel::kOff) {
     GRADWIRE_LOG(kInfo) << "ProcessGroupNCCL (group '" << group.name() << "', rank " << rank
@@ -233,24 +222,27 @@ bool ProcessGroupNCCL::Impl::enqueue_locked(const OpContext& ctx, NcclWorkState&
   }
   // A non-blocking communicator may still be launching the kernels (connecting to peers
   // first): nothing else may touch the communicator or its stream until it is done.
-  const PollResult launched = poll_locked(deadline);
-  switch (launched.end) {
+  return settle_locked(
+      ctx, state, deadline,
+      "NCCL did not finish launching " + plan.name + " (it waits for the peers to connect)",
+      "ncclGroupEnd (" + plan.name + ") failed: ");
+}
+
+bool ProcessGroupNCCL::Impl::settle_locked(const OpContext& ctx, NcclWorkState& state,
+                                           Clock::time_point deadline, const std::string& late,
+                                           const std::string& failed) {
+  const PollResult settled = poll_locked(deadline);
+  switch (settled.end) {
     case PollEnd::kDeadline:
-      fail_locked(
-          ctx, state,
-          "NCCL did not finish launching " + plan.name + " (it waits for the peers to connect)",
-          true);
+      fail_locked(ctx, state, late, true);
       return false;
     case PollEnd::kBroken:
       abort_locked();
       fail_as_follower(ctx, state);
       return false;
     case PollEnd::kSettled:
-      if (launched.state != ncclSuccess) {
-        fail_locked(
-            ctx, state,
-            "ncclGroupEnd (" + plan.name + ") failed: " + nccl_error_text(launched.state, comm),
-            false);
+      if (settled.state != ncclSuccess) {
+        fail_locked(ctx, state, failed + nccl_error_text(settled.state, comm), false);
         return false;
       }
       break;

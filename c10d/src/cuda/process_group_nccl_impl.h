@@ -379,6 +379,12 @@ struct ProcessGroupNCCL::Impl {
       GRADWIRE_REQUIRES(comm_mutex);
   nccl_detail::PollResult poll_locked(nccl_detail::Clock::time_point deadline)
       GRADWIRE_REQUIRES(comm_mutex);
+  // Waits for NCCL to settle the communicator's work in progress (creation or a launch).
+  // False, the operation failed, when it does not by `deadline` (the message `late`), when
+  // the group broke meanwhile, or when NCCL reports an error (`failed` and NCCL's text).
+  bool settle_locked(const OpContext& ctx, nccl_detail::NcclWorkState& state,
+                     nccl_detail::Clock::time_point deadline, const std::string& late,
+                     const std::string& failed) GRADWIRE_REQUIRES(comm_mutex);
   bool abort_locked() GRADWIRE_REQUIRES(comm_mutex);
   void fail_locked(const OpContext& ctx, nccl_detail::NcclWorkState& state, const std::string& what,
                    bool timed_out) GRADWIRE_REQUIRES(comm_mutex);
