@@ -267,15 +267,15 @@ class TCPStore::Client {
     }
     std::shared_ptr<Connection> conn;
     for (addrinfo* ai = res; ai != nullptr && !conn; ai = ai->ai_next) {
-      const int fd =
-          ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-      if (fd < 0) {
+      // Closed at the end of the attempt unless the handshake hands it to the connection.
+      UniqueFd fd(
+          ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
+      if (!fd) {
         error = "socket: " + errno_text(errno);
         continue;
       }
-      if (!connect_socket(fd, ai, deadline, error) ||
-          !handshake(fd, deadline, error, refused, conn)) {
-        ::close(fd);
+      if (connect_socket(fd.get(), ai, deadline, error)) {
+        handshake(fd, deadline, error, refused, conn);
       }
     }
     freeaddrinfo(res);
@@ -390,13 +390,14 @@ class TCPStore::Client {
 
   // Protocol version 3: HELLO -> HELLO_OK (no proof); with a secret the client proves first
   // (AUTH), and only then does the server prove itself (OK carrying its proof).
-  bool handshake(int fd, Clock::time_point deadline, std::string& error, bool& refused,
+  // On success `conn` owns `fd`.
+  bool handshake(UniqueFd& fd, Clock::time_point deadline, std::string& error, bool& refused,
                  std::shared_ptr<Connection>& conn) GRADWIRE_REQUIRES(connect_mutex_) {
     proto::Transcript t;
     t.client_nonce = random_bytes(proto::kNonceBytes);
     t.client_flags = secret_.empty() ? 0 : proto::kFlagSecret;
     ServerLimits limits;
-    if (!hello(fd, deadline, t, limits, error, refused)) return false;
+    if (!hello(fd.get(), deadline, t, limits, error, refused)) return false;
     const bool server_secret = (t.server_flags & proto::kFlagSecret) != 0;
     if (server_secret != !secret_.empty()) {
       refused = true;
@@ -407,8 +408,10 @@ class TCPStore::Client {
                               "has none";
       return false;
     }
-    if (server_secret && !authenticate(fd, deadline, t, limits, error, refused)) return false;
-    conn = std::make_shared<Connection>(fd, address_, limits);
+    if (server_secret && !authenticate(fd.get(), deadline, t, limits, error, refused)) {
+      return false;
+    }
+    conn = std::make_shared<Connection>(std::move(fd), address_, limits);
     return true;
   }
 

@@ -52,9 +52,9 @@ std::string limit_message(const std::string& payload);
 // One TCP connection to the server, shared by every thread of a TCPStore.
 class Connection {
  public:
-  // Owns `fd`, a connected socket past its handshake.
-  Connection(int fd, std::string address, ServerLimits limits)
-      : fd_(fd), address_(std::move(address)), limits_(limits) {}
+  // `fd`: a connected socket past its handshake.
+  Connection(UniqueFd fd, std::string address, ServerLimits limits)
+      : fd_(std::move(fd)), address_(std::move(address)), limits_(limits) {}
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
