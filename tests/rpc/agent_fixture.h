@@ -1,7 +1,7 @@
 // What the agent suites share (agent_*_test.cc, free_functions_test.cc): options for test
 // agents, starting and shutting down agents that run as threads of this process or as two
-// worker processes, a held registered function, the text of an expected error, and the
-// functions most tests register. Header-only.
+// worker processes, a held registered function, the text of an expected error, the
+// functions most tests register and the calling thread's name. Header-only.
 //
 // Thread-safety: call from the test's thread.
 #pragma once
@@ -33,11 +33,10 @@
 namespace gradwire::rpc::agent_fixture {
 
 using namespace std::chrono_literals;
-using Agents = std::vector<std::shared_ptr<RpcAgent>>;
-
-inline std::string worker_name(int rank) {
-  return "w" + std::to_string(rank);
-}
+using test::Agents;
+using test::shutdown_all;  // returns each agent's error, "" for success
+using test::start_agents;  // agents "w0" ... on one store (a fresh HashStore by default)
+using test::worker_name;
 
 // A registered function that reports when a call has started (`entered`) and returns
 // `result` only once the test opens `release` (failing the test after 20 s).
@@ -54,14 +53,10 @@ struct HeldFunction {
   }
 };
 
+// test::agent_options with two lanes per pair of workers.
 inline AgentOptions test_options(Registry& reg) {
-  AgentOptions o;
-  o.registry = &reg;
-  o.rpc_timeout = 20s;
-  o.join_timeout = 20s;
-  o.num_worker_threads = 4;
+  AgentOptions o = test::agent_options(reg);
   o.mpt_lanes = 2;
-  o.transports = test::transports_under_test(o.transports);
   return o;
 }
 
@@ -73,54 +68,9 @@ inline AgentOptions lending_options(Registry& reg) {
   return o;
 }
 
-// Starts `n` agents on one store, concurrently (each waits for all).
-inline Agents start_agents(
-    int n, const AgentOptions& options,
-    std::shared_ptr<c10d::Store> store = std::make_shared<c10d::HashStore>(20s)) {
-  Agents agents(static_cast<size_t>(n));
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        agents[static_cast<size_t>(r)] =
-            make_tensorpipe_agent(worker_name(r), r, n, store, options);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads)
-    t.join();
-  for (int r = 0; r < n; ++r) {
-    if (!errors[static_cast<size_t>(r)].empty()) {
-      throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)]);
-    }
-  }
-  return agents;
-}
-
-// Graceful shutdown of every agent, concurrently; returns the errors, "" for success.
-inline std::vector<std::string> shutdown_all(const Agents& agents) {
-  std::vector<std::string> errors(agents.size());
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < agents.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        agents[r]->shutdown();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads)
-    t.join();
-  return errors;
-}
-
+// Graceful shutdown of every agent at once; each error is a test failure.
 inline void expect_clean_shutdown(const Agents& agents) {
-  for (const std::string& e : shutdown_all(agents))
-    EXPECT_EQ(e, "");
+  test::shutdown_agents(agents);
 }
 
 template <typename E, typename F>

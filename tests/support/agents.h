@@ -142,8 +142,8 @@ inline void send_all(int fd, const std::string& bytes) {
   }
 }
 
-// Graceful shutdown of every agent at once; each error is a test failure.
-inline void shutdown_agents(const Agents& agents) {
+// Graceful shutdown of every agent at once; returns each agent's error, "" for success.
+inline std::vector<std::string> shutdown_all(const Agents& agents) {
   std::vector<std::string> errors(agents.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < agents.size(); ++r) {
@@ -157,7 +157,12 @@ inline void shutdown_agents(const Agents& agents) {
   }
   for (auto& t : threads)
     t.join();
-  for (const std::string& e : errors)
+  return errors;
+}
+
+// Graceful shutdown of every agent at once; each error is a test failure.
+inline void shutdown_agents(const Agents& agents) {
+  for (const std::string& e : shutdown_all(agents))
     EXPECT_EQ(e, "");
 }
 
