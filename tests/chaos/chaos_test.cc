@@ -59,6 +59,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/harness.h"
 
 namespace gradwire::chaos {
@@ -67,6 +68,7 @@ namespace {
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
+using gradwire::testing::eventually;
 using rpc::CallContext;
 using rpc::CallOptions;
 using rpc::RpcAgent;
@@ -333,8 +335,8 @@ struct DdpHead {
   std::unique_ptr<ddp::DistributedDataParallel> model;
 };
 
-// The DDP options of seed `seed` (from the seed itself: the schedule's draws stay as they
-// were, so a seed names the same faults as before).
+// The DDP options of seed `seed` (from the seed itself, not from the schedule's draws, so
+// that a seed's faults do not depend on them).
 ddp::DdpOptions ddp_options_of(uint64_t seed, bool& with_unused) {
   switch (seed % 4) {
     case 0:
@@ -534,18 +536,6 @@ void barrier(c10d::Store& store, const Schedule& s, int rank, const std::string&
   store.wait(keys, 30s);
 }
 
-// Polls `done` until it holds or `bound` passes (the counters below have no waits of their
-// own). True when it held.
-template <typename F>
-bool eventually(milliseconds bound, F&& done) {
-  const auto deadline = Clock::now() + bound;
-  while (!done()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
-
 bool nothing_left(RpcAgent& agent) {
   const rref::RRefMetrics m = rref::metrics(agent);
   const rpc::AgentMetrics a = agent.metrics();
@@ -589,7 +579,8 @@ void run_worker(const Schedule& s, int rank, c10d::Store& store, RpcAgent& agent
   barrier(store, s, rank, "idle");
   EXPECT_TRUE(rref::wait_owned_values(agent, 0, kSettle))
       << name_of(rank) << " still owns " << rref::metrics(agent).owned_values << " values";
-  if (!eventually(kSettle, [&] { return nothing_left(agent); })) {
+  // The counters have no waits of their own: they are polled.
+  if (!eventually([&] { return nothing_left(agent); }, kSettle)) {
     const rref::RRefMetrics m = rref::metrics(agent);
     const rpc::AgentMetrics a = agent.metrics();
     ADD_FAILURE() << name_of(rank) << " holds, " << kSettle.count()
@@ -653,32 +644,33 @@ void run_schedule(uint64_t seed) {
 
 // ---- the seeds
 
-// CI's schedules: every seed of 1-79, and the regression seeds long runs found, after them.
+// CI's schedules: every seed of 1-79, and the seeds long runs found, after them.
 // A failing seed found by scripts/chaos.sh joins this list once the bug it found is fixed.
 //
-// Regression seeds (the bug each found, fixed since):
-// - a cut made one worker treat the other's values as lost for good while the other, which
-//   never saw the connection fail, kept its forks; and a fork refused because its owner was
-//   lost was never settled with its sender (1, 14, 15, 24, 38, 40, 54, 22, 39). The loss is
-//   now agreed (a Lost notice), and a refused fork is settled with whoever minted it.
-// - a proxy call waited on the owner for a Create that was dropped or cut, past its
-//   deadline, holding the placeholder (2, 25, 31, 48, 66; 24 under load): a creator that
-//   gives its reference up, or is lost, abandons what it was creating, and a Fetch that
-//   arrives after that is refused instead of awaited.
-// - a dropped Delete or ChildAccepted was never sent again (59, 62, 67; 10, 13, 73, 76 under
-//   load): settlements are sent again on timeout, and a second copy is a no-op.
-// - after a SIGKILL, a value forked to the killed worker and a handler outlived the run (5),
-//   and a fork sent of a value whose owner died stayed pending (2646191281925694804).
-// - a reply carrying an owner's fork that a fault rule dropped kept the fork counted for a
-//   caller that never got it (5020): a dropped reply now counts as not written.
-// - dist_autograd: a dropped Release (13, 17, 1561503560630265507), a failed pass waiting for
-//   its aborts past its deadline (3), a lost connection failing a pass with an untyped
-//   Error (29), a nested call that timed out and reached its callee after the Release from
-//   its caller, making a context nobody would release (5109); a reply built after its
-//   context was released here went out cut off from the pass, whose backward then succeeded
-//   without the gradients that should have come back through it (4039521280250924948).
-// - rref: a fork sent to a worker already lost here was kept pending for good: its death
-//   later was not told again (1314088954710638701).
+// What those seeds' schedules hold, beside every invariant above:
+// - a cut that one worker sees and the other does not: both agree on the loss (a Lost
+//   notice), neither keeps forks of values the other treats as lost, and a fork refused
+//   because its owner was lost is settled with whoever minted it (1, 14, 15, 24, 38, 40,
+//   54, 22, 39).
+// - a Create that was dropped or cut: no proxy call waits on the owner for it past its
+//   deadline holding the placeholder; a creator that gives its reference up, or is lost,
+//   abandons what it was creating, and a Fetch that arrives after that is refused instead
+//   of awaited (2, 25, 31, 48, 66; 24 under load).
+// - a dropped Delete or ChildAccepted: settlements are sent again on timeout, and a second
+//   copy is a no-op (59, 62, 67; 10, 13, 73, 76 under load).
+// - a SIGKILL: no value forked to the killed worker and no handler outlives the run (5), and
+//   no fork sent of a value whose owner died stays pending (2646191281925694804).
+// - a reply carrying an owner's fork that a fault rule drops: it counts as not written, so
+//   the fork is not counted for a caller that never got it (5020).
+// - dist_autograd: a dropped Release (13, 17, 1561503560630265507); a failed pass, which
+//   does not wait for its aborts past its deadline (3); a lost connection, which fails a
+//   pass with a typed error (29); a nested call that times out and reaches its callee after
+//   the Release from its caller, which leaves no context that nobody would release (5109);
+//   a reply built after its context was released here, which does not go out cut off from
+//   the pass, so no backward succeeds without the gradients that should come back through
+//   it (4039521280250924948).
+// - rref: a fork sent to a worker already lost here, whose death is not told again: it does
+//   not stay pending for good (1314088954710638701).
 constexpr uint64_t kCiSeeds[] = {
     1,
     2,

@@ -17,12 +17,14 @@
 #include <vector>
 
 #include "gradwire/core/error.h"
+#include "support/eventually.h"
 #include "support/scoped_env.h"
 
 namespace gradwire {
 namespace {
 
 namespace fs = std::filesystem;
+using gradwire::testing::eventually;
 
 // A fresh directory per test, removed afterwards; tracing is off and empty on both sides.
 class TraceTest : public ::testing::Test {
@@ -262,14 +264,11 @@ TEST_F(TraceTest, GradwireTraceMakesAProcessWriteItsFileAtExit) {
     ::execv(self.c_str(), argv.data());
     ::_exit(127);
   }
-  // Waits at most 30 s for the child.
+  // Waits at most 30 s for the child, polling its exit.
   int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   pid_t done = 0;
-  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling the child's exit
-  }
+  eventually([&] { return (done = ::waitpid(pid, &status, WNOHANG)) != 0; },
+             std::chrono::seconds(30));
   if (done == 0) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);

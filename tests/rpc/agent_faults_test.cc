@@ -5,20 +5,20 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <memory>
 #include "agent_fixture.h"
+#include "gradwire/c10d/hash_store.h"
 #include "gradwire/core/error.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
-
-#include "gradwire/c10d/hash_store.h"
+#include "support/eventually.h"
 #include "support/sync.h"
 
 namespace gradwire::rpc {
@@ -26,6 +26,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using namespace agent_fixture;
+using gradwire::testing::eventually;
 
 TEST(RpcAgentFaults, AThrowingReplyCallbackDoesNotHurtTheAgent) {
   Registry reg;
@@ -130,14 +131,14 @@ TEST(RpcAgentFaults, APeerOverItsInFlightBudgetIsRefused) {
   // The agent carries on: a later call opens a new connection (one made before the sender
   // saw the old one close may still fail with it).
   int64_t echoed = 0;
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (echoed == 0 && std::chrono::steady_clock::now() < deadline) {
+  eventually([&] {
     try {
       echoed = agents[0]->rpc_sync<Tensor>("w1", "echo", ones({8192})).numel();
     } catch (const NetworkError&) {
       // Sent on the closing connection before its loss was seen: the next call reconnects.
     }
-  }
+    return echoed != 0;
+  });
   EXPECT_EQ(echoed, 8192);
   expect_clean_shutdown(agents);
 }
@@ -161,10 +162,7 @@ TEST(RpcAgentFaults, LosingAPeerWakesAGracefulShutdownWaitingOnItsCalls) {
   std::string error = "(still running)";
   const auto t0 = std::chrono::steady_clock::now();
   std::thread closer([&] { error = error_text<Error>([&] { agents[0]->shutdown(); }); });
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!agents[0]->metrics().shutting_down && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
-  ASSERT_TRUE(agents[0]->metrics().shutting_down);
+  ASSERT_TRUE(eventually([&] { return agents[0]->metrics().shutting_down; }));
   // The connection goes; w0's call fails with it.
   std::thread killer([&] { agents[1]->shutdown(false); });
   closer.join();

@@ -6,24 +6,24 @@
 
 #include <atomic>
 #include <chrono>
-#include <string>
-#include <thread>
-#include <vector>
-
 #include <map>
 #include <memory>
+#include <string>
+#include <thread>
 #include <utility>
+#include <vector>
+
 #include "agent_fixture.h"
+#include "gradwire/c10d/hash_store.h"
 #include "gradwire/core/error.h"
+#include "gradwire/core/mutex.h"
+#include "gradwire/core/thread_pool.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
-
-#include "gradwire/c10d/hash_store.h"
-#include "gradwire/core/mutex.h"
-#include "gradwire/core/thread_pool.h"
+#include "support/eventually.h"
 #include "support/sync.h"
 
 namespace gradwire::rpc {
@@ -31,6 +31,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using namespace agent_fixture;
+using gradwire::testing::eventually;
 
 // ---------------------------------------------------------------- start-up order, context
 
@@ -228,9 +229,7 @@ TEST(RpcAgentLifecycle, ALostConnectionEndsCallsAsConnectionLost) {
   hold.release.count_down();
   agents[0]->shutdown(false);
   // The handler w1 left running still uses `hold` and `reg`: it must be done before they go.
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (agents[1]->metrics().running_handlers > 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
+  eventually([&] { return agents[1]->metrics().running_handlers == 0; });
   EXPECT_EQ(agents[1]->metrics().running_handlers, 0);
 }
 

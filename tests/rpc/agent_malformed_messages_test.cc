@@ -3,28 +3,27 @@
 // reply or loses its connection, and the worker serves on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <string>
-#include <thread>
-#include <vector>
-
-#include <algorithm>
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <string>
+#include <thread>
 #include <variant>
+#include <vector>
+
+#include <tensorpipe/tensorpipe.h>
+
 #include "agent_fixture.h"
+#include "gradwire/c10d/hash_store.h"
 #include "gradwire/core/error.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
-
-#include <tensorpipe/tensorpipe.h>
-
-#include "gradwire/c10d/hash_store.h"
 #include "support/sync.h"
 #include "transport/stream_transport.h"
 #include "wire.h"

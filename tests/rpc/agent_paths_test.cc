@@ -5,11 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <memory>
 #include "agent_fixture.h"
 #include "gradwire/core/error.h"
 #include "gradwire/rpc/agent.h"
@@ -17,7 +17,6 @@
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
-
 #include "support/sync.h"
 
 namespace gradwire::rpc {

@@ -111,7 +111,7 @@ TEST(RpcAgent, LargeTensorsAreLentAndCopiedStraightFromTheSender) {
   const Tensor b = add(arange(n, TensorOptions{kFloat32}), 1.0);
   const Tensor sum = agents[0]->rpc_sync<Tensor>("w1", "add", a, b);
   EXPECT_TRUE(holds_arange(sum, n, 2.0f, 1.0f));
-  // Below the threshold: sent through TensorPipe as before.
+  // Below the threshold: sent through TensorPipe, not lent.
   const Tensor small = arange(1000, TensorOptions{kFloat32});
   EXPECT_TRUE(holds_arange(agents[0]->rpc_sync<Tensor>("w1", "echo", small), 1000, 1.0f, 0.0f));
   const AgentMetrics caller = agents[0]->metrics();

@@ -21,6 +21,7 @@
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "support/eventually.h"
 #include "support/harness.h"
 #include "support/log_capture.h"
 #include "support/sync.h"
@@ -30,6 +31,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using namespace agent_fixture;
+using gradwire::testing::eventually;
 
 TEST(RpcAgent, CallsByNameIdAndWorkerInfoAcrossThreeWorkers) {
   Registry reg;
@@ -58,9 +60,9 @@ TEST(RpcAgent, CallsByNameIdAndWorkerInfoAcrossThreeWorkers) {
 }
 
 // Every worker's first calls to every other at once: connections are made while the
-// peers' first messages arrive on the same threads (connecting once held the agent's lock
-// across TensorPipe's connect(), which can run another connection's callback in place, and
-// a worker deadlocked on itself).
+// peers' first messages arrive on the same threads (connecting must not hold the agent's
+// lock across TensorPipe's connect(), which can run another connection's callback in place:
+// the worker would deadlock on itself).
 TEST(RpcAgent, FirstContactFromEveryWorkerAtOnceCompletes) {
   Registry reg;
   register_basics(reg);
@@ -89,8 +91,8 @@ TEST(RpcAgent, FirstContactFromEveryWorkerAtOnceCompletes) {
 }
 
 // Several threads of one worker make their first call to the same peer at once: one pipe
-// wins, the others are spare. The peer must go on accepting connections afterwards (a
-// spare pipe closed too early once stopped its listener), which w2 checks by calling it.
+// wins, the others are spare. The peer must go on accepting connections afterwards (closing
+// a spare pipe must not stop its listener), which w2 checks by calling it.
 TEST(RpcAgent, ThreadsRacingToConnectToOnePeerLeaveItAccepting) {
   Registry reg;
   register_basics(reg);
@@ -221,9 +223,7 @@ TEST(RpcAgent, TimeoutFailsTheCallAndTheLateReplyIsDropped) {
       }
       return n;
     };
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (dropped() == 0 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::yield();
+    eventually([&] { return dropped() > 0; });  // how many is checked below
     EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "fast"), 8);
     set_log_level(level);
     EXPECT_EQ(dropped(), 1);
@@ -556,12 +556,8 @@ TEST(RpcAgent, GracefulShutdownLetsOutstandingCallsFinish) {
     closed = true;
   });
   // Both agents are seen shutting down while the call is held: the shutdown waits for it.
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!(agents[0]->metrics().shutting_down && agents[1]->metrics().shutting_down) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  ASSERT_TRUE(agents[0]->metrics().shutting_down && agents[1]->metrics().shutting_down);
+  ASSERT_TRUE(eventually(
+      [&] { return agents[0]->metrics().shutting_down && agents[1]->metrics().shutting_down; }));
   EXPECT_FALSE(held.completed());
   EXPECT_FALSE(closed.load());
   EXPECT_EQ(agents[0]->metrics().pending_calls, 1);

@@ -42,8 +42,8 @@ TEST(GracefulDeparture, NoWorkerIsReportedLost) {
   constexpr int kRounds = 8;
   // Rank 0 hosts the store, so its graceful shutdown waits for every other worker's
   // departure mark while the others, already gone, close their connections to it: the
-  // moment a departure used to be reported as a loss (a race, hence several rounds, each
-  // a new group on its own part of the store).
+  // moment a departure could be taken for a loss (a race, hence several rounds, each a new
+  // group on its own part of the store).
   test::RankResults results = test::run_ranks_as_processes(
       kWorld,
       [&](int rank) {

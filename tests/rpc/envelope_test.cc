@@ -286,8 +286,8 @@ TEST(EnvelopeTest, RequiresGradOnANonFloatingDtypeIsMalformed) {
 }
 
 // An empty tensor's other sizes still count: [0, 2^40, 2^40] holds no element, but its
-// contiguous strides would overflow int64 (found by fuzz_envelope). Refused before anything
-// is allocated.
+// contiguous strides would overflow int64 (fuzz/regressions/fuzz_envelope keeps such an
+// input). Refused before anything is allocated.
 TEST(EnvelopeTest, AnEmptyTensorWithHugeOtherSizesIsMalformed) {
   Request req;
   req.function = "f";
@@ -304,8 +304,8 @@ TEST(EnvelopeTest, AnEmptyTensorWithHugeOtherSizesIsMalformed) {
 }
 
 // The tensors a message announces are bounded together by max_tensor_bytes before the
-// receiver allocates anything (fuzz_envelope found a 560 GB announcement passing
-// peek_tensors, which left that check to the agent).
+// receiver allocates anything, by peek_tensors itself rather than later by the agent
+// (fuzz/regressions/fuzz_envelope keeps an announcement of 560 GB).
 TEST(EnvelopeTest, TensorsAnnouncedTogetherAreBoundedByMaxTensorBytes) {
   Request req;
   req.function = "f";
@@ -814,7 +814,7 @@ TEST(EnvelopeTest, GarbageNeverCrashes) {
   ASSERT_EQ(versioned[0], '\x08');  // field 1, varint: the version comes first
   versioned[1] = '\x09';
   EXPECT_NE(malformed([&] { decode(versioned, {}); }).find("version 9"), std::string::npos);
-  // So is version 1's format, which this worker no longer speaks.
+  // So is version 1's format: this worker speaks version 2 only.
   versioned[1] = '\x01';
   EXPECT_NE(
       malformed([&] { decode(versioned, {}); }).find("version 1, this worker speaks version 2"),

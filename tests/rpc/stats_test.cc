@@ -23,10 +23,13 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/scoped_env.h"
 
 namespace gradwire::rpc {
 namespace {
+
+using gradwire::testing::eventually;
 
 const FunctionStats* find(const std::vector<FunctionStats>& rows, const std::string& function,
                           const std::string& peer) {
@@ -59,14 +62,12 @@ TEST(LatencyHistogram, BucketsAreContiguousAndPercentilesOrdered) {
 // The callee counts a request just after handing its reply over, so the caller may see the
 // reply first: waits (10 s at most) until `agent` has served `n` calls of `function`.
 void wait_for_served(RpcAgent& agent, const std::string& function, uint64_t n) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    const FunctionStats* s = nullptr;
+  const bool served = eventually([&] {
     const RpcStats stats = agent.stats();
-    s = find(stats.served, function, "w0");
-    if (s != nullptr && s->calls >= n) return;
-    std::this_thread::yield();
-  }
+    const FunctionStats* s = find(stats.served, function, "w0");
+    return s != nullptr && s->calls >= n;
+  });
+  if (served) return;
   FAIL() << "worker " << agent.worker_info().name << " did not serve " << n << " calls of '"
          << function << "' in 10 s:\n"
          << agent.stats().table();

@@ -1,22 +1,20 @@
 // A peer killed outright (TransportDeadPeer): its pending calls fail within two seconds, over
 // the local transport and over tcp.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdint>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
 #include "gradwire/core/error.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "support/agents.h"
-#include "transport_fixture.h"
-
-#include <csignal>
-#include <cstdint>
-
 #include "support/harness.h"
+#include "transport_fixture.h"
 
 namespace gradwire::rpc {
 namespace {

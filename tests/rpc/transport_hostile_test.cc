@@ -1,20 +1,19 @@
 // Hostile connections against real agents over gradwire's tcp (TransportHostile): random
 // bytes, huge lengths and half handshakes are refused or closed, and the listener serves on.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
 #include "gradwire/core/error.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "support/agents.h"
 #include "transport_fixture.h"
-
-#include <cstdint>
-#include <random>
 
 namespace gradwire::rpc {
 namespace {

@@ -2,28 +2,26 @@
 // use no CPU, the spin options are checked, and polling threads that cannot get their core
 // sleep instead.
 #include <gtest/gtest.h>
-
-#include <chrono>
-#include <string>
-#include <vector>
-
 #include <sched.h>
-#include "gradwire/core/error.h"
-#include "gradwire/rpc/rpc.h"
-#include "gradwire/rpc/tensorpipe_agent.h"
-#include "support/agents.h"
-#include "transport_fixture.h"
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "gradwire/core/error.h"
+#include "gradwire/rpc/rpc.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+#include "support/agents.h"
 #include "transport/reactor.h"
+#include "transport_fixture.h"
 
 namespace gradwire::rpc {
 namespace {

@@ -2,17 +2,16 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <stdexcept>
 #include "gradwire/core/error.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "support/agents.h"
-#include "transport_fixture.h"
-
 #include "support/harness.h"
+#include "transport_fixture.h"
 
 namespace gradwire::rpc {
 namespace {

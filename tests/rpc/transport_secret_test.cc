@@ -1,27 +1,25 @@
 // A job with a secret (TransportSecret): its workers call each other, outsiders with a wrong
 // secret or none are refused.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
-#include <string>
-#include <vector>
-
-#include <unistd.h>
-#include "gradwire/core/error.h"
-#include "gradwire/rpc/rpc.h"
-#include "gradwire/rpc/tensorpipe_agent.h"
-#include "support/agents.h"
-#include "transport_fixture.h"
-
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <tensorpipe/tensorpipe.h>
 
+#include "gradwire/core/error.h"
+#include "gradwire/rpc/rpc.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "support/agents.h"
 #include "support/sync.h"
 #include "transport/stream_transport.h"
+#include "transport_fixture.h"
 
 namespace gradwire::rpc {
 namespace {

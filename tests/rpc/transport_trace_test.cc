@@ -1,23 +1,21 @@
 // Connection set-up in the trace (TransportTrace): a span on each end, and one for a refusal.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
+#include <nlohmann/json.hpp>
+
 #include "gradwire/core/error.h"
+#include "gradwire/core/trace.h"
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "support/agents.h"
 #include "transport_fixture.h"
-
-#include <filesystem>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
-#include "gradwire/core/trace.h"
 
 namespace gradwire::rpc {
 namespace {

@@ -30,6 +30,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/harness.h"
 #include "support/sync.h"
 
@@ -37,6 +38,7 @@ namespace gradwire {
 namespace {
 
 using namespace std::chrono_literals;
+using gradwire::testing::eventually;
 using rpc::CallContext;
 using rpc::CallOptions;
 using rpc::Registry;
@@ -66,18 +68,6 @@ std::string error_text(F&& f) {
 
 rpc::CallContext detail_sending(RpcAgent& agent) {
   return rpc::CallContext(&agent, agent.worker_info(), 0, CallContext::Clock::time_point::max());
-}
-
-// Polls `done` until it holds or `within` has passed: for counts that settle just after the
-// messages that change them were answered.
-template <typename F>
-bool eventually(F&& done, std::chrono::milliseconds within) {
-  const auto deadline = std::chrono::steady_clock::now() + within;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return done();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -558,8 +548,8 @@ TEST_F(RRefThreads, ADeleteNeverOvertakesItsCreate) {
 }
 
 // A call that times out gives up the forks it carried: its receiver, reached later, finds
-// the value freed and its AddFork refused (once, the owner made a placeholder for it that
-// was never filled, and the sender kept its pending child).
+// the value freed and its AddFork refused (the owner makes no placeholder for it that would
+// never be filled, and the sender keeps no pending child).
 TEST_F(RRefThreads, ATimedOutCallReleasesItsForksAndALateForkOfAFreedValueIsRefused) {
   test::CountdownLatch refused(1);
   std::mutex mutex;
@@ -923,12 +913,11 @@ TEST(RRefRejoin, ReferencesToALostIncarnationFailAtOnceBeforeAndAfterItsReplacem
   ASSERT_TRUE(value.creation().wait(10s));
   agents[1]->shutdown(false);
   // w0 learns of the loss when its connection goes; until then a call may fail otherwise.
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
   std::string text;
-  while (std::chrono::steady_clock::now() < deadline) {
+  eventually([&] {
     text = error_text<NetworkError>([&] { counter.rpc_sync<int64_t>("get"); });
-    if (contains(text, "incarnation 0")) break;
-  }
+    return contains(text, "incarnation 0");
+  });
   EXPECT_TRUE(contains(text, "'w1' (rank 1) incarnation 0, was lost")) << text;
 
   rpc::AgentOptions rejoining = options;

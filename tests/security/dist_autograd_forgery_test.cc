@@ -16,12 +16,14 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/proto_bytes.h"
 
 namespace gradwire {
 namespace {
 
 using namespace std::chrono_literals;
+using gradwire::testing::eventually;
 using rpc::Registry;
 using test::Agents;
 namespace da = dist_autograd;
@@ -29,9 +31,7 @@ namespace da = dist_autograd;
 // The contexts `agent` holds once they drop to none, or after 10 s: a Context's end sends its
 // releases without waiting for them to arrive.
 size_t released_within_10s(rpc::RpcAgent& agent) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (da::num_contexts(agent) != 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(1ms);  // polling a count, not waiting for an event
+  eventually([&] { return da::num_contexts(agent) == 0; });  // a count: polled
   return da::num_contexts(agent);
 }
 

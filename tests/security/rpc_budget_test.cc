@@ -16,6 +16,7 @@
 #include "gradwire/rpc/registry.h"
 #include "gradwire/tensor/factory.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/proto_bytes.h"
 #include "support/rss.h"
 #include "support/sync.h"
@@ -25,6 +26,7 @@ namespace gradwire {
 namespace {
 
 using namespace std::chrono_literals;
+using gradwire::testing::eventually;
 using rpc::AgentOptions;
 using rpc::EnvelopeLimits;
 using rpc::Registry;
@@ -186,12 +188,7 @@ TEST(RpcEnvelopeExhaustion, MalformedWireFormatIsNamed) {
 // just after its reply is written, so the caller may see the reply a moment before.
 bool metrics_reach(rpc::RpcAgent& agent,
                    const std::function<bool(const rpc::AgentMetrics&)>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!done(agent.metrics())) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);  // polling a counter, not waiting for an event
-  }
-  return true;
+  return eventually([&] { return done(agent.metrics()); });  // counters: polled
 }
 
 struct Gate {

@@ -39,6 +39,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/rss.h"
 #include "support/sync.h"
 #include "tensorpipe/verified_channels.h"
@@ -52,6 +53,7 @@ namespace gradwire::rpc {
 namespace {
 
 using namespace std::chrono_literals;
+using gradwire::testing::eventually;
 using transport::Handshake;
 using transport::PeerIdentity;
 namespace tp = tensorpipe;
@@ -482,10 +484,7 @@ TEST(RpcConnectionHijack, AnOutsidersRequestForAnotherPeersConnectionIsRefused) 
   // The pipe's own peer still gets it: the request was not used up by the refusals.
   const uint64_t accepted = g.metrics(1).connections_accepted;
   const int own = request_connection(w1, PeerIdentity{"w0", 0, 0}, reply_id);
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (g.metrics(1).connections_accepted == accepted &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
+  eventually([&] { return g.metrics(1).connections_accepted != accepted; });
   EXPECT_EQ(g.metrics(1).connections_accepted, accepted + 1);
   ::close(own);
   ::close(pipe_fd);
@@ -550,9 +549,7 @@ TEST(RpcConnectionHijack, AnMptLaneHelloIsAdmittedOnlyForItsOwnPeersOffer) {
   ::close(fd);
   EXPECT_EQ(stats->refused.load(), 2u);
   fd = lane_hello({"w0", 0, 0}, 3);
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (handed_over.load() == 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
+  eventually([&] { return handed_over.load() != 0; });
   EXPECT_EQ(handed_over.load(), 1);
   const int again = lane_hello({"w0", 0, 0}, 3);
   EXPECT_TRUE(closed_by_peer(again));

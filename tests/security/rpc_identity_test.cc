@@ -35,6 +35,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/log_capture.h"
 #include "support/sync.h"
 #include "transport/handshake.h"
@@ -44,6 +45,7 @@ namespace gradwire::rpc {
 namespace {
 
 using namespace std::chrono_literals;
+using gradwire::testing::eventually;
 using rref::RRef;
 using transport::Handshake;
 using transport::PeerIdentity;
@@ -212,14 +214,17 @@ bool refused_claim(Group& g, int rank, const std::string& secret, const PeerIden
 // Polls the captured log (lines go through a background thread) until a line contains
 // `needle`, for at most 10 s; that line, or "".
 std::string wait_for_line(test::LogCapture& log, const std::string& needle) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (std::chrono::steady_clock::now() < deadline) {
+  std::string found;
+  eventually([&] {
     for (const std::string& line : log.lines()) {
-      if (line.find(needle) != std::string::npos) return line;
+      if (line.find(needle) != std::string::npos) {
+        found = line;
+        return true;
+      }
     }
-    std::this_thread::yield();
-  }
-  return "";
+    return false;
+  });
+  return found;
 }
 
 // A value w2 owns that w1 references: w1 would drop it, were w2 lost to it.
@@ -290,9 +295,7 @@ TEST(RpcIdentity, AnOutsiderIsServedAsNobodyAndItsLossIsNobodys) {
   const int fd = raw_connect(published_address(*g->store, 1));
   ASSERT_TRUE(raw_handshake(fd, "", {"", -1, 0}));
   send_all(fd, tensorpipe_hello("visitor"));
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (g->accepted(1) == accepted && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
+  eventually([&] { return g->accepted(1) != accepted; });
   EXPECT_EQ(g->accepted(1), accepted + 1);
   // It goes away: no worker of the group is lost by it.
   ::close(fd);
@@ -353,16 +356,12 @@ TEST(RpcIdentity, ASecretHolderThatRepeatsAWorkersClaimIsAdmittedAsThatWorker) {
   const int fd = raw_connect(published_address(*g->store, 1));
   ASSERT_TRUE(raw_handshake(fd, kSecret, {"w2", 2, 0}));
   send_all(fd, tensorpipe_hello("w2"));
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (g->accepted(1) == accepted && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
+  eventually([&] { return g->accepted(1) != accepted; });
   EXPECT_EQ(g->accepted(1), accepted + 1);
   g->expect_serving();
   // Its connection ending is w2's, as far as w1 can tell.
   ::close(fd);
-  const auto lost_by = std::chrono::steady_clock::now() + 10s;
-  while (g->recorders[1]->losses().empty() && std::chrono::steady_clock::now() < lost_by)
-    std::this_thread::yield();
+  eventually([&] { return !g->recorders[1]->losses().empty(); });
   const std::vector<std::string> losses = g->recorders[1]->losses();
   ASSERT_EQ(losses.size(), 1u);
   EXPECT_EQ(losses[0].rfind("'w2'", 0), 0u) << losses[0];
@@ -572,11 +571,9 @@ TEST(RpcIdentity, ALocalPeerOfAnotherUserIsRefusedUnlessOtherUsersAreAllowed) {
     EXPECT_EQ(hello_as_user(server.name, kNobody), 1);
     // Counted by the listener's thread just after it closed the connection: the child may
     // see the close first.
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (server.stats->refused.load() == 0 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(1ms);  // polling a counter, not waiting for an event
+    eventually([&] { return server.stats->refused.load() != 0; });
     EXPECT_EQ(server.stats->refused.load(), 1u);
-    // The same user is served as before.
+    // This process's own user is still served.
     EXPECT_EQ(hello_as_user(server.name, ::geteuid()), 0);
   }
   {

@@ -29,6 +29,7 @@
 #include "gradwire/c10d/tcp_store_server.h"
 #include "gradwire/core/auth.h"
 #include "gradwire/core/error.h"
+#include "support/eventually.h"
 #include "tcp_protocol.h"
 
 namespace gradwire::c10d {
@@ -36,6 +37,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using gradwire::testing::eventually;
 using proto::FrameWriter;
 using proto::Limit;
 using proto::Op;
@@ -53,17 +55,6 @@ uint64_t rss_bytes() {
   }
   ADD_FAILURE() << "no VmRSS in /proc/self/status";
   return 0;
-}
-
-// Polls `done` until it holds or `timeout` passes; whether it held.
-template <typename F>
-bool eventually(F done, std::chrono::milliseconds timeout = 5s) {
-  const auto deadline = Clock::now() + timeout;
-  while (!done()) {
-    if (Clock::now() >= deadline) return false;
-    ::poll(nullptr, 0, 5);
-  }
-  return true;
 }
 
 TCPStoreOptions client_options(uint16_t port, std::string secret = {}) {
@@ -330,7 +321,7 @@ TEST(StoreExhaustion, ConnectionFloodIsRefusedAndAFreshClientServedOnceItEnds) {
       flood.push_back(std::make_unique<Peer>(server.port()));
       flood.back()->join();
     }
-    ASSERT_TRUE(eventually([&] { return server.num_clients() == 16; }));
+    ASSERT_TRUE(eventually([&] { return server.num_clients() == 16; }, 5s));
 
     Peer extra(server.port());
     const auto refusal = extra.read_frame();
@@ -353,7 +344,7 @@ TEST(StoreExhaustion, ConnectionFloodIsRefusedAndAFreshClientServedOnceItEnds) {
     ASSERT_TRUE(timeout.has_value());
     EXPECT_EQ(timeout->kind, static_cast<uint8_t>(Reply::kTimeout));
   }
-  ASSERT_TRUE(eventually([&] { return server.num_clients() == 0; }));
+  ASSERT_TRUE(eventually([&] { return server.num_clients() == 0; }, 5s));
   TCPStore fresh(client_options(server.port()));
   fresh.set("k", std::string_view("v"));
   EXPECT_EQ(fresh.get_string("k"), "v");
@@ -628,15 +619,17 @@ TEST(StoreExhaustion, GradwireStoreSurvivesAmplificationUnreadRepliesAndAConnect
     EXPECT_EQ(limit_of(*refusal), Limit::kConnections);
     EXPECT_EQ(client.get("big").size(), 8u << 20) << "a client connected before is served";
   }
-  EXPECT_TRUE(eventually([&] {
-    try {
-      TCPStoreOptions options = client_options(store.port());
-      options.connect_timeout = 200ms;
-      return TCPStore(options).get("big").size() == (8u << 20);
-    } catch (const StoreError&) {
-      return false;  // the flood's connections are still being closed
-    }
-  }));
+  EXPECT_TRUE(eventually(
+      [&] {
+        try {
+          TCPStoreOptions options = client_options(store.port());
+          options.connect_timeout = 200ms;
+          return TCPStore(options).get("big").size() == (8u << 20);
+        } catch (const StoreError&) {
+          return false;  // the flood's connections are still being closed
+        }
+      },
+      5s));
   EXPECT_LT(store.rss(), kRssBound);
   EXPECT_TRUE(store.running());
 }
@@ -660,7 +653,7 @@ TEST(StoreExhaustion, AnExceptionInAHandlerClosesOnlyThatConnection) {
   EXPECT_EQ(bystander.get_string("k"), "v");
   // The victim reconnects on its next call.
   EXPECT_EQ(victim.get_string("k"), "v");
-  EXPECT_TRUE(eventually([&] { return server.num_clients() == 2; }));
+  EXPECT_TRUE(eventually([&] { return server.num_clients() == 2; }, 5s));
 }
 
 // ---- the journal
@@ -752,7 +745,8 @@ TEST(StoreExhaustion, AJournalThatCannotBeWrittenMakesWritesRefused) {
   EXPECT_EQ(read_back, "1");
 
   // Writable again: the next turn writes what was kept, and writes are accepted.
-  EXPECT_TRUE(eventually([&] { return error_of([&] { store.add("counter", 1); }) == "no error"; }));
+  EXPECT_TRUE(
+      eventually([&] { return error_of([&] { store.add("counter", 1); }) == "no error"; }, 5s));
   server.reset();
   TCPStoreServer restarted(
       TCPStoreServerOptions{.bind_host = "127.0.0.1", .journal = journal.string()});

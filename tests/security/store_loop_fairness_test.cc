@@ -160,9 +160,10 @@ int64_t int_of(const Frame& f) {
 }
 
 // The attack: a million keys whose listing is past the frame limit, then 20,000 list_keys
-// of 9 bytes each, pipelined on one connection that reads nothing. Each used to sum every
-// key before answering with a LIMIT frame of ~170 bytes, so back-pressure never engaged and
-// the loop (every client of the store, every launcher's heartbeat) stalled for minutes.
+// of 9 bytes each, pipelined on one connection that reads nothing. Were each to sum every
+// key before answering with a LIMIT frame of ~170 bytes, back-pressure would never engage
+// and the loop (every client of the store, every launcher's heartbeat) would stall for
+// minutes.
 TEST(StoreLoopFairness,
      AFreshClientIsAnsweredWithin100msWhile20000ListKeysOverAMillionKeysArePending) {
   constexpr uint32_t kKeys = 1'000'000;

@@ -23,6 +23,7 @@
 
 #include "gradwire/core/check.h"
 #include "gradwire/core/mutex.h"
+#include "support/eventually.h"
 
 namespace gradwire::test {
 namespace {
@@ -386,11 +387,13 @@ RankResults run_ranks_as_processes(int world_size, const std::function<void(int)
   // A thread that was just joined can still be listed in /proc/self/task for a moment (the
   // kernel removes its entry after join returns): a count over the bound is read again
   // for up to a second before it is believed.
-  int threads = count_threads();
-  for (const auto until = Clock::now() + std::chrono::seconds(1);
-       threads > 1 + kRuntimeThreads && Clock::now() < until; threads = count_threads()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polling /proc, not an event
-  }
+  int threads = 0;
+  gradwire::testing::eventually(  // polling /proc: no event tells of the entry's removal
+      [&] {
+        threads = count_threads();
+        return threads <= 1 + kRuntimeThreads;
+      },
+      std::chrono::seconds(1));
   // -1: no /proc to count with; trust the caller.
   if (threads > 1 + kRuntimeThreads) {
     for (RankResult& result : results.ranks) {

@@ -21,10 +21,10 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "gradwire/core/trace.h"
+#include "support/eventually.h"
 
 namespace gradwire::test {
 
@@ -53,18 +53,20 @@ inline std::vector<nlohmann::json> trace_events(const nlohmann::json& file) {
 }
 
 // Writes what this process recorded so far to `path` and reads it back, again until
-// `done(file)` holds or `deadline` passes (polling every few milliseconds); returns the
+// `done(file)` holds or `deadline` passes (polling with a short back-off); returns the
 // last file read.
 inline nlohmann::json wait_for_trace(
     const std::string& path, const std::function<bool(const nlohmann::json&)>& done,
     std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  for (;;) {
-    trace::write(path);
-    nlohmann::json file = read_trace(path);
-    if (done(file) || std::chrono::steady_clock::now() >= until) return file;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  nlohmann::json file;
+  gradwire::testing::eventually(
+      [&] {
+        trace::write(path);
+        file = read_trace(path);
+        return done(file);
+      },
+      deadline);
+  return file;
 }
 
 // Start and end (microseconds) of a complete event.
