@@ -11,12 +11,6 @@
 
 namespace gradwire::rref {
 
-using rpc::CallContext;
-using rpc::CallRejected;
-using rpc::RRefDescriptor;
-using rpc::Value;
-using rpc::WorkerInfo;
-
 bool contains_references(const Value& value) {
   return has_descriptor(value);
 }

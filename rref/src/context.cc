@@ -15,12 +15,6 @@
 
 namespace gradwire::rref {
 
-using rpc::CallContext;
-using rpc::CallRejected;
-using rpc::RRefDescriptor;
-using rpc::Value;
-using rpc::WorkerInfo;
-
 namespace {
 
 // Freed values remembered, so that a late fork of one is refused rather than awaited.

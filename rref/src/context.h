@@ -53,6 +53,12 @@ class RRefMessageBuilder;
 // worker that minted one, id_text prints it as messages name it ("0:7").
 using rpc::id_text;
 using rpc::minter_of;
+// The rpc/ names every file of the context uses.
+using rpc::CallContext;
+using rpc::CallRejected;
+using rpc::RRefDescriptor;
+using rpc::Value;
+using rpc::WorkerInfo;
 // Whether `value` holds a reference anywhere inside it.
 bool contains_references(const rpc::Value& value);
 

@@ -11,12 +11,6 @@
 
 namespace gradwire::rref {
 
-using rpc::CallContext;
-using rpc::CallRejected;
-using rpc::RRefDescriptor;
-using rpc::Value;
-using rpc::WorkerInfo;
-
 // ---- the handler
 
 Future<Value> RRefContext::handle(const CallContext& ctx, const rpc::Request& request) {

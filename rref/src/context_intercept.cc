@@ -10,12 +10,6 @@
 
 namespace gradwire::rref {
 
-using rpc::CallContext;
-using rpc::CallRejected;
-using rpc::RRefDescriptor;
-using rpc::Value;
-using rpc::WorkerInfo;
-
 namespace {
 
 // The references a message carried, alive until it has been served or converted.

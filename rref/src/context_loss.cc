@@ -9,12 +9,6 @@
 
 namespace gradwire::rref {
 
-using rpc::CallContext;
-using rpc::CallRejected;
-using rpc::RRefDescriptor;
-using rpc::Value;
-using rpc::WorkerInfo;
-
 // ---- listener
 
 void RRefContext::on_worker_lost(const WorkerInfo& worker, const std::string& why) {

@@ -10,12 +10,6 @@
 
 namespace gradwire::rref {
 
-using rpc::CallContext;
-using rpc::CallRejected;
-using rpc::RRefDescriptor;
-using rpc::Value;
-using rpc::WorkerInfo;
-
 namespace {
 
 // Owned references made by a fork that arrived before the value's creation: bounded, so

@@ -11,12 +11,6 @@
 
 namespace gradwire::rref {
 
-using rpc::CallContext;
-using rpc::CallRejected;
-using rpc::RRefDescriptor;
-using rpc::Value;
-using rpc::WorkerInfo;
-
 Future<Value> RRefContext::send(
     const WorkerInfo& to, const std::string& payload, std::string what, std::vector<Value> args,
     rpc::CallOptions options, uint32_t handler,

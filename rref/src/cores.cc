@@ -8,12 +8,6 @@
 
 namespace gradwire::rref {
 
-using rpc::CallContext;
-using rpc::CallRejected;
-using rpc::RRefDescriptor;
-using rpc::Value;
-using rpc::WorkerInfo;
-
 namespace {
 
 // How much of a function or method name an error shows. The name a Create or a CallMethod
