@@ -265,7 +265,7 @@ Future<Value> Container::on_discover(const WorkerInfo& caller, const wire::Disco
     }
     try {
       const Found& f = done.value();
-      // Sized first and assigned in place: moving a Value into a growing vector here made
+      // Sized first and assigned in place: moving a Value into a growing vector here makes
       // GCC 12 warn (wrongly) that the variant's inactive members may be used
       // uninitialised.
       Value::List workers(f.workers.size());

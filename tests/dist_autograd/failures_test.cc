@@ -119,9 +119,9 @@ class DistAutogradFaults : public ::testing::Test {
   test::Agents agents_;
 };
 
-// w0 -> w1 -> w2; the gradients w1 sends back to w2 are lost with their connection. Before,
-// nobody looked at that send: w2 waited for them until the agents' rpc_timeout ended the
-// pass with a TimeoutError that named nothing.
+// w0 -> w1 -> w2; the gradients w1 sends back to w2 are lost with their connection. The
+// sender watches that send: the pass ends at once with an error naming the receiver, not
+// at the agents' rpc_timeout with a TimeoutError that names nothing.
 TEST_F(DistAutogradFaults, GradientsThatCannotBeDeliveredEndThePassAtOnceNamingTheReceiver) {
   da::Context ctx(w(0));
   Tensor x = leaf({1.0, 2.0});
@@ -156,8 +156,8 @@ TEST_F(DistAutogradFaults, GradientsThatCannotBeDeliveredEndThePassAtOnceNamingT
 }
 
 // Gradients the receiver refuses (here: of the wrong shape, which a hook on the sender
-// made) end the pass at once with the receiver's error. Before, the refusal was never
-// looked at, and the pass waited for the receiver's part until rpc_timeout.
+// made) end the pass at once with the receiver's error, without waiting for the
+// receiver's part until rpc_timeout.
 TEST_F(DistAutogradFaults, GradientsTheReceiverRefusesEndThePassWithItsError) {
   da::Context ctx(w(0));
   Tensor x = leaf({1.0, 2.0});
@@ -210,8 +210,8 @@ class DistAutogradShortRpcTimeout : public DistAutogradFaults {
   std::chrono::milliseconds rpc_timeout() const override { return 400ms; }
 };
 
-// A pass may outlast rpc_timeout: before, every pass was bounded by it (its Wait messages
-// timed out with it). Here a node on w1 computes for three times the agents' rpc_timeout.
+// A pass may outlast rpc_timeout (a Wait that times out is asked again while the pass goes
+// on). Here a node on w1 computes for three times the agents' rpc_timeout.
 TEST_F(DistAutogradShortRpcTimeout, APassMayOutlastTheAgentsRpcTimeout) {
   reg_.def("slow_in_backward", [](const Tensor& x) {
     Tensor y = mul(x, x);
@@ -231,8 +231,8 @@ TEST_F(DistAutogradShortRpcTimeout, APassMayOutlastTheAgentsRpcTimeout) {
   expect_values(da::get_gradients(w(0), ctx.id()).at(x), {4.0, -12.0});
 }
 
-// A Release that is lost on its way is sent again: before, the receiver kept the context
-// for good (nothing sent it again, nothing expired it). Here the first Release from w0 to
+// A Release that is lost on its way is sent again, so the receiver does not keep the
+// context for good (nothing else expires it). Here the first Release from w0 to
 // w1, and the first from w1 on to w2, are dropped; the context still ends everywhere
 // before its Context's end returns (a second attempt goes after a share of rpc_timeout).
 // The contexts `agent` holds once they drop to none, or after 5 s (a Release sent again
@@ -290,9 +290,9 @@ TEST_F(DistAutogradShortRpcTimeout, AReleaseWhoseAnswerIsLostEndsEverywhere) {
 }
 
 // A Context's end releases the context here and sends its releases without waiting for the
-// answers: before, every step ended with that round trip. Here every answer to a Release is
-// lost (the fixture's rpc_timeout is 10 s, which the old end waited out); the end returns
-// all the same, and the workers the context reached have released it.
+// answers, so a step does not end with that round trip. Here every answer to a Release is
+// lost (the fixture's rpc_timeout is 10 s, which an end waiting for them would wait out);
+// the end returns all the same, and the workers the context reached have released it.
 TEST_F(DistAutogradFaults, AContextsEndDoesNotWaitForTheAnswersToItsReleases) {
   faults_->add({.action = FaultAction::kDrop,
                 .to = "w0",
@@ -322,8 +322,8 @@ class DistAutogradTwoSecondRpcTimeout : public DistAutogradFaults {
 };
 
 // A pass that fails (here: at its deadline) waits for its aborts only as long as its
-// deadline allows: before, it waited up to rpc_timeout (2 s here) for an abort that was
-// dropped, and backward ended long past BackwardOptions::timeout.
+// deadline allows, not up to rpc_timeout (2 s here) for an abort that was dropped:
+// backward ends soon after BackwardOptions::timeout.
 TEST_F(DistAutogradTwoSecondRpcTimeout, AFailedPassDoesNotWaitPastItsDeadlineForItsAborts) {
   da::Context ctx(w(0));
   Tensor x = leaf({1.0, 2.0});
@@ -523,8 +523,8 @@ TEST_F(DistAutogradFaults, OnlyTheWorkerASendWentToMayDiscoverOrFeedIt) {
 // Gradients flow while discovery goes on. Here w1's answer to w0's Discover (which names
 // x's send back to w0) is held up for 2.5 s: w0 has already sent y's gradient, w1 runs its
 // part at once (its hook fires long before the answer arrives), and the gradient w1 sends on
-// waits at w0 until the answer names its send. The pass is exact. Before, no gradient moved
-// until every worker had been discovered.
+// waits at w0 until the answer names its send. The pass is exact, and gradients move before
+// every worker has been discovered.
 TEST_F(DistAutogradFaults, GradientsFlowWhileDiscoveryGoesOnAndWaitForTheirDiscover) {
   auto ran = std::make_shared<Future<void>>();
   reg_.def("square_noted", [ran](const Tensor& x) {
@@ -741,7 +741,7 @@ TEST_F(DistAutogradFaults, EarlyGradientsAreBoundedAndRefusedWhenTheirPassCannot
 
 // A request whose context its creator released while the request was on its way (here:
 // dropped, then replayed by hand as it would arrive late) is refused on a worker that never
-// held the context; before, it made the context there, and nothing ever released it.
+// held the context: made there, nothing would ever release it.
 TEST_F(DistAutogradFaults, AContextReleasedBeforeItsFirstRequestArrivesIsNeverMade) {
   uint64_t id = 0;
   {
@@ -776,8 +776,8 @@ TEST_F(DistAutogradFaults, AContextReleasedBeforeItsFirstRequestArrivesIsNeverMa
 // A context that a worker released because it lost the worker that brought it there is
 // not "unknown" to its creator afterwards: a request in it from the creator (a Wait, as from
 // a pass already running when the link went) hears why, as a NetworkError naming the lost
-// worker. Before, it got "has no context (unknown, or already released)", and that became
-// the pass's error.
+// worker, rather than "has no context (unknown, or already released)" as the pass's
+// error.
 TEST_F(DistAutogradFaults, ARequestInAContextReleasedForALostWorkerHearsWhy) {
   reg_.def("ping", [] { return 1; });
   Future<void> cut = faults_->add({.action = FaultAction::kCut,
