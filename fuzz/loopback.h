@@ -4,10 +4,9 @@
 //
 // Every system call here carries on after EINTR. libFuzzer's -timeout runs a SIGALRM timer
 // (every timeout/2 + 1 s) whose handler is installed without SA_RESTART, so once in about
-// 10^5 inputs it interrupts a connect() or poll() of the harness. The harness used to take
-// that for a server that did not answer and trap at once — the "stall" that long runs of
-// the network targets reported and that no input reproduced: `ss` at the trap showed the
-// server's reply already waiting in the client's receive queue.
+// 10^5 inputs it interrupts a connect() or poll() of the harness. Taking that for a server
+// that did not answer would trap with the server's reply already waiting in the client's
+// receive queue: a "stall" that no input reproduces.
 #pragma once
 
 #include <arpa/inet.h>

@@ -80,7 +80,7 @@ TEST(PsTrain, AKilledTrainerIsRestartedAndRejoinsWhileTrainingGoesOn) {
   }
   // The survivor trained every epoch once, without a restart.
   EXPECT_EQ(out.find("trainer2 rejoined"), std::string::npos) << out;
-  // Without --restart-workers the first failure ends the job, as before.
+  // Without --restart-workers the first failure ends the job.
   const std::string ended = run("--epochs 6 --kill-trainer-after 15", status, "--nproc-per-node 3");
   EXPECT_NE(status, 0) << ended;
   EXPECT_NE(ended.find("rank 1 failed (exit status 137); stopping the others"), std::string::npos)

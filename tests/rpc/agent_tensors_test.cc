@@ -163,8 +163,9 @@ TEST(RpcAgent, TensorsBetweenLocalPeersGoThroughTheRings) {
 }
 
 // By default a tensor of exactly 1 MiB (512x512 float32) is not lent: between local peers it
-// goes through the rings, where it measured faster than a direct copy (benchmarks.md). One
-// element more and it is lent. Either way it arrives intact, in both directions.
+// goes through the rings, where copying it costs less than setting up a loan
+// (docs/perf-notes/2026-11-rings-1mib-not-lent.md). One element more and it is lent. Either way it
+// arrives intact, in both directions.
 TEST(RpcAgent, ByDefaultOnlyTensorsLargerThanOneMebibyteAreLent) {
   Registry reg;
   register_basics(reg);
