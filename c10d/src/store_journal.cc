@@ -9,6 +9,7 @@
 
 #include "gradwire/core/check.h"
 #include "gradwire/core/error.h"
+#include "gradwire/core/fd.h"
 #include "little_endian.h"
 
 namespace gradwire::c10d {
@@ -78,8 +79,8 @@ std::string open_error(int err) {
 }
 
 std::string read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) {
     if (errno == ENOENT) return std::string();
     GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path
                                << "': cannot open it: " << open_error(errno);
@@ -87,18 +88,16 @@ std::string read_file(const std::string& path) {
   std::string out;
   char buf[1 << 16];
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int err = errno;
-      ::close(fd);
       GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path
                                  << "': cannot read it: " << std::strerror(err);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
   }
-  ::close(fd);
   return out;
 }
 
@@ -157,9 +156,7 @@ StoreJournal::StoreJournal(std::string path, const Apply& apply, const ForEach& 
   rewrite(live);
 }
 
-StoreJournal::~StoreJournal() {
-  if (fd_ >= 0) ::close(fd_);
-}
+StoreJournal::~StoreJournal() = default;
 
 void StoreJournal::rewrite(const ForEach& live) {
   std::string snapshot = header();
@@ -179,31 +176,31 @@ void StoreJournal::rewrite(const ForEach& live) {
     }
     ::unlink(tmp.c_str());
   }
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   std::string error;
-  if (fd < 0) {
+  if (!fd) {
     GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path_ << "': cannot create '" << tmp
                                << "': " << open_error(errno)
                                << (errno == EEXIST ? " (created by someone else meanwhile)" : "");
   }
   size_t done = 0;
-  if (!write_all(fd, snapshot, &done, &error) || ::fsync(fd) != 0) {
+  if (!write_all(fd.get(), snapshot, &done, &error) || ::fsync(fd.get()) != 0) {
     if (error.empty()) error = std::strerror(errno);
-    ::close(fd);
+    fd.reset();
     ::unlink(tmp.c_str());
     GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path_ << "': writing '" << tmp
                                << "' failed: " << error;
   }
-  ::close(fd);
+  fd.reset();
   if (::rename(tmp.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
     GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path_
                                << "': cannot replace it: " << std::strerror(err);
   }
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
-  if (fd_ < 0) {
+  fd_.reset();
+  fd_.reset(::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd_) {
     GRADWIRE_THROW(StoreError) << "TCPStore journal '" << path_
                                << "': cannot open it for appending: " << open_error(errno);
   }
@@ -218,7 +215,7 @@ void StoreJournal::record(Kind kind, std::string_view key, std::string_view valu
 bool StoreJournal::flush(const ForEach& live, std::string* error) {
   if (buffer_.empty() && !unsynced_) return true;
   size_t done = 0;
-  const bool ok = write_all(fd_, buffer_, &done, error);
+  const bool ok = write_all(fd_.get(), buffer_, &done, error);
   // What reached the file stays there; the rest follows it on the next flush, so the file
   // holds the records' bytes in order either way.
   written_since_compaction_ += done;
@@ -227,7 +224,7 @@ bool StoreJournal::flush(const ForEach& live, std::string* error) {
   if (fsync_) {
     // Until a sync succeeds, what was written is not known to be on the disk.
     unsynced_ = true;
-    if (::fdatasync(fd_) != 0) {
+    if (::fdatasync(fd_.get()) != 0) {
       *error = std::string("fdatasync: ") + std::strerror(errno);
       return false;
     }

@@ -32,6 +32,8 @@
 #include <string>
 #include <string_view>
 
+#include "gradwire/core/fd.h"
+
 namespace gradwire::c10d {
 
 class StoreJournal {
@@ -66,7 +68,7 @@ class StoreJournal {
   std::string path_;
   bool fsync_ = false;
   bool unsynced_ = false;  // written, but the last fdatasync failed
-  int fd_ = -1;
+  UniqueFd fd_;            // the journal, open for appending
   std::string buffer_;
   uint64_t written_since_compaction_ = 0;
   uint64_t live_bytes_ = 0;  // as of the last compaction
