@@ -3,9 +3,14 @@
 // have is refused, leaving the state as it was.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <stdexcept>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,7 +28,8 @@ struct Row {
   S next;
 };
 
-// docs/launcher.md, "The launcher as a state machine", row for row.
+// docs/launcher.md, "The launcher as a state machine", row for row (TheDocumentedTableIsTheCodes
+// checks the document against the code).
 const std::vector<Row> kTable = {
     {S::kJoining, E::kArrived, S::kGathering},  {S::kJoining, E::kTooLate, S::kLate},
     {S::kJoining, E::kComplete, S::kCompleted}, {S::kJoining, E::kAbandon, S::kAbandoned},
@@ -133,6 +139,42 @@ TEST(LauncherLifecycle, AJobAcrossGenerations) {
         E::kNextOpened, E::kArrived, E::kClosed, E::kPlanned, E::kSucceeded, E::kAllSucceeded})
     life.apply(e);
   EXPECT_EQ(life.state(), S::kCompleted);
+}
+
+// The table's rows as docs/launcher.md shows them: "| state | event | next | when |" under
+// "## The launcher as a state machine", names as Lifecycle::name gives them.
+std::set<std::tuple<std::string, std::string, std::string>> documented_rows() {
+  const std::filesystem::path doc =
+      std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "docs" / "launcher.md";
+  std::ifstream in(doc);
+  EXPECT_TRUE(in.good()) << doc;
+  std::set<std::tuple<std::string, std::string, std::string>> rows;
+  bool in_section = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("## ", 0) == 0) in_section = line == "## The launcher as a state machine";
+    if (!in_section || line.rfind("| ", 0) != 0 || line.rfind("| State", 0) == 0) continue;
+    std::vector<std::string> cells;
+    std::istringstream cols(line.substr(1));
+    for (std::string cell; std::getline(cols, cell, '|');) {
+      const size_t a = cell.find_first_not_of(' ');
+      const size_t b = cell.find_last_not_of(' ');
+      cells.push_back(a == std::string::npos ? "" : cell.substr(a, b - a + 1));
+    }
+    if (cells.size() >= 3) rows.emplace(cells[0], cells[1], cells[2]);
+  }
+  return rows;
+}
+
+TEST(LauncherLifecycle, TheDocumentedTableIsTheCodes) {
+  std::set<std::tuple<std::string, std::string, std::string>> code;
+  for (S state : kStates) {
+    for (E event : kEvents) {
+      if (const std::optional<S> next = Lifecycle::next(state, event)) {
+        code.emplace(Lifecycle::name(state), Lifecycle::name(event), Lifecycle::name(*next));
+      }
+    }
+  }
+  EXPECT_EQ(documented_rows(), code);
 }
 
 }  // namespace
