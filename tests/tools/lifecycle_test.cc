@@ -141,11 +141,20 @@ TEST(LauncherLifecycle, AJobAcrossGenerations) {
   EXPECT_EQ(life.state(), S::kCompleted);
 }
 
+// This source file: __FILE__ is as the compiler was given it, absolute or relative to the
+// build directory, which holds this binary's directory (tests/), whatever directory the
+// test runs in.
+std::filesystem::path this_file() {
+  const std::filesystem::path file(__FILE__);
+  if (file.is_absolute()) return file;
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / file;
+}
+
 // The table's rows as docs/launcher.md shows them: "| state | event | next | when |" under
 // "## The launcher as a state machine", names as Lifecycle::name gives them.
 std::set<std::tuple<std::string, std::string, std::string>> documented_rows() {
   const std::filesystem::path doc =
-      std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "docs" / "launcher.md";
+      this_file().parent_path() / ".." / ".." / "docs" / "launcher.md";
   std::ifstream in(doc);
   EXPECT_TRUE(in.good()) << doc;
   std::set<std::tuple<std::string, std::string, std::string>> rows;
