@@ -9,6 +9,8 @@
 //   execution.cc   backward() at the initiator, gradients sent on and taken (Propagate);
 //   completion.cc  each worker's part ending, reported (Wait) or aborted (Abort);
 //   release.cc     a context's end here and wherever it went (Release), lost workers.
+// A context's and a pass's states are lifecycle.h's; ContextState::apply (context_state.cc)
+// moves them, and the files above turn what happens into its events.
 //
 // Locking: mutex_ guards the table of contexts; each context has its own mutex for its
 // functions, gradients and passes (context_state.h). No message is sent and no node runs
