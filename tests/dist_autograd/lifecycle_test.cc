@@ -24,17 +24,14 @@ using CE = ContextEvent;
 using PS = PassPhase;
 using PE = PassEvent;
 
-struct ContextRow {
-  CS state;
-  CE event;
-  CS next;
+template <class State, class Event>
+struct Row {
+  State state;
+  Event event;
+  State next;
 };
-
-struct PassRow {
-  PS state;
-  PE event;
-  PS next;
-};
+using ContextRow = Row<CS, CE>;
+using PassRow = Row<PS, PE>;
 
 const std::vector<ContextRow> kContextRows = {
     {CS::kNone, CE::kMake, CS::kOpen},
@@ -81,42 +78,57 @@ const std::vector<PS> kPassStates = {PS::kNone,        PS::kDiscovering,     PS:
 const std::vector<PE> kPassEvents = {PE::kStart,  PE::kDiscoveryOver, PE::kPartEnds,
                                      PE::kReport, PE::kSuperseded,    PE::kAbort};
 
-template <class Row, class State, class Event>
-std::optional<State> row_for(const std::vector<Row>& rows, State state, Event event) {
-  for (const Row& row : rows) {
+template <class State, class Event>
+std::optional<State> row_for(const std::vector<Row<State, Event>>& rows, State state, Event event) {
+  for (const auto& row : rows) {
     if (row.state == state && row.event == event) return row.next;
   }
   return std::nullopt;
 }
 
-std::string text(CS s) {
-  return std::string(name(s));
-}
-std::string text(CE e) {
-  return std::string(name(e));
-}
-std::string text(PS s) {
-  return std::string(name(s));
-}
-std::string text(PE e) {
-  return std::string(name(e));
+template <class Named>
+std::string text(Named value) {
+  return std::string(name(value));
 }
 
-TEST(ContextLifecycle, EveryRowLeadsToItsNextState) {
-  for (const ContextRow& row : kContextRows) {
+// next() gives each row's next state.
+template <class State, class Event>
+void expect_every_row(const std::vector<Row<State, Event>>& rows) {
+  for (const auto& row : rows) {
     SCOPED_TRACE(text(row.state) + " | " + text(row.event));
     EXPECT_EQ(next(row.state, row.event), row.next);
   }
 }
 
-TEST(ContextLifecycle, EveryPairWithoutARowIsRefused) {
-  for (CS state : kContextStates) {
-    for (CE event : kContextEvents) {
-      if (row_for(kContextRows, state, event)) continue;
+// next() refuses every pair of `states` and `events` that has no row.
+template <class State, class Event>
+void expect_the_rest_refused(const std::vector<Row<State, Event>>& rows,
+                             const std::vector<State>& states, const std::vector<Event>& events) {
+  for (State state : states) {
+    for (Event event : events) {
+      if (row_for(rows, state, event)) continue;
       SCOPED_TRACE(text(state) + " | " + text(event));
       EXPECT_EQ(next(state, event), std::nullopt);
     }
   }
+}
+
+// The rows as docs/dist_autograd.md writes them.
+template <class State, class Event>
+std::vector<std::tuple<std::string, std::string, std::string>> as_text(
+    const std::vector<Row<State, Event>>& rows) {
+  std::vector<std::tuple<std::string, std::string, std::string>> named;
+  for (const auto& row : rows)
+    named.emplace_back(text(row.state), text(row.event), text(row.next));
+  return named;
+}
+
+TEST(ContextLifecycle, EveryRowLeadsToItsNextState) {
+  expect_every_row(kContextRows);
+}
+
+TEST(ContextLifecycle, EveryPairWithoutARowIsRefused) {
+  expect_the_rest_refused(kContextRows, kContextStates, kContextEvents);
 }
 
 // ContextState::apply moves the context as the table says, and leaves it where it was
@@ -142,20 +154,11 @@ TEST(ContextLifecycle, AContextIsMadeOpen) {
 }
 
 TEST(PassLifecycle, EveryRowLeadsToItsNextState) {
-  for (const PassRow& row : kPassRows) {
-    SCOPED_TRACE(text(row.state) + " | " + text(row.event));
-    EXPECT_EQ(next(row.state, row.event), row.next);
-  }
+  expect_every_row(kPassRows);
 }
 
 TEST(PassLifecycle, EveryPairWithoutARowIsRefused) {
-  for (PS state : kPassStates) {
-    for (PE event : kPassEvents) {
-      if (row_for(kPassRows, state, event)) continue;
-      SCOPED_TRACE(text(state) + " | " + text(event));
-      EXPECT_EQ(next(state, event), std::nullopt);
-    }
-  }
+  expect_the_rest_refused(kPassRows, kPassStates, kPassEvents);
 }
 
 // ContextState::apply(pass, event) moves the pass as the table says (a pass back in none
@@ -244,14 +247,8 @@ std::vector<std::tuple<std::string, std::string, std::string>> doc_rows(
 }
 
 TEST(Lifecycle, TheDocsTablesAreTheCodes) {
-  std::vector<std::tuple<std::string, std::string, std::string>> context;
-  for (const ContextRow& row : kContextRows)
-    context.emplace_back(text(row.state), text(row.event), text(row.next));
-  EXPECT_EQ(doc_rows("A context"), context);
-  std::vector<std::tuple<std::string, std::string, std::string>> pass;
-  for (const PassRow& row : kPassRows)
-    pass.emplace_back(text(row.state), text(row.event), text(row.next));
-  EXPECT_EQ(doc_rows("A pass"), pass);
+  EXPECT_EQ(doc_rows("A context"), as_text(kContextRows));
+  EXPECT_EQ(doc_rows("A pass"), as_text(kPassRows));
 }
 
 }  // namespace
