@@ -58,7 +58,6 @@ class Lifecycle {
         if (event == E::kTooLate) return S::kLate;
         if (event == E::kComplete) return S::kCompleted;
         if (event == E::kAbandon) return S::kAbandoned;
-        if (event == E::kSignal) return S::kInterrupted;
         return std::nullopt;
       case S::kGathering:
         if (event == E::kClosed) return S::kPlanning;

@@ -31,16 +31,16 @@ struct Row {
 // docs/launcher.md, "The launcher as a state machine", row for row (TheDocumentedTableIsTheCodes
 // checks the document against the code).
 const std::vector<Row> kTable = {
-    {S::kJoining, E::kArrived, S::kGathering},  {S::kJoining, E::kTooLate, S::kLate},
-    {S::kJoining, E::kComplete, S::kCompleted}, {S::kJoining, E::kAbandon, S::kAbandoned},
-    {S::kJoining, E::kSignal, S::kInterrupted}, {S::kGathering, E::kClosed, S::kPlanning},
-    {S::kGathering, E::kTooLate, S::kLate},     {S::kGathering, E::kSignal, S::kInterrupted},
-    {S::kLate, E::kNextOpened, S::kJoining},    {S::kLate, E::kSignal, S::kInterrupted},
-    {S::kPlanning, E::kPlanned, S::kRunning},   {S::kPlanning, E::kDetailsMissing, S::kEnding},
-    {S::kRunning, E::kSucceeded, S::kFinished}, {S::kRunning, E::kStopped, S::kEnding},
-    {S::kRunning, E::kSignal, S::kInterrupted}, {S::kFinished, E::kAllSucceeded, S::kCompleted},
-    {S::kFinished, E::kStopped, S::kEnding},    {S::kFinished, E::kSignal, S::kInterrupted},
-    {S::kEnding, E::kAdvanced, S::kJoining},    {S::kEnding, E::kAbandon, S::kAbandoned},
+    {S::kJoining, E::kArrived, S::kGathering},       {S::kJoining, E::kTooLate, S::kLate},
+    {S::kJoining, E::kComplete, S::kCompleted},      {S::kJoining, E::kAbandon, S::kAbandoned},
+    {S::kGathering, E::kClosed, S::kPlanning},       {S::kGathering, E::kTooLate, S::kLate},
+    {S::kGathering, E::kSignal, S::kInterrupted},    {S::kLate, E::kNextOpened, S::kJoining},
+    {S::kLate, E::kSignal, S::kInterrupted},         {S::kPlanning, E::kPlanned, S::kRunning},
+    {S::kPlanning, E::kDetailsMissing, S::kEnding},  {S::kRunning, E::kSucceeded, S::kFinished},
+    {S::kRunning, E::kStopped, S::kEnding},          {S::kRunning, E::kSignal, S::kInterrupted},
+    {S::kFinished, E::kAllSucceeded, S::kCompleted}, {S::kFinished, E::kStopped, S::kEnding},
+    {S::kFinished, E::kSignal, S::kInterrupted},     {S::kEnding, E::kAdvanced, S::kJoining},
+    {S::kEnding, E::kAbandon, S::kAbandoned},
 };
 
 const S kStates[] = {S::kJoining,  S::kGathering, S::kLate,      S::kPlanning,  S::kRunning,
@@ -72,7 +72,7 @@ std::vector<E> path_to(S state) {
     case S::kAbandoned:
       return {E::kAbandon};
     case S::kInterrupted:
-      return {E::kSignal};
+      return {E::kArrived, E::kSignal};
   }
   return {};
 }
