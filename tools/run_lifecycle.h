@@ -48,48 +48,40 @@ class Lifecycle {
     kSignal,          // SIGINT or SIGTERM reached the launcher
   };
 
+  // One row of the table: `event` in state `from` leads to state `to`.
+  struct Transition {
+    State from;
+    Event event;
+    State to;
+  };
+  // The table (docs/launcher.md shows it row for row). kCompleted, kAbandoned and
+  // kInterrupted are final: no row leaves them.
+  static constexpr Transition kTable[] = {
+      {State::kJoining, Event::kArrived, State::kGathering},
+      {State::kJoining, Event::kTooLate, State::kLate},
+      {State::kJoining, Event::kComplete, State::kCompleted},
+      {State::kJoining, Event::kAbandon, State::kAbandoned},
+      {State::kGathering, Event::kClosed, State::kPlanning},
+      {State::kGathering, Event::kTooLate, State::kLate},
+      {State::kGathering, Event::kSignal, State::kInterrupted},
+      {State::kLate, Event::kNextOpened, State::kJoining},
+      {State::kLate, Event::kSignal, State::kInterrupted},
+      {State::kPlanning, Event::kPlanned, State::kRunning},
+      {State::kPlanning, Event::kDetailsMissing, State::kEnding},
+      {State::kRunning, Event::kSucceeded, State::kFinished},
+      {State::kRunning, Event::kStopped, State::kEnding},
+      {State::kRunning, Event::kSignal, State::kInterrupted},
+      {State::kFinished, Event::kAllSucceeded, State::kCompleted},
+      {State::kFinished, Event::kStopped, State::kEnding},
+      {State::kFinished, Event::kSignal, State::kInterrupted},
+      {State::kEnding, Event::kAdvanced, State::kJoining},
+      {State::kEnding, Event::kAbandon, State::kAbandoned},
+  };
+
   // The state `event` leads to from `state`; nullopt when the table has no such row.
   static constexpr std::optional<State> next(State state, Event event) {
-    using S = State;
-    using E = Event;
-    switch (state) {
-      case S::kJoining:
-        if (event == E::kArrived) return S::kGathering;
-        if (event == E::kTooLate) return S::kLate;
-        if (event == E::kComplete) return S::kCompleted;
-        if (event == E::kAbandon) return S::kAbandoned;
-        return std::nullopt;
-      case S::kGathering:
-        if (event == E::kClosed) return S::kPlanning;
-        if (event == E::kTooLate) return S::kLate;
-        if (event == E::kSignal) return S::kInterrupted;
-        return std::nullopt;
-      case S::kLate:
-        if (event == E::kNextOpened) return S::kJoining;
-        if (event == E::kSignal) return S::kInterrupted;
-        return std::nullopt;
-      case S::kPlanning:
-        if (event == E::kPlanned) return S::kRunning;
-        if (event == E::kDetailsMissing) return S::kEnding;
-        return std::nullopt;
-      case S::kRunning:
-        if (event == E::kSucceeded) return S::kFinished;
-        if (event == E::kStopped) return S::kEnding;
-        if (event == E::kSignal) return S::kInterrupted;
-        return std::nullopt;
-      case S::kFinished:
-        if (event == E::kAllSucceeded) return S::kCompleted;
-        if (event == E::kStopped) return S::kEnding;
-        if (event == E::kSignal) return S::kInterrupted;
-        return std::nullopt;
-      case S::kEnding:
-        if (event == E::kAdvanced) return S::kJoining;
-        if (event == E::kAbandon) return S::kAbandoned;
-        return std::nullopt;
-      case S::kCompleted:
-      case S::kAbandoned:
-      case S::kInterrupted:
-        return std::nullopt;
+    for (const Transition& t : kTable) {
+      if (t.from == state && t.event == event) return t.to;
     }
     return std::nullopt;
   }
