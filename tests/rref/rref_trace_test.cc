@@ -40,7 +40,7 @@ class RRefTrace : public ::testing::Test {
     const std::string dir = dir_.string();
     test::RankResults results = test::run_agent_processes(
         "rref-trace", 3, test::agent_options(reg),
-        [&](int rank, c10d::Store&, rpc::RpcAgent& agent) {
+        [&](int rank, c10d::Store& store, rpc::RpcAgent& agent) {
           trace::clear();
           if (traced) trace::start(dir);
           trace::set_directory(dir);
@@ -51,6 +51,12 @@ class RRefTrace : public ::testing::Test {
               std::ofstream(dir_ / "rref_id") << r.core_ptr()->rref_id();
             }
             // Every settlement of the fork and the deletes answered.
+            rref::wait_idle(agent, 20s);
+            store.set("used", "1");
+          } else {
+            // w2's Delete goes once the owner has counted its fork: each worker's messages
+            // are answered before the agents shut down (which stops sending them).
+            store.wait({"used"}, 30s);
             rref::wait_idle(agent, 20s);
           }
           agent.shutdown();
