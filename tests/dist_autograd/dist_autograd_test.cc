@@ -31,6 +31,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/harness.h"
 #include "support/sync.h"
 
@@ -510,9 +511,7 @@ TEST_F(DistAutograd, ContextsEndOnEveryWorkerTheyTouched) {
   // wait for their answers).
   EXPECT_EQ(da::num_contexts(w(0)), 0u);
   for (int r = 1; r < 3; ++r) {
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (da::num_contexts(w(r)) != 0 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(1ms);  // polling a count, not waiting for an event
+    testing::eventually([&] { return da::num_contexts(w(r)) == 0; }, 10s);
     EXPECT_EQ(da::num_contexts(w(r)), 0u) << "worker " << r;
   }
 }

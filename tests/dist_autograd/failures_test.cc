@@ -24,6 +24,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/eventually.h"
 #include "support/proto_bytes.h"
 
 namespace gradwire {
@@ -238,9 +239,7 @@ TEST_F(DistAutogradShortRpcTimeout, APassMayOutlastTheAgentsRpcTimeout) {
 // The contexts `agent` holds once they drop to none, or after 5 s (a Release sent again
 // may still be on its way to the last worker of a chain when the Context has ended).
 size_t contexts_left(RpcAgent& agent) {
-  const auto deadline = Clock::now() + 5s;
-  while (da::num_contexts(agent) != 0 && Clock::now() < deadline)
-    std::this_thread::sleep_for(1ms);  // polling a count, not waiting for an event
+  testing::eventually([&] { return da::num_contexts(agent) == 0; }, 5s);
   return da::num_contexts(agent);
 }
 

@@ -27,6 +27,7 @@
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/error_text.h"
 #include "support/harness.h"
 #include "support/sync.h"
 
@@ -73,17 +74,7 @@ inline void expect_clean_shutdown(const Agents& agents) {
   test::shutdown_agents(agents);
 }
 
-template <typename E, typename F>
-inline std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "(no exception)";
-}
+using test::error_text;
 
 inline void register_basics(Registry& reg) {
   reg.def("add", [](const Tensor& a, const Tensor& b) { return add(a, b); });

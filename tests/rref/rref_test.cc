@@ -30,6 +30,7 @@
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
+#include "support/error_text.h"
 #include "support/eventually.h"
 #include "support/harness.h"
 #include "support/sync.h"
@@ -45,6 +46,7 @@ using rpc::Registry;
 using rpc::RpcAgent;
 using rref::RRef;
 using test::Agents;
+using test::error_text;
 using test::worker_name;
 
 void shutdown_all(const Agents& agents) {
@@ -52,18 +54,6 @@ void shutdown_all(const Agents& agents) {
 }
 rpc::AgentOptions test_options(Registry& reg) {
   return test::agent_options(reg);
-}
-
-template <typename E, typename F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "(no exception)";
 }
 
 rpc::CallContext detail_sending(RpcAgent& agent) {
