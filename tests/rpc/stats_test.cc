@@ -25,6 +25,7 @@
 #include "support/agents.h"
 #include "support/eventually.h"
 #include "support/scoped_env.h"
+#include "support/temp_dir.h"
 
 namespace gradwire::rpc {
 namespace {
@@ -147,9 +148,8 @@ TEST_F(RpcStatsTest, CountsCallsErrorsBytesAndLatencyPerFunctionAndPeer) {
 
 TEST_F(RpcStatsTest, TracedCallsAreFollowedFromCallerToCalleeByRequestId) {
   namespace fs = std::filesystem;
-  const fs::path dir =
-      fs::temp_directory_path() / ("gradwire-rpc-trace-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const test::TempDir tmp("gradwire-rpc-trace");
+  const fs::path dir = tmp.path();
   trace::clear();
   constexpr int kCalls = 5;
   {
@@ -166,7 +166,6 @@ TEST_F(RpcStatsTest, TracedCallsAreFollowedFromCallerToCalleeByRequestId) {
   trace::set_directory("");
   std::ifstream in(path);
   const nlohmann::json file = nlohmann::json::parse(in);
-  fs::remove_all(dir);
 
   // Both agents live in this process: the caller's spans and the callee's are in one file.
   std::map<int64_t, nlohmann::json> calls;  // by request id

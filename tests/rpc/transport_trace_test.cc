@@ -15,6 +15,7 @@
 #include "gradwire/rpc/rpc.h"
 #include "gradwire/rpc/tensorpipe_agent.h"
 #include "support/agents.h"
+#include "support/temp_dir.h"
 #include "transport_fixture.h"
 
 namespace gradwire::rpc {
@@ -28,9 +29,8 @@ using namespace transport_fixture;
 // the transport, the outcome and the time its handshake took; a refused one is traced too.
 TEST(TransportTrace, ConnectionSetUpIsTracedOnBothEndsAndARefusalToo) {
   namespace fs = std::filesystem;
-  const fs::path dir =
-      fs::temp_directory_path() / ("gradwire-transport-trace-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const test::TempDir tmp("gradwire-transport-trace");
+  const fs::path dir = tmp.path();
   trace::clear();
   {
     trace::ScopedCapture capture(dir.string());
@@ -49,7 +49,6 @@ TEST(TransportTrace, ConnectionSetUpIsTracedOnBothEndsAndARefusalToo) {
   trace::set_directory("");
   std::ifstream in(path);
   const nlohmann::json file = nlohmann::json::parse(in);
-  fs::remove_all(dir);
 
   int opened_out = 0;
   int accepted_from_w0 = 0;

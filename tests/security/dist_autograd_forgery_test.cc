@@ -43,16 +43,7 @@ constexpr uint32_t kDiscover = 1, kPropagate = 2, kWait = 3, kRelease = 4;
 
 // Sends `payload` to dist_autograd's handler on `to` from `from`; returns the error text.
 std::string forge(rpc::RpcAgent& from, const std::string& to, const std::string& payload) {
-  rpc::Request request;
-  request.handler = da::kDistAutogradHandler;
-  request.function = "forged";
-  request.payload.assign(payload.begin(), payload.end());
-  try {
-    from.send(to, std::move(request)).get(10s);
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "(accepted)";
+  return test::send_forged(from, to, da::kDistAutogradHandler, payload);
 }
 
 TEST(DistAutogradForgery, NonParticipantsCannotSpeakForAContext) {

@@ -432,21 +432,6 @@ TEST(PeerMessageScan, CountsAddUpAcrossOccurrences) {
 
 // ---- the modules' handlers refuse, on live agents
 
-// Sends `payload` to `handler` on `to`; the error text.
-std::string send_payload(rpc::RpcAgent& from, const std::string& to, uint32_t handler,
-                         const std::string& payload) {
-  rpc::Request request;
-  request.handler = handler;
-  request.function = "forged";
-  request.payload.assign(payload.begin(), payload.end());
-  try {
-    from.send(to, std::move(request)).get(10s);
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
 // A packed run of `n` ids at `path`: one byte each on the wire, eight once parsed.
 std::string packed_ids(uint32_t op, uint32_t field, size_t n) {
   std::string body;
@@ -461,14 +446,14 @@ TEST(PeerMessageScan, HandlersRefuseTooManyIdsBeforeParsing) {
   test::Agents agents = test::start_agents(2, test::agent_options(reg));
   // Discover.message_ids (DistAutogradMessage.discover = 1, field 3).
   const std::string discover =
-      send_payload(*agents[0], "w1", dist_autograd::kDistAutogradHandler,
-                   packed_ids(1, 3, dist_autograd::internal::kMaxDiscoveredSends + 1));
+      test::send_forged(*agents[0], "w1", dist_autograd::kDistAutogradHandler,
+                        packed_ids(1, 3, dist_autograd::internal::kMaxDiscoveredSends + 1));
   EXPECT_NE(discover.find("Discover.message_ids holds more than 1048576 message ids"),
             std::string::npos)
       << discover;
   // ChildAccepted.fork_ids (RRefMessage.child_accepted = 5, field 1), to the control handler.
-  const std::string accepted = send_payload(*agents[0], "w1", rref::kRRefControlHandler,
-                                            packed_ids(5, 1, rref::kMaxAcceptedForks + 1));
+  const std::string accepted = test::send_forged(*agents[0], "w1", rref::kRRefControlHandler,
+                                                 packed_ids(5, 1, rref::kMaxAcceptedForks + 1));
   EXPECT_NE(accepted.find("ChildAccepted.fork_ids holds more than 65536 fork ids"),
             std::string::npos)
       << accepted;

@@ -96,15 +96,7 @@ struct Target {
   ~Target() { test::shutdown_agents(agents); }
 
   void expect_serving() {
-    for (size_t from = 0; from < agents.size(); ++from) {
-      for (size_t to = 0; to < agents.size(); ++to) {
-        if (from == to) continue;
-        EXPECT_EQ(
-            agents[from]->rpc_sync<std::string>(test::worker_name(static_cast<int>(to)), "concat",
-                                                std::string("still "), std::string("here")),
-            "still here");
-      }
-    }
+    test::expect_every_pair_answers(agents);
     // A tensor large enough to travel beside the payload, through a channel.
     Tensor big = ones({1 << 16});
     EXPECT_EQ(agents[0]->rpc_sync<int64_t>("w1", "swallow", big), int64_t{4} << 16);

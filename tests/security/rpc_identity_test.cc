@@ -80,18 +80,7 @@ struct Group {
   }
 
   // Every worker calls every other one and gets its answer.
-  void expect_serving() {
-    for (size_t from = 0; from < agents.size(); ++from) {
-      for (size_t to = 0; to < agents.size(); ++to) {
-        if (from == to) continue;
-        EXPECT_EQ(
-            agents[from]->rpc_sync<std::string>(test::worker_name(static_cast<int>(to)), "concat",
-                                                std::string("still "), std::string("here")),
-            "still here")
-            << from << " -> " << to;
-      }
-    }
-  }
+  void expect_serving() { test::expect_every_pair_answers(agents); }
 
   // No worker has reported any worker lost.
   void expect_no_loss() {

@@ -30,6 +30,7 @@
 #include "gradwire/core/auth.h"
 #include "gradwire/core/error.h"
 #include "support/eventually.h"
+#include "support/ports.h"
 #include "tcp_protocol.h"
 
 namespace gradwire::c10d {
@@ -76,19 +77,8 @@ struct Frame {
 // A raw protocol peer on a loopback socket.
 class Peer {
  public:
-  explicit Peer(uint16_t port, int receive_buffer = 0) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (receive_buffer > 0) {
-      ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
-    }
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(port);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      throw std::runtime_error("raw connect failed");
-    }
-  }
+  explicit Peer(uint16_t port, int receive_buffer = 0)
+      : fd_(test::connect_loopback(port, {.receive = receive_buffer})) {}
   ~Peer() { ::close(fd_); }
   Peer(const Peer&) = delete;
   Peer& operator=(const Peer&) = delete;

@@ -23,6 +23,7 @@
 
 #include "gradwire/c10d/tcp_store.h"
 #include "gradwire/c10d/tcp_store_server.h"
+#include "support/ports.h"
 #include "support/sync.h"
 #include "tcp_protocol.h"
 
@@ -52,21 +53,8 @@ class Peer {
  public:
   // `send_buffer` > 0: the socket's send buffer, so that a long pipeline is handed to the
   // kernel whole even while the server reads nothing.
-  explicit Peer(uint16_t port, int send_buffer = 0) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) throw std::runtime_error("socket failed");
-    if (send_buffer > 0) {
-      ::setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof(send_buffer));
-    }
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(port);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      ::close(fd_);
-      throw std::runtime_error("raw connect failed");
-    }
-  }
+  explicit Peer(uint16_t port, int send_buffer = 0)
+      : fd_(test::connect_loopback(port, {.send = send_buffer})) {}
   ~Peer() { ::close(fd_); }
   Peer(const Peer&) = delete;
   Peer& operator=(const Peer&) = delete;

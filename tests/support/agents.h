@@ -161,6 +161,36 @@ inline std::vector<std::string> shutdown_all(const Agents& agents) {
 }
 
 // Graceful shutdown of every agent at once; each error is a test failure.
+// Every worker of `agents` calls every other one's `concat` (which the test registered:
+// concat(a, b) -> a + b) and gets its answer: the group still serves.
+inline void expect_every_pair_answers(const Agents& agents) {
+  for (size_t from = 0; from < agents.size(); ++from) {
+    for (size_t to = 0; to < agents.size(); ++to) {
+      if (from == to) continue;
+      EXPECT_EQ(agents[from]->rpc_sync<std::string>(worker_name(static_cast<int>(to)), "concat",
+                                                    std::string("still "), std::string("here")),
+                "still here")
+          << from << " -> " << to;
+    }
+  }
+}
+
+// Sends `payload`, as a forger would, to handler `handler` on `to`: the text of the
+// InvalidArgument it is refused with, or "(accepted)".
+inline std::string send_forged(rpc::RpcAgent& from, const std::string& to, uint32_t handler,
+                               const std::string& payload) {
+  rpc::Request request;
+  request.handler = handler;
+  request.function = "forged";
+  request.payload.assign(payload.begin(), payload.end());
+  try {
+    from.send(to, std::move(request)).get(std::chrono::seconds(10));
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
 inline void shutdown_agents(const Agents& agents) {
   for (const std::string& e : shutdown_all(agents))
     EXPECT_EQ(e, "");

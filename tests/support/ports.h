@@ -1,5 +1,5 @@
 // Ports for tests that must name one before anything binds it (a launcher's endpoint, a
-// store's port).
+// store's port), and raw loopback connections to a listener.
 #pragma once
 
 #include <netinet/in.h>
@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <random>
 #include <stdexcept>
+#include <string>
 
 namespace gradwire::test {
 
@@ -42,6 +43,33 @@ inline uint16_t free_port() {
     if (ok) return port;
   }
   throw std::runtime_error("free_port: no free port below the ephemeral range");
+}
+
+// Socket buffer sizes set before connecting (0: the kernel's default).
+struct SocketBuffers {
+  int send = 0;
+  int receive = 0;
+};
+
+// A TCP socket connected to 127.0.0.1:`port`, for a test that speaks a protocol byte by
+// byte; the caller owns (and closes) the descriptor. Throws std::runtime_error when the
+// socket cannot be made or the connection is refused.
+inline int connect_loopback(uint16_t port, SocketBuffers buffers = {}) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error("socket failed");
+  if (buffers.send > 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffers.send, sizeof(buffers.send));
+  if (buffers.receive > 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffers.receive, sizeof(buffers.receive));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    throw std::runtime_error("connect to 127.0.0.1:" + std::to_string(port) + " failed");
+  }
+  return fd;
 }
 
 }  // namespace gradwire::test
