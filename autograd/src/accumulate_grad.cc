@@ -2,6 +2,8 @@
 
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/dtype.h"
+#include "gradwire/tensor/ops.h"
+#include "gradwire/tensor/sparse.h"
 #include "meta.h"
 
 namespace gradwire::autograd {
@@ -16,6 +18,18 @@ void check_replacement(const Tensor& leaf, const Tensor& g) {
       << "a leaf-gradient hook replaced the gradient of a " << dtype_name(leaf.dtype()) << " "
       << leaf.shape_string() << " leaf on " << leaf.device().str() << " with a "
       << dtype_name(g.dtype()) << " " << g.shape_string() << " tensor on " << g.device().str();
+}
+
+// The gradient a leaf keeps. Taken as is when nothing else can see it; otherwise a private
+// copy, so that later in-place accumulation cannot write into another tensor's storage. A
+// sparse-rows gradient is never written into (its in-place ops replace its parts), so a
+// new handle over the same rows is enough.
+Tensor own_gradient(Tensor g) {
+  if (g.is_sparse())
+    return g.impl_ptr().use_count() == 1 ? std::move(g) : gradwire::detail::sparse_shallow_copy(g);
+  const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
+                         g.is_contiguous() && g.impl().autograd_meta() == nullptr;
+  return exclusive ? std::move(g) : g.clone();
 }
 
 }  // namespace
@@ -50,12 +64,13 @@ void AccumulateGrad::accumulate_pass(Tensor g, GradientSink* sink) {
     MutexLock lock(meta.mutex);
     if (sink == nullptr && produced) {
       if (!meta.grad.defined()) {
-        // Take the gradient when nothing else can see it; otherwise keep a private copy, so
-        // that later in-place accumulation cannot write into another tensor's storage.
-        const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
-                               g.is_contiguous() && g.impl().autograd_meta() == nullptr;
-        meta.grad = exclusive ? std::move(g) : g.clone();
+        meta.grad = own_gradient(std::move(g));
+      } else if (meta.grad.is_sparse() && !g.is_sparse()) {
+        // sparse + dense is dense: a new tensor (PyTorch's .grad changes layout the same way).
+        meta.grad = add(meta.grad, g);
       } else {
+        // dense += dense or sparse rows (touching only those rows); sparse += sparse
+        // concatenates the rows, never densifying the table.
         meta.grad.add_(g);
       }
     }

@@ -23,6 +23,9 @@ void AutogradHooksImpl::set_requires_grad(const Tensor& t, bool requires_grad) {
     return;
   }
   if (requires_grad) {
+    GRADWIRE_CHECK_ARG(!t.is_sparse())
+        << "set_requires_grad: a sparse-rows tensor of shape " << t.shape_string()
+        << " cannot require gradients (it is a gradient; ops do not record on it)";
     GRADWIRE_CHECK_ARG(is_floating_point(t.dtype()))
         << "set_requires_grad: only tensors of floating point dtype can require gradients, got "
         << dtype_name(t.dtype());

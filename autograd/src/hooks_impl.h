@@ -75,6 +75,7 @@ class AutogradHooksImpl final : public AutogradHooks {
   Tensor log_softmax(const Tensor& a, int64_t dim) override;
   Tensor logsumexp(const Tensor& a, int64_t dim, bool keepdim) override;
   Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) override;
+  Tensor embedding_rows(const Tensor& weight, const Tensor& index, bool sparse_grad) override;
   Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) override;
   Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) override;
   Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) override;

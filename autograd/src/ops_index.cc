@@ -1,5 +1,6 @@
 // Backward formulas of indexing and joining ops.
 #include "formula_helpers.h"
+#include "gradwire/tensor/sparse.h"
 
 namespace gradwire::autograd::detail {
 
@@ -13,6 +14,22 @@ Tensor AutogradHooksImpl::index_select(const Tensor& a, int64_t dim, const Tenso
         // Duplicate indices accumulate (the embedding backward).
         Tensor idx = n.saved(0).reshape({-1});
         return {gw::index_add(gw::zeros(sa, g[0].options()), dim, idx, g[0])};
+      });
+}
+
+Tensor AutogradHooksImpl::embedding_rows(const Tensor& weight, const Tensor& index,
+                                         bool sparse_grad) {
+  Recorder rec(sparse_grad ? "EmbeddingSparseBackward" : "EmbeddingBackward", {weight});
+  Tensor out = raw([&] { return gw::embedding_rows(weight, index, sparse_grad); });
+  if (!rec) return out;
+  rec.save(index);
+  return rec.finish(
+      out, GRADWIRE_FORMULA(sparse_grad, sw = weight.sizes()) {
+        Tensor idx = n.saved(0).reshape({-1});
+        // Sparse: only the rows looked up, duplicates kept (coalesced on demand); the rows
+        // are copied so that no later in-place use of g[0] can reach the gradient.
+        if (sparse_grad) return {gw::sparse_rows(idx, g[0].clone(), sw)};
+        return {gw::index_add(gw::zeros(sw, g[0].options()), 0, idx, g[0])};
       });
 }
 

@@ -52,7 +52,7 @@ Tensor Embedding::forward(const Tensor& indices) {
   Tensor flat = checked_indices(indices, options_.num_embeddings, "Embedding");
   Shape out_shape = indices.sizes();
   out_shape.push_back(options_.embedding_dim);
-  return index_select(weight_, 0, flat).view(out_shape);
+  return embedding_rows(weight_, flat, options_.sparse).view(out_shape);
 }
 
 void EmbeddingBagOptions::validate() const {
@@ -109,7 +109,7 @@ Tensor EmbeddingBag::forward(const Tensor& input, const Tensor& offsets) {
     count[static_cast<size_t>(b)] = double(end - begin);
   }
   GRADWIRE_CHECK_ARG(bags > 0 || n == 0) << "EmbeddingBag: indices given without any bag";
-  const Tensor rows = index_select(weight_, 0, flat);  // [n, dim]
+  const Tensor rows = embedding_rows(weight_, flat, options_.sparse);  // [n, dim]
   Tensor out = index_add(zeros({bags, options_.embedding_dim}, TensorOptions(weight_.dtype())), 0,
                          tensor<int64_t>(bag_of), rows);
   if (options_.mode == EmbeddingBagMode::kSum) return out;

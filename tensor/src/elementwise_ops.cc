@@ -31,6 +31,7 @@
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "gradwire/tensor/sparse.h"
 #include "kernels.h"
 
 namespace gradwire {
@@ -322,6 +323,8 @@ void check_where_cond(const Tensor& cond) {
 
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   if (detail::autograd_dispatch(a, b)) return autograd_hooks()->add(a, b, alpha);
+  if (a.defined() && b.defined() && (a.is_sparse() || b.is_sparse()))
+    return detail::sparse_add(a, b, alpha.to_double());
   return binary("add", BinaryOp::kAdd, a, b, alpha);
 }
 Tensor add(const Tensor& a, Scalar b) {
@@ -330,6 +333,8 @@ Tensor add(const Tensor& a, Scalar b) {
 }
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
   if (detail::autograd_dispatch(a, b)) return autograd_hooks()->sub(a, b, alpha);
+  if (a.defined() && b.defined() && (a.is_sparse() || b.is_sparse()))
+    return detail::sparse_add(a, b, -alpha.to_double());
   return binary("sub", BinaryOp::kSub, a, b, alpha);
 }
 Tensor sub(const Tensor& a, Scalar b) {
@@ -342,6 +347,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 Tensor mul(const Tensor& a, Scalar b) {
   if (detail::autograd_dispatch(a)) return autograd_hooks()->mul(a, b);
+  if (a.defined() && a.is_sparse()) return detail::sparse_scale(a, b.to_double());
   return binary_scalar("mul", BinaryOp::kMul, a, b);
 }
 Tensor div(const Tensor& a, const Tensor& b) {
@@ -350,6 +356,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 Tensor div(const Tensor& a, Scalar b) {
   if (detail::autograd_dispatch(a)) return autograd_hooks()->div(a, b);
+  if (a.defined() && a.is_sparse()) return detail::sparse_scale(a, 1.0 / b.to_double());
   return binary_scalar("div", BinaryOp::kDiv, a, b);
 }
 Tensor pow(const Tensor& a, const Tensor& exponent) {
@@ -596,6 +603,10 @@ Tensor square(const Tensor& a) {
 
 Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
   if (detail::autograd_dispatch(*this, other)) return autograd_hooks()->add_(*this, other, alpha);
+  if (defined() && other.defined() && (is_sparse() || other.is_sparse())) {
+    detail::sparse_add_(*this, other, alpha.to_double());
+    return *this;
+  }
   return inplace_binary(*this, "add_", BinaryOp::kAdd, other, alpha);
 }
 Tensor& Tensor::add_(Scalar other) {
@@ -604,6 +615,10 @@ Tensor& Tensor::add_(Scalar other) {
 }
 Tensor& Tensor::sub_(const Tensor& other, Scalar alpha) {
   if (detail::autograd_dispatch(*this, other)) return autograd_hooks()->sub_(*this, other, alpha);
+  if (defined() && other.defined() && (is_sparse() || other.is_sparse())) {
+    detail::sparse_add_(*this, other, -alpha.to_double());
+    return *this;
+  }
   return inplace_binary(*this, "sub_", BinaryOp::kSub, other, alpha);
 }
 Tensor& Tensor::sub_(Scalar other) {
@@ -616,6 +631,10 @@ Tensor& Tensor::mul_(const Tensor& other) {
 }
 Tensor& Tensor::mul_(Scalar other) {
   if (detail::autograd_dispatch(*this)) return autograd_hooks()->mul_(*this, other);
+  if (defined() && is_sparse()) {
+    detail::sparse_scale_(*this, other.to_double());
+    return *this;
+  }
   return inplace_binary_scalar(*this, "mul_", BinaryOp::kMul, other);
 }
 Tensor& Tensor::div_(const Tensor& other) {
@@ -624,6 +643,10 @@ Tensor& Tensor::div_(const Tensor& other) {
 }
 Tensor& Tensor::div_(Scalar other) {
   if (detail::autograd_dispatch(*this)) return autograd_hooks()->div_(*this, other);
+  if (defined() && is_sparse()) {
+    detail::sparse_scale_(*this, 1.0 / other.to_double());
+    return *this;
+  }
   return inplace_binary_scalar(*this, "div_", BinaryOp::kDiv, other);
 }
 Tensor& Tensor::pow_(Scalar exponent) {

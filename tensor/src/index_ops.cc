@@ -140,6 +140,15 @@ Tensor source_as(const char* op, const Tensor& src, const Tensor& a) {
 
 }  // namespace
 
+Tensor embedding_rows(const Tensor& weight, const Tensor& index, bool sparse_grad) {
+  if (detail::autograd_dispatch(weight)) {
+    return autograd_hooks()->embedding_rows(weight, index, sparse_grad);
+  }
+  GRADWIRE_CHECK_ARG(weight.defined() && weight.dim() >= 1)
+      << "embedding_rows: the table must be at least 1-d";
+  return index_select(weight, 0, index);
+}
+
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   if (detail::autograd_dispatch(a)) return autograd_hooks()->index_select(a, dim, index);
   require_cpu("index_select", {&a, &index});
@@ -242,28 +251,13 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
   return scatter_add_(out, dim, index, src);
 }
 
-Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
-  if (detail::autograd_dispatch(a, src)) return autograd_hooks()->index_add(a, dim, index, src);
-  require_cpu("index_add", {&a, &index, &src});
-  GRADWIRE_CHECK_ARG(index.dim() <= 1)
-      << "index_add: index must be 1-d, got shape " << index.shape_string();
-  const int64_t d = a.wrap_dim(dim, "index_add");
-  // A 0-d input and src behave as 1-element vectors.
-  const Tensor a1 = a.dim() == 0 ? a.reshape({1}) : a;
-  const Tensor src1 = src.dim() == 0 ? src.reshape({1}) : src;
-  bool shapes_ok = src1.dim() == a1.dim() && src1.size(d) == index.numel();
-  for (int64_t i = 0; shapes_ok && i < a1.dim(); ++i) {
-    shapes_ok = i == d || src1.size(i) == a1.size(i);
-  }
-  GRADWIRE_CHECK_ARG(shapes_ok) << "index_add: src of shape " << src.shape_string()
-                                << " does not fit input of shape " << a.shape_string() << " with "
-                                << index.numel() << " indices along dim " << dim
-                                << " (src must match the input except at dim " << dim
-                                << ", where it has one entry per "
-                                << "index)";
-  const std::vector<int64_t> idx = read_indices("index_add", index, d, a1.size(d));
-  Tensor out = a1.clone();
-  const Tensor s = source_as("index_add", src1, out).contiguous();
+namespace {
+
+// out.select(d, idx[j]) += alpha * src.select(d, j) for every j, in index order; `out` is
+// contiguous and on the CPU, `src` fits it (checked by the callers).
+void index_add_into(Tensor& out, int64_t d, const std::vector<int64_t>& idx, const Tensor& src,
+                    Scalar alpha) {
+  const Tensor s = source_as("index_add", src, out).contiguous();
   // Plain variables, not a structured binding: the kernels below capture them, which
   // clang before 16 refuses for bindings.
   const auto shape_out = outer_inner(out, d);
@@ -272,19 +266,76 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   detail::dispatch_numeric(out.dtype(), "index_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using C = detail::compute_t<T>;
+    const C a = alpha.to<C>();
+    const bool unit = alpha.to_double() == 1.0;
     T* po = static_cast<T*>(out.data_ptr());
     const T* ps = static_cast<const T*>(s.data_ptr());
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t j = 0; j < k; ++j) {
-        T* dst = po + (o * n + idx[j]) * inner;
+        T* dst = po + (o * n + idx[static_cast<size_t>(j)]) * inner;
         const T* row = ps + (o * k + j) * inner;
-        for (int64_t e = 0; e < inner; ++e) {
-          dst[e] = static_cast<T>(static_cast<C>(dst[e]) + static_cast<C>(row[e]));
+        if (unit) {
+          for (int64_t e = 0; e < inner; ++e)
+            dst[e] = static_cast<T>(static_cast<C>(dst[e]) + static_cast<C>(row[e]));
+        } else {
+          for (int64_t e = 0; e < inner; ++e)
+            dst[e] = static_cast<T>(static_cast<C>(dst[e]) + a * static_cast<C>(row[e]));
         }
       }
     }
   });
+}
+
+// The indices of an index_add, checked against `a` and `src` (0-d tensors as 1-element
+// vectors).
+std::vector<int64_t> index_add_indices(const char* op, const Tensor& a1, int64_t d,
+                                       const Tensor& index, const Tensor& src1, const Tensor& src) {
+  GRADWIRE_CHECK_ARG(index.dim() <= 1)
+      << op << ": index must be 1-d, got shape " << index.shape_string();
+  bool shapes_ok = src1.dim() == a1.dim() && src1.size(d) == index.numel();
+  for (int64_t i = 0; shapes_ok && i < a1.dim(); ++i) {
+    shapes_ok = i == d || src1.size(i) == a1.size(i);
+  }
+  GRADWIRE_CHECK_ARG(shapes_ok) << op << ": src of shape " << src.shape_string()
+                                << " does not fit input of shape " << a1.shape_string() << " with "
+                                << index.numel() << " indices along dim " << d
+                                << " (src must match the input except at dim " << d
+                                << ", where it has one entry per index)";
+  return read_indices(op, index, d, a1.size(d));
+}
+
+}  // namespace
+
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (detail::autograd_dispatch(a, src)) return autograd_hooks()->index_add(a, dim, index, src);
+  require_cpu("index_add", {&a, &index, &src});
+  const int64_t d = a.wrap_dim(dim, "index_add");
+  // A 0-d input and src behave as 1-element vectors.
+  const Tensor a1 = a.dim() == 0 ? a.reshape({1}) : a;
+  const Tensor src1 = src.dim() == 0 ? src.reshape({1}) : src;
+  const std::vector<int64_t> idx = index_add_indices("index_add", a1, d, index, src1, src);
+  Tensor out = a1.clone();
+  index_add_into(out, d, idx, src1, 1);
   return a.dim() == 0 ? out.reshape({}) : out;
+}
+
+Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src, Scalar alpha) {
+  require_cpu("index_add_", {&a, &index, &src});
+  GRADWIRE_CHECK_ARG(!a.requires_grad() || !is_grad_enabled())
+      << "index_add_: the input requires grad; run it under a NoGradGuard (it is not recorded)";
+  const int64_t d = a.wrap_dim(dim, "index_add_");
+  Tensor a1 = a.dim() == 0 ? a.reshape({1}) : a;
+  const Tensor src1 = src.dim() == 0 ? src.reshape({1}) : src;
+  const std::vector<int64_t> idx = index_add_indices("index_add_", a1, d, index, src1, src);
+  if (a1.is_contiguous()) {
+    index_add_into(a1, d, idx, src1, alpha);
+  } else {
+    Tensor packed = a1.contiguous();
+    index_add_into(packed, d, idx, src1, alpha);
+    a1.copy_(packed);
+  }
+  a.storage().bump_version();
+  return a;
 }
 
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {

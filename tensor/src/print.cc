@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gradwire/tensor/sparse.h"
 #include "gradwire/tensor/tensor.h"
 
 namespace gradwire {
@@ -219,6 +220,7 @@ std::string Tensor::shape_string() const {
 
 std::string Tensor::to_string() const {
   if (!defined()) return "Tensor(undefined)";
+  if (is_sparse()) return detail::sparse_to_string(*this);
   const Tensor host = is_cuda() ? to(Device::cpu()) : *this;
   const std::string prefix = "tensor(";
   const int64_t indent = static_cast<int64_t>(prefix.size());

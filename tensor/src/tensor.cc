@@ -10,6 +10,7 @@
 #include "gradwire/core/check.h"
 #include "gradwire/tensor/factory.h"
 #include "gradwire/tensor/ops.h"
+#include "gradwire/tensor/sparse.h"
 #include "kernels.h"
 #include "loop.h"
 
@@ -554,6 +555,10 @@ Tensor& Tensor::fill_(Scalar value) {
 }
 
 Tensor& Tensor::zero_() {
+  if (is_sparse()) {
+    detail::sparse_zero_(*this);
+    return *this;
+  }
   return fill_(0);
 }
 
@@ -562,6 +567,7 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
+  if (is_sparse()) return detail::sparse_clone(*this);
   if (detail::autograd_dispatch(*this)) return autograd_hooks()->clone(*this);
   Tensor out = empty(sizes(), options());
   out.copy_(*this);
@@ -571,6 +577,7 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(DType t) const {
   if (detail::autograd_dispatch(*this)) return autograd_hooks()->to(*this, t);
   if (t == dtype()) return *this;
+  if (is_sparse()) return detail::sparse_to(*this, t);
   Tensor out = empty(sizes(), options().dtype(t));
   out.copy_(*this);
   return out;
@@ -579,6 +586,9 @@ Tensor Tensor::to(DType t) const {
 Tensor Tensor::to(Device device) const {
   if (detail::autograd_dispatch(*this)) return autograd_hooks()->to(*this, device);
   if (device == this->device()) return *this;
+  GRADWIRE_CHECK_ARG(!is_sparse())
+      << "to: sparse-rows tensors stay on the CPU (asked to move one of shape " << shape_string()
+      << " to " << device.str() << ")";
   Tensor out = empty(sizes(), options().device(device));
   out.copy_(*this);
   return out;
@@ -590,6 +600,7 @@ Tensor Tensor::to(Device device, DType t) const {
 
 // Built directly (not through as_strided) so that the result never has autograd state.
 Tensor Tensor::detach() const {
+  if (is_sparse()) return detail::sparse_detach(*this);
   return Tensor(
       std::make_shared<TensorImpl>(storage(), sizes(), strides(), storage_offset(), dtype()));
 }

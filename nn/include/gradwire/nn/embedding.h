@@ -2,9 +2,13 @@
 // torch.nn.EmbeddingBag).
 //
 // weight is [num_embeddings, embedding_dim], initialised N(0, 1) as PyTorch documents.
-// Embedding maps int64 (or int32) indices of any shape to [..., embedding_dim]. The weight
-// gradient is dense: rows that were looked up several times receive the sum of their
-// gradients.
+// Embedding maps int64 (or int32) indices of any shape to [..., embedding_dim]. Rows that
+// were looked up several times receive the sum of their gradients. The weight gradient is
+// dense (the table's size) by default; with `sparse = true` it is a sparse-rows tensor
+// (tensor/sparse.h) holding only the rows the batch looked up, duplicates not yet summed
+// (PyTorch's sparse=True): what a large table wants, since a step then costs the batch, not
+// the table. SGD (without momentum or weight decay), Adagrad and SparseAdam take such
+// gradients (optim/); DistributedDataParallel refuses them (docs/ddp.md).
 //
 // EmbeddingBag reduces each bag of looked-up rows to one vector, by sum or mean, without
 // materialising [bag, length, dim]. Bags are given as
@@ -23,6 +27,8 @@
 //   Tensor v = emb(tensor<int64_t>({3, 1, 4}));                       // [3, 16]
 //   nn::EmbeddingBag bag(nn::EmbeddingBagOptions{1000, 16, nn::EmbeddingBagMode::kMean});
 //   Tensor b = bag.forward(tensor<int64_t>({3, 1, 4}), tensor<int64_t>({0, 2}));  // [2, 16]
+//   nn::Embedding table(nn::EmbeddingOptions{.num_embeddings = 10'000'000, .embedding_dim = 64,
+//                                            .sparse = true});  // gradients: batch rows only
 #pragma once
 
 #include <cstdint>
@@ -37,6 +43,7 @@ struct EmbeddingOptions {
   int64_t embedding_dim = 0;
   DType dtype = kFloat32;
   Generator* generator = nullptr;
+  bool sparse = false;  // the weight's gradient: sparse rows instead of a dense table
   void validate() const;
 };
 
@@ -63,6 +70,7 @@ struct EmbeddingBagOptions {
   EmbeddingBagMode mode = EmbeddingBagMode::kMean;  // PyTorch's default
   DType dtype = kFloat32;
   Generator* generator = nullptr;
+  bool sparse = false;  // the weight's gradient: sparse rows instead of a dense table
   void validate() const;
 };
 

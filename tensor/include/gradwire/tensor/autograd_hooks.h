@@ -117,6 +117,7 @@ class AutogradHooks {
   // ---- indexing and joining (stack, split, chunk and unflatten_dense_tensors are built
   // from the recorded ops below, so they need no hook of their own)
   virtual Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) = 0;
+  virtual Tensor embedding_rows(const Tensor& weight, const Tensor& index, bool sparse_grad) = 0;
   virtual Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) = 0;
   virtual Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index,
                              const Tensor& src) = 0;

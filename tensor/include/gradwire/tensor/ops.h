@@ -144,8 +144,7 @@ Tensor bmm(const Tensor& a, const Tensor& b);  // [B,n,k] x [B,k,m]
 // NumPy matmul: 1-d x 1-d dot, 2-d mm, batched with broadcast batch dims.
 Tensor matmul(const Tensor& a, const Tensor& b);
 // out = beta * out + alpha * a @ b, written in place into a contiguous `out`.
-Tensor& addmm_(Tensor& out, const Tensor& a, const Tensor& b, Scalar beta = 1,
-               Scalar alpha = 1);
+Tensor& addmm_(Tensor& out, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);
 Tensor dot(const Tensor& a, const Tensor& b);
 Tensor outer(const Tensor& a, const Tensor& b);
 
@@ -160,6 +159,10 @@ Tensor logsumexp(const Tensor& a, int64_t dim, bool keepdim = false);
 // supported; move to cpu first"), never a silent round trip through host memory.
 // index_select: the slices index[i] of `a` along dim (index 1-d).
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
+// The rows index[i] of a table `weight` (index 1-d): index_select(weight, 0, index), whose
+// gradient with respect to `weight` is, when `sparse_grad`, a sparse-rows tensor holding
+// only those rows (sparse.h; PyTorch's embedding(..., sparse=True)), else dense.
+Tensor embedding_rows(const Tensor& weight, const Tensor& index, bool sparse_grad);
 // out[i][j] = a[i][index[i][j]] for dim 1 (likewise for other dims); out has index's
 // shape, and index.size(d) <= a.size(d) for d != dim, as PyTorch.
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
@@ -172,6 +175,11 @@ Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
 // accumulating (the EmbeddingBag backward). src matches a except at dim, where it has
 // index.numel() entries.
 Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+// In place: a.select(dim, index[i]) += alpha * src.select(dim, i), touching only those
+// slices (a sparse gradient's update of a large table). Not recorded by autograd: a
+// tensor that requires grad is refused while grad mode is on.
+Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src,
+                   Scalar alpha = 1);
 // a.clone() with `value` wherever the bool mask (broadcast to a's shape) is true.
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
 // A one-hot float32 encoding, shape labels.shape + [num_classes], of int64/int32 labels;

@@ -59,8 +59,8 @@ struct TensorOptions {
   Device device_ = Device::cpu();
 
   TensorOptions() = default;
-  TensorOptions(DType t) : dtype_(t) {}       // NOLINT: kInt64 where options are expected
-  TensorOptions(Device d) : device_(d) {}     // NOLINT
+  TensorOptions(DType t) : dtype_(t) {}    // NOLINT: kInt64 where options are expected
+  TensorOptions(Device d) : device_(d) {}  // NOLINT
   TensorOptions dtype(DType t) const {
     TensorOptions o = *this;
     o.dtype_ = t;
@@ -73,6 +73,15 @@ struct TensorOptions {
   }
 };
 
+// How a tensor's elements are stored. kStrided: a strided view of a Storage (every tensor
+// but one kind). kSparseRows: a row-sparse tensor (sparse.h) -- the rows `indices()` of a
+// dense shape hold `values()`, every other row is zero; it is what an embedding's sparse
+// backward produces (PyTorch's sparse COO layout with one sparse dimension).
+enum class Layout : uint8_t { kStrided, kSparseRows };
+const char* layout_name(Layout layout);
+
+struct SparseRowsData;  // defined below Tensor
+
 // Per-tensor state owned by a module above tensor/ (autograd). tensor/ never looks inside.
 class AutogradMetaInterface {
  public:
@@ -82,8 +91,21 @@ class AutogradMetaInterface {
 class TensorImpl {
  public:
   TensorImpl(Storage storage, Shape sizes, Shape strides, int64_t storage_offset, DType dtype);
+  // A sparse-rows tensor of dense shape `sizes` (sparse.h builds and checks these).
+  TensorImpl(std::shared_ptr<SparseRowsData> sparse, Shape sizes, DType dtype, Device device);
 
-  const Storage& storage() const { return storage_; }
+  // The strided storage; a sparse-rows tensor has none (InvalidArgument naming its shape
+  // and what to call instead), so every strided op refuses one before touching memory.
+  const Storage& storage() const {
+    if (sparse_ != nullptr) [[unlikely]]
+      throw_no_storage();
+    return storage_;
+  }
+  Device device() const { return sparse_ != nullptr ? sparse_device_ : storage_.device(); }
+  Layout layout() const { return sparse_ != nullptr ? Layout::kSparseRows : Layout::kStrided; }
+  // The rows and values of a sparse-rows tensor; null for a strided one.
+  SparseRowsData* sparse() const { return sparse_.get(); }
+  const std::shared_ptr<SparseRowsData>& sparse_ptr() const { return sparse_; }
   const Shape& sizes() const { return sizes_; }
   const Shape& strides() const { return strides_; }
   int64_t storage_offset() const { return storage_offset_; }
@@ -105,6 +127,9 @@ class TensorImpl {
   int64_t numel_;
   bool contiguous_;
   std::unique_ptr<AutogradMetaInterface> autograd_meta_;
+  std::shared_ptr<SparseRowsData> sparse_;
+  Device sparse_device_ = Device::cpu();
+  [[noreturn]] void throw_no_storage() const;
 };
 
 class Tensor {
@@ -125,7 +150,10 @@ class Tensor {
   int64_t dim() const { return static_cast<int64_t>(impl().sizes().size()); }
   int64_t numel() const { return impl().numel(); }
   DType dtype() const { return impl().dtype(); }
-  Device device() const { return impl().storage().device(); }
+  Device device() const { return impl().device(); }
+  Layout layout() const { return impl().layout(); }
+  // True for a sparse-rows tensor (sparse.h); every strided op refuses one.
+  bool is_sparse() const { return impl().sparse() != nullptr; }
   TensorOptions options() const { return TensorOptions(dtype()).device(device()); }
   int64_t element_size() const { return gradwire::element_size(dtype()); }
   size_t nbytes() const { return static_cast<size_t>(numel() * element_size()); }
@@ -165,15 +193,15 @@ class Tensor {
   std::vector<T> to_vector() const;
 
   // ---- views (share storage)
-  Tensor view(const Shape& shape) const;       // -1 infers one size; must be viewable
-  Tensor reshape(const Shape& shape) const;    // a view when possible, else a copy
+  Tensor view(const Shape& shape) const;     // -1 infers one size; must be viewable
+  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
   Tensor transpose(int64_t dim0, int64_t dim1) const;
-  Tensor t() const;                            // transpose of a 2-d tensor
+  Tensor t() const;  // transpose of a 2-d tensor
   Tensor permute(const Shape& dims) const;
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;  // clamps
   Tensor select(int64_t dim, int64_t index) const;
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
-  Tensor expand(const Shape& shape) const;     // -1 keeps a size; new leading dims allowed
+  Tensor expand(const Shape& shape) const;  // -1 keeps a size; new leading dims allowed
   Tensor expand_as(const Tensor& other) const { return expand(other.sizes()); }
   Tensor squeeze() const;
   Tensor squeeze(int64_t dim) const;
@@ -185,8 +213,8 @@ class Tensor {
   Tensor operator[](int64_t index) const { return select(0, index); }
 
   // ---- copies and conversions
-  Tensor contiguous() const;  // this tensor if already contiguous, else a packed copy
-  Tensor clone() const;       // always a packed copy
+  Tensor contiguous() const;     // this tensor if already contiguous, else a packed copy
+  Tensor clone() const;          // always a packed copy
   Tensor to(DType dtype) const;  // this tensor when already of that dtype
   Tensor to(Device device) const;
   Tensor to(Device device, DType dtype) const;
@@ -238,6 +266,21 @@ class Tensor {
   Tensor& relu_();
   Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max);
 
+  // ---- sparse rows (sparse.h). Each throws InvalidArgument on a strided tensor.
+  // The row numbers, a 1-d int64 tensor of nnz() entries (duplicates allowed unless
+  // coalesced). PyTorch's _indices() is the same numbers as a [1, nnz] matrix.
+  Tensor indices() const;
+  // The rows, shape [nnz(), sizes()[1:]...]; row i belongs at dense row indices()[i].
+  Tensor values() const;
+  // How many rows are stored (duplicates counted).
+  int64_t nnz() const;
+  // True when the rows are sorted and unique (coalesce() makes it so).
+  bool is_coalesced() const;
+  // Sorted unique rows, duplicates summed; this tensor when already coalesced.
+  Tensor coalesce() const;
+  // The dense tensor it stands for (zeros elsewhere); a strided tensor returns itself.
+  Tensor to_dense() const;
+
   // ---- printing
   std::string to_string() const;
   std::string shape_string() const;  // "[2, 3]"
@@ -245,6 +288,14 @@ class Tensor {
  private:
   void check_dtype_for_access(DType expected, const char* what) const;
   std::shared_ptr<TensorImpl> impl_;
+};
+
+// The parts of a sparse-rows tensor (sparse.h): shared by the tensor and its detach()es,
+// replaced whole by its in-place ops (zero_, add_, mul_).
+struct SparseRowsData {
+  Tensor indices;  // 1-d int64, nnz entries, each in [0, sizes[0])
+  Tensor values;   // [nnz, sizes[1:]...], the tensor's dtype and device
+  bool coalesced = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
