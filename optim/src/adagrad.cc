@@ -67,6 +67,13 @@ void adagrad_step(const std::vector<Tensor>& params, const std::vector<Tensor>& 
                   AdagradState& state, const AdagradOptions& o) {
   o.validate();
   detail::check_step_args("adagrad_step", params, grads, state.params.size());
+  for (size_t i = 0; i < params.size(); ++i) {  // before any parameter moves
+    if (grads[i].defined() && grads[i].is_sparse() && o.weight_decay != 0.0) {
+      detail::refuse_sparse("adagrad_step", i, params[i],
+                            "which Adagrad takes only without weight decay (weight_decay " +
+                                std::to_string(o.weight_decay) + "), as PyTorch");
+    }
+  }
   state.params.resize(params.size());
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -76,6 +83,10 @@ void adagrad_step(const std::vector<Tensor>& params, const std::vector<Tensor>& 
     if (!s.sum.defined()) s.sum = full_like(p, o.initial_accumulator_value);
     s.step += 1;
     const double clr = o.lr / (1.0 + static_cast<double>(s.step - 1) * o.lr_decay);
+    if (grads[i].is_sparse()) {
+      detail::adagrad_sparse_update(p, grads[i], s.sum, clr, o.eps);
+      continue;
+    }
     if (detail::fusable({&p, &grads[i], &s.sum})) {
       detail::fused_adagrad(p, grads[i], s.sum, {clr, o.eps, o.weight_decay});
       continue;

@@ -70,6 +70,12 @@ void unfused_update(const Tensor& param, const Tensor& grad, AdamParamState& s, 
 void step_impl(const char* op, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                AdamState& state, const Hyper& h) {
   detail::check_step_args(op, params, grads, state.params.size());
+  for (size_t i = 0; i < params.size(); ++i) {  // before any parameter moves
+    if (grads[i].defined() && grads[i].is_sparse()) {
+      detail::refuse_sparse(op, i, params[i],
+                            "which Adam and AdamW do not take; use SparseAdam (sparse_adam.h)");
+    }
+  }
   state.params.resize(params.size());
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {

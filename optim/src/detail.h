@@ -71,6 +71,32 @@ class StateReader {
   std::vector<std::string> errors_;
 };
 
+// ---- sparse-rows gradients (sparse_steps.cc): each update touches only the gradient's rows,
+// coalesced first, with the dense step's arithmetic on each touched element.
+// InvalidArgument "<op>: parameter <i> (shape ...) has a sparse-rows gradient, <why>".
+[[noreturn]] void refuse_sparse(const char* op, size_t i, const Tensor& param,
+                                const std::string& why);
+[[noreturn]] void refuse_dense(const char* op, size_t i, const Tensor& param,
+                               const std::string& why);
+struct SparseRowsGrad {
+  Tensor index;   // sorted unique rows (int64)
+  Tensor values;  // their summed gradients, contiguous
+};
+SparseRowsGrad coalesced_rows(const Tensor& grad);
+// p[rows] -= lr * g
+void sgd_sparse_update(const Tensor& param, const Tensor& grad, double lr);
+// sum[rows] += g^2; p[rows] -= clr * g / (sqrt(sum[rows]) + eps)
+void adagrad_sparse_update(const Tensor& param, const Tensor& grad, const Tensor& sum, double clr,
+                           double eps);
+struct SparseAdamCoefficients {
+  double beta1, beta2, eps;
+  double step_size;  // lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+};
+// PyTorch's SparseAdam on the rows: the moments move toward g and g^2, then
+// p[rows] -= step_size * m / (sqrt(v) + eps).
+void sparse_adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                        const Tensor& exp_avg_sq, const SparseAdamCoefficients& c);
+
 [[noreturn]] void throw_bad_hyper(const char* op, const std::string& message);
 
 // Runs options.validate() on hyperparameters read from a state dict, rethrowing its

@@ -4,6 +4,7 @@
 #include "gradwire/optim/adagrad.h"
 #include "gradwire/optim/adam.h"
 #include "gradwire/optim/sgd.h"
+#include "gradwire/optim/sparse_adam.h"
 
 namespace gradwire::optim {
 
@@ -18,6 +19,10 @@ std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const AdamWOption
 }
 std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const AdagradOptions& options) {
   return std::make_unique<FunctionalAdagrad>(options);
+}
+
+std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const SparseAdamOptions& options) {
+  return std::make_unique<FunctionalSparseAdam>(options);
 }
 
 std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const StateDict& saved,
@@ -45,9 +50,11 @@ std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const StateDict& 
     opt = std::make_unique<FunctionalAdamW>();
   } else if (name == "Adagrad") {
     opt = std::make_unique<FunctionalAdagrad>();
+  } else if (name == "SparseAdam") {
+    opt = std::make_unique<FunctionalSparseAdam>();
   } else {
     GRADWIRE_THROW(InvalidArgument) << "make_functional_optimizer: unknown optimizer type '" << name
-                                    << "' (expected SGD, Adam, AdamW or Adagrad)";
+                                    << "' (expected SGD, Adam, AdamW, Adagrad or SparseAdam)";
   }
   opt->load_state_dict(saved, params);
   return opt;

@@ -64,12 +64,24 @@ void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grad
               const SGDOptions& options) {
   options.validate();
   detail::check_step_args("sgd_step", params, grads, state.momentum_buffers.size());
+  const bool momentum = options.momentum != 0.0;
+  for (size_t i = 0; i < params.size(); ++i) {  // before any parameter moves
+    if (grads[i].defined() && grads[i].is_sparse() && (momentum || options.weight_decay != 0.0)) {
+      detail::refuse_sparse("sgd_step", i, params[i],
+                            "which SGD takes only without momentum and weight decay (momentum " +
+                                std::to_string(options.momentum) + ", weight_decay " +
+                                std::to_string(options.weight_decay) + "), as PyTorch");
+    }
+  }
   state.momentum_buffers.resize(params.size());
   autograd::NoGradGuard no_grad;
-  const bool momentum = options.momentum != 0.0;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!grads[i].defined()) continue;
     Tensor p = params[i];  // a handle: updates land in the caller's tensor
+    if (grads[i].is_sparse()) {
+      detail::sgd_sparse_update(p, grads[i], options.lr);
+      continue;
+    }
     Tensor& buf = state.momentum_buffers[i];
     if (detail::fusable({&p, &grads[i]}) &&
         (!momentum || !buf.defined() || detail::fusable({&p, &buf}))) {

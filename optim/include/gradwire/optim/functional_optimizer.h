@@ -1,6 +1,6 @@
-// FunctionalOptimizer: any of SGD, Adam, AdamW and Adagrad behind one interface -- a step
-// over explicit (param, grad) lists, the per-parameter state that step keeps, and a state
-// dict that holds the whole optimizer (kind, hyperparameters and state).
+// FunctionalOptimizer: any of SGD, Adam, AdamW, Adagrad and SparseAdam behind one
+// interface -- a step over explicit (param, grad) lists, the per-parameter state that step
+// keeps, and a state dict that holds the whole optimizer (kind, hyperparameters and state).
 //
 // Why: a distributed optimizer applies gradients taken from a dist-autograd context, not
 // from .grad(), and holds whichever optimizer its user chose; through this interface it
@@ -9,11 +9,15 @@
 // a functional optimizer given the same gradients compute the same bits.
 //
 // The concrete kinds are FunctionalSGD (sgd.h), FunctionalAdam and FunctionalAdamW
-// (adam.h) and FunctionalAdagrad (adagrad.h); make_functional_optimizer() builds one from
-// its options, or rebuilds one from a saved state dict.
+// (adam.h), FunctionalAdagrad (adagrad.h) and FunctionalSparseAdam (sparse_adam.h);
+// make_functional_optimizer() builds one from its options, or rebuilds one from a saved
+// state dict. SGD (without momentum and weight decay), Adagrad (without weight decay) and
+// SparseAdam take sparse-rows gradients (tensor/sparse.h) and update only their rows;
+// SparseAdam takes nothing else; Adam and AdamW refuse them, naming the parameter.
 //
 // State dict: the entries, in this order,
-//   "type"               1-d uint8 tensor: the kind's name ("SGD", "Adam", "AdamW", "Adagrad")
+//   "type"               1-d uint8 tensor: the kind's name ("SGD", "Adam", "AdamW", "Adagrad",
+//                        "SparseAdam")
 //   "hyper.<name>"       0-d float64 per numeric hyperparameter ("hyper.lr", ...), 0-d bool
 //                        per switch ("hyper.nesterov", "hyper.amsgrad")
 //   "state.<i>.<field>"  the state of parameter i, for each parameter that has any (step
@@ -60,7 +64,7 @@ class FunctionalOptimizer {
   FunctionalOptimizer(const FunctionalOptimizer&) = delete;
   FunctionalOptimizer& operator=(const FunctionalOptimizer&) = delete;
 
-  // "SGD", "Adam", "AdamW" or "Adagrad".
+  // "SGD", "Adam", "AdamW", "Adagrad" or "SparseAdam".
   virtual const std::string& type_name() const = 0;
 
   // One update of params[i] with grads[i], in place (the tensors are not rebound: handles
@@ -90,6 +94,7 @@ struct SGDOptions;
 struct AdamOptions;
 struct AdamWOptions;
 struct AdagradOptions;
+struct SparseAdamOptions;
 
 // A fresh optimizer of the kind the options name (validated: InvalidArgument as the
 // options' validate()).
@@ -97,6 +102,7 @@ std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const SGDOptions&
 std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const AdamOptions& options);
 std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const AdamWOptions& options);
 std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const AdagradOptions& options);
+std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const SparseAdamOptions& options);
 // The optimizer a state dict describes: the kind its "type" names, with its
 // hyperparameters and state (checked against `params` as load_state_dict does).
 std::unique_ptr<FunctionalOptimizer> make_functional_optimizer(const StateDict& saved,
