@@ -1,6 +1,6 @@
 // hybrid_train: a parameter server and data parallelism in one model — PyTorch's "combining
-// DDP with the RPC framework" design, in C++. An embedding table lives on the server, used
-// through an RRef; the dense layers are replicated on the trainers and kept in step by DDP
+// DDP with the RPC framework" design, in C++. An embedding table lives on the server, a
+// RemoteModule (dist_nn/); the dense layers are replicated on the trainers and kept in step by DDP
 // among them. One dist_autograd context and one backward carry gradients both to the
 // remote embedding (through the recorded remote call) and into DDP's all-reduce (through
 // its hooks: the Reducer reads the context's gradients and writes their averages back
@@ -151,42 +151,26 @@ std::pair<Tensor, Tensor> bags(int64_t n, Generator& gen) {
   return {ids, label};
 }
 
-// The embedding table, on the server. As in ps_train, each lookup uses a copy of the
-// table taken at its start, so an update between a trainer's forward and backward cannot
-// invalidate the backward.
-class EmbeddingServer {
- public:
-  EmbeddingServer()
-      : gen_(3),
-        table_(nn::EmbeddingBagOptions{
-            .num_embeddings = kVocabulary, .embedding_dim = kDim, .generator = &gen_}) {}
-
-  // Mean of each bag's rows: ids [B, L] -> [B, kDim].
-  Tensor lookup(const Tensor& ids) {
-    const Tensor weight = table_.weight().clone();
-    const int64_t b = ids.size(0);
-    const Tensor rows = index_select(weight, 0, ids.reshape({b * kBagLength}));
-    return mul(sum(rows.reshape({b, kBagLength, kDim}), Shape{1}), 1.0 / kBagLength);
-  }
-
-  RRef<Tensor> table_rref(const rpc::CallContext& ctx) {
-    return rref::make_local(*ctx.agent(), table_.weight());
-  }
-
- private:
-  Generator gen_;
-  nn::EmbeddingBag table_;
-};
+// The embedding table, on the server: a RemoteModule<nn::EmbeddingBag> (mean of each bag's
+// rows: ids [B, L] -> [B, kDim]). A lookup copies only the rows it uses and its backward
+// does not need the table, so forward runs on the table itself, never a copy of it
+// (dist_nn::ForwardParameters::kShared, the default for lookup tables).
+std::shared_ptr<nn::EmbeddingBag> make_table(int64_t seed) {
+  auto table = std::make_shared<nn::EmbeddingBag>(
+      nn::EmbeddingBagOptions{.num_embeddings = kVocabulary, .embedding_dim = kDim});
+  Generator gen(static_cast<uint64_t>(seed));
+  table->reset_parameters(&gen);
+  return table;
+}
 
 struct ServerSlot {
-  Future<RRef<EmbeddingServer>> server;
+  Future<RRef<dist_nn::ModuleHost<nn::EmbeddingBag>>> table;
 };
 
 void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
-  reg.def_class<EmbeddingServer>("EmbeddingServer")
-      .method("lookup", &EmbeddingServer::lookup)
-      .method("table_rref", &EmbeddingServer::table_rref);
-  reg.def("embedding_server", [slot] { return slot->server; });
+  dist_nn::register_remote_module<nn::EmbeddingBag>(reg, "EmbeddingTable")
+      .ctor<int64_t>(&make_table);
+  reg.def("embedding_table", [slot] { return slot->table; });
 }
 
 int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store, int trainer,
@@ -204,8 +188,9 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
   auto dense = std::make_shared<Dense>(&init_gen);          // broadcasts rank 0's
   ddp::DistributedDataParallel model(dense, group, ddp_options(opt.ddp));
 
-  RRef<EmbeddingServer> server = agent.rpc_sync<RRef<EmbeddingServer>>("ps0", "embedding_server");
-  std::vector<RRef<Tensor>> params{server.rpc_sync<RRef<Tensor>>("table_rref")};
+  const dist_nn::RemoteModule<nn::EmbeddingBag> table(
+      agent.rpc_sync<RRef<dist_nn::ModuleHost<nn::EmbeddingBag>>>("ps0", "embedding_table"));
+  std::vector<RRef<Tensor>> params = table.remote_parameters();
   for (const Tensor& p : dense->parameters())
     params.push_back(rref::make_local(agent, p));
   dist_optim::DistributedOptimizer optimizer(agent, optim::AdamOptions{.lr = 0.02}, params);
@@ -236,7 +221,7 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
       Tensor loss;
       {
         const trace::Span phase("train.forward", "train");
-        Tensor embedded = server.rpc_sync<Tensor>("lookup", xb);
+        Tensor embedded = table.forward(xb);
         const bool with_shortcut = uses_shortcut(opt.ddp, trainer, b / opt.batch);
         auto logits = model.forward_with([&](nn::Module&) {
           return std::vector<Tensor>{dense->forward(embedded, with_shortcut)};
@@ -256,7 +241,7 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
     }
     {
       autograd::NoGradGuard no_grad;
-      Tensor logits = dense->forward(server.rpc_sync<Tensor>("lookup", test_x), true);
+      Tensor logits = dense->forward(table.forward(test_x), true);
       auto [best, predicted] = max(logits, 1);
       test_accuracy = mean(eq(predicted, test_y).to(kFloat32)).item<double>();
     }
@@ -314,7 +299,9 @@ int main(int argc, char** argv) {
     const std::string name = rank == 0 ? "ps0" : "trainer" + std::to_string(rank);
     auto agent = rpc::init_rpc(name, rank, world, options);
     if (rank == 0) {
-      slot->server.set_value(rref::make_local(*agent, std::make_shared<EmbeddingServer>()));
+      const dist_nn::RemoteModule<nn::EmbeddingBag> table(*agent, "ps0", "EmbeddingTable",
+                                                          int64_t{3});
+      slot->table.set_value(table.module_rref());
       std::printf("ps0 serving the embedding table to %d trainers\n", world - 1);
       std::fflush(stdout);
       rpc::shutdown();

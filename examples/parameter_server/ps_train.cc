@@ -1,5 +1,5 @@
-// ps_train: parameter-server training. One server holds the model as an object behind an
-// RRef; T trainers run their forward passes through its method proxy inside dist_autograd
+// ps_train: parameter-server training. One server holds the model as a RemoteModule
+// (dist_nn/); T trainers run their forward passes through it inside dist_autograd
 // contexts, call backward once, and step a DistributedOptimizer whose optimizer lives on
 // the server. The trainers run asynchronously against the shared parameters (the classic
 // parameter-server design, as in PyTorch's RPC tutorial).
@@ -8,7 +8,7 @@
 //   gradwire-run --nproc-per-node 3 gradwire-ps-train [--epochs N] [--batch B] [--lr LR]
 //                                                     [--min-accuracy A]
 // Ranks 0..P-1 are the servers "ps0".. (--servers P, default 1: the model's layers split
-// over them, each shard an object behind an RRef); the others are "trainer1"... The task is the
+// over them, each shard a RemoteModule); the others are "trainer1"... The task is the
 // built-in three-arm spiral (examples/common/spiral.h), or --data FILE.csv (numeric
 // features, the label last; a header line allowed; --test-fraction held out), or
 // --mnist DIR (the IDX files). Each trainer trains on its own share and prints one line per
@@ -133,60 +133,40 @@ int env_int(const char* name) {
 }
 
 // The model is an F-64-64-C ReLU MLP; with --servers P its three layers are split over P
-// servers, each shard an object on its server. Forward passes from many trainers run
-// concurrently while the DistributedOptimizer updates the parameters in place (its steps on
-// one server run one at a time). So that an update between a trainer's forward and its
-// backward cannot invalidate what the backward needs, each forward computes with a copy of
-// the parameters taken at its start (the gradient still reaches the parameters, through the
-// copy): every trainer's gradient is the gradient at the values its forward used, the
-// asynchronous parameter server's usual staleness. (A copy taken while an update runs may
-// mix old and new values, as Hogwild-style training accepts.)
-class ParameterServer {
+// servers, each shard a RemoteModule on its server. Forward passes from many trainers run
+// concurrently while the DistributedOptimizer updates the parameters in place; a
+// RemoteModule's forward computes with a copy of the parameters taken at its start
+// (dist_nn::ForwardParameters::kSnapshot, the default), so an update between a trainer's
+// forward and its backward cannot invalidate what the backward needs.
+class Shard : public nn::UnaryModule {
  public:
   // Layers of sizes[0] -> sizes[1] -> ...; a ReLU after each but the last, and after the
   // last too when `relu_last` (the shard is not the model's end).
-  ParameterServer(std::vector<int64_t> sizes, bool relu_last, int64_t seed)
-      : gen_(static_cast<uint64_t>(seed)),
-        net_(nn::MLPOptions{.sizes = std::move(sizes), .generator = &gen_}),
-        relu_last_(relu_last) {}
-
-  Tensor forward(const Tensor& x) {
-    std::vector<Tensor> p;
-    for (const Tensor& param : net_.parameters())
-      p.push_back(param.clone());
-    Tensor h = x;
-    for (size_t layer = 0; layer < p.size(); layer += 2) {
-      h = add(matmul(h, p[layer].transpose(0, 1)), p[layer + 1]);
-      if (layer + 2 < p.size() || relu_last_) h = relu(h);
-    }
-    return h;
+  Shard(std::vector<int64_t> sizes, bool relu_last, int64_t seed)
+      : UnaryModule("Shard"), gen_(static_cast<uint64_t>(seed)), relu_last_(relu_last) {
+    net_ = register_module("net", std::make_shared<nn::MLP>(nn::MLPOptions{
+                                      .sizes = std::move(sizes), .generator = &gen_}));
   }
-
-  // The model's parameters to and from a file (a checkpoint).
-  void save(const std::string& path) { nn::save(net_, path); }
-  void load(const std::string& path) { nn::load(net_, path); }
-
-  // References to the parameters themselves (the optimizer updates them in place).
-  std::vector<RRef<Tensor>> parameter_rrefs(const rpc::CallContext& ctx) {
-    std::vector<RRef<Tensor>> refs;
-    for (const Tensor& p : net_.parameters())
-      refs.push_back(rref::make_local(*ctx.agent(), p));
-    return refs;
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = net_->forward(x);
+    return relu_last_ ? relu(h) : h;
   }
 
  private:
   Generator gen_;
-  nn::MLP net_;
   bool relu_last_;
+  std::shared_ptr<nn::MLP> net_;
 };
 
-// Server `s` of `servers`: its layers of the F-64-64-C model.
-std::shared_ptr<ParameterServer> make_shard(int s, int servers, int64_t features, int64_t classes) {
+// Server `s` of `servers`: its layers of the F-64-64-C model, made on "ps<s>".
+dist_nn::RemoteModule<Shard> make_shard(rpc::RpcAgent& agent, int s, int servers, int64_t features,
+                                        int64_t classes) {
   const std::vector<int64_t> all{features, 64, 64, classes};
   const int layers = static_cast<int>(all.size()) - 1;
   const int first = s * layers / servers, last = (s + 1) * layers / servers;
   std::vector<int64_t> sizes(all.begin() + first, all.begin() + last + 1);
-  return std::make_shared<ParameterServer>(std::move(sizes), last < layers, int64_t{1 + s});
+  return dist_nn::RemoteModule<Shard>(agent, "ps" + std::to_string(s), "Shard", std::move(sizes),
+                                      last < layers, int64_t{1 + s});
 }
 
 // Tells what the server does when a trainer dies and when its replacement comes back. The
@@ -214,19 +194,15 @@ class TrainerWatch : public rpc::AgentListener {
   rpc::RpcAgent& agent_;
 };
 
-// The server's one ParameterServer, handed to every trainer that asks. Set once the
-// server's agent is up; a request that comes before waits for it.
+// The server's one shard, handed to every trainer that asks. Set once the server has made
+// it; a request that comes before waits for it.
 struct ServerSlot {
-  Future<RRef<ParameterServer>> ps;
+  Future<RRef<dist_nn::ModuleHost<Shard>>> shard;
 };
 
 void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
-  reg.def_class<ParameterServer>("ParameterServer")
-      .ctor<std::vector<int64_t>, bool, int64_t>()
-      .method("forward", &ParameterServer::forward)
-      .method("parameter_rrefs", &ParameterServer::parameter_rrefs)
-      .method("save", &ParameterServer::save);
-  reg.def("parameter_server", [slot] { return slot->ps; });
+  dist_nn::register_remote_module<Shard>(reg, "Shard").ctor<std::vector<int64_t>, bool, int64_t>();
+  reg.def("shard", [slot] { return slot->shard; });
 }
 
 int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& opt,
@@ -241,18 +217,18 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
   const Tensor x = index_select(all_x, 0, index), y = index_select(all_y, 0, index);
 
   // Each server's shard, and every parameter of the model.
-  std::vector<RRef<ParameterServer>> shards;
+  std::vector<dist_nn::RemoteModule<Shard>> shards;
   std::vector<RRef<Tensor>> params;
   for (int s = 0; s < opt.servers; ++s) {
-    shards.push_back(
-        agent.rpc_sync<RRef<ParameterServer>>("ps" + std::to_string(s), "parameter_server"));
-    for (auto& p : shards.back().rpc_sync<std::vector<RRef<Tensor>>>("parameter_rrefs"))
+    shards.emplace_back(
+        agent.rpc_sync<RRef<dist_nn::ModuleHost<Shard>>>("ps" + std::to_string(s), "shard"));
+    for (auto& p : shards.back().remote_parameters())
       params.push_back(std::move(p));
   }
   auto forward = [&shards](const Tensor& input) {
     Tensor h = input;
     for (auto& shard : shards)
-      h = shard.rpc_sync<Tensor>("forward", h);
+      h = shard.forward(h);
     return h;
   };
   dist_optim::DistributedOptimizer optimizer(agent, optim::AdamOptions{.lr = opt.lr}, params);
@@ -334,8 +310,8 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
     std::fflush(stdout);
     if (!opt.checkpoint.empty()) {
       for (int sh = 0; trainer == 1 && sh < opt.servers; ++sh) {
-        shards[static_cast<size_t>(sh)].rpc_sync<void>(
-            "save", opt.checkpoint + "/model-" + std::to_string(sh) + ".gw");
+        shards[static_cast<size_t>(sh)].save(opt.checkpoint + "/model-" + std::to_string(sh) +
+                                             ".gw");
       }
       nn::save(optimizer.state_dict(), optimizer_file);
       nn::save(StateDict{{"epoch", tensor<int64_t>({epoch})}},
@@ -386,11 +362,11 @@ int main(int argc, char** argv) {
     options.rpc_timeout = std::chrono::seconds(60);
     auto agent = rpc::init_rpc(name, rank, world, options);
     if (server) {
-      // This server's shard, handed to every trainer that asks.
-      auto shard = make_shard(rank, opt.servers, train.features(), train.classes);
-      if (opt.resume) shard->load(opt.checkpoint + "/model-" + std::to_string(rank) + ".gw");
+      // This server's shard, made here and handed to every trainer that asks.
+      auto shard = make_shard(*agent, rank, opt.servers, train.features(), train.classes);
+      if (opt.resume) shard.load(opt.checkpoint + "/model-" + std::to_string(rank) + ".gw");
       agent->add_listener(std::make_shared<TrainerWatch>(*agent));
-      slot->ps.set_value(rref::make_local(*agent, shard));
+      slot->shard.set_value(shard.module_rref());
       std::printf("%s serving shard %d of %d to %d trainers\n", name.c_str(), rank + 1, opt.servers,
                   world - opt.servers);
       std::fflush(stdout);
