@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -12,6 +14,7 @@
 #endif
 
 #include "gradwire/autograd/grad_mode.h"
+#include "gradwire/core/check.h"
 #include "gradwire/core/logging.h"
 #include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
@@ -45,7 +48,8 @@ void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
         .method("step", &detail::Shard::step)
         .method("step_after", &detail::Shard::step_after)
         .method("state_dict", &detail::Shard::state_dict)
-        .method("load_state_dict", &detail::Shard::load_state_dict);
+        .method("load_state_dict", &detail::Shard::load_state_dict)
+        .method("set_lr", &detail::Shard::set_lr);
   } catch (const InvalidArgument&) {
     // Another agent sharing this registry registered it first.
   }
@@ -225,6 +229,11 @@ void Shard::load_state_dict(const StateDict& state) {
   state_->optimizer->load_state_dict(state, state_->params);
 }
 
+void Shard::set_lr(double lr) {
+  MutexLock lock(state_->mutex);
+  state_->optimizer->set_lr(lr);
+}
+
 bool ensure_registered() {
   static const bool registered = [] {
     rpc::register_agent_extension("dist_optim", &install);
@@ -238,6 +247,34 @@ const bool kRegisteredHere = ensure_registered();
 }  // namespace
 
 }  // namespace detail
+
+namespace {
+
+// The learning rate a spec (or an owner's saved state) holds as "hyper.lr", if it is a
+// one-element float64 tensor.
+std::optional<double> lr_entry(const StateDict& state, const std::string& key) {
+  for (const auto& [k, t] : state) {
+    if (k == key && t.defined() && t.dtype() == kFloat64 && t.numel() == 1) return t.item<double>();
+  }
+  return std::nullopt;
+}
+
+double spec_lr(const StateDict& spec) {
+  const std::optional<double> lr = lr_entry(spec, "hyper.lr");
+  // The owners made their optimizers from this spec, which they check: it has one.
+  GRADWIRE_CHECK(lr.has_value()) << "dist_optim: the spec has no 'hyper.lr'";
+  return *lr;
+}
+
+void check_lr(const char* op, double lr) {
+  if (!(lr >= 0.0)) {
+    std::ostringstream os;
+    os << "dist_optim: " << op << ": lr must be >= 0, got " << lr;
+    throw InvalidArgument(os.str());
+  }
+}
+
+}  // namespace
 
 DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
                                            std::vector<RRef<Tensor>> params)
@@ -266,6 +303,9 @@ DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict
     }
     made.value();
   }
+  // Every shard was made from the spec: its rate is the spec's.
+  MutexLock lock(lr_->mutex);
+  lr_->value = spec_lr(spec);
 }
 
 namespace {
@@ -419,6 +459,9 @@ StateDict DistributedOptimizer::state_dict() {
 }
 
 void DistributedOptimizer::load_state_dict(const StateDict& state) {
+  std::vector<StateDict> parts;
+  std::optional<double> lr;
+  std::string lr_from;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const std::string prefix = owners_[i].name + "/";
     StateDict part;
@@ -430,8 +473,68 @@ void DistributedOptimizer::load_state_dict(const StateDict& state) {
       throw InvalidArgument("dist_optim: the state holds nothing for worker " +
                             owners_[i].describe() + " (keys start with '<owner name>/')");
     }
-    shards_[i].rpc_sync<void>("load_state_dict", part);
+    // A missing or malformed rate is the owner's to report, with the rest of its part.
+    if (const std::optional<double> mine = lr_entry(part, "hyper.lr")) {
+      if (lr.has_value() && *lr != *mine) {
+        std::ostringstream os;
+        os << "dist_optim: load_state_dict: the owners' learning rates differ ('" << lr_from
+           << "hyper.lr' is " << *lr << ", '" << prefix << "hyper.lr' " << *mine
+           << "); a DistributedOptimizer has one";
+        throw InvalidArgument(os.str());
+      }
+      lr = mine;
+      lr_from = prefix;
+    }
+    parts.push_back(std::move(part));
   }
+  // Not beside a set_lr round: the owners end with one rate either way.
+  MutexLock lock(lr_->mutex);
+  for (size_t i = 0; i < shards_.size(); ++i)
+    shards_[i].rpc_sync<void>("load_state_dict", parts[i]);
+  if (lr.has_value()) lr_->value = *lr;
+}
+
+double DistributedOptimizer::lr() const {
+  MutexLock lock(lr_->mutex);
+  return lr_->value;
+}
+
+void DistributedOptimizer::set_lr(double lr) {
+  check_lr("set_lr", lr);
+  trace::Span span("dist_optim.set_lr", "dist_optim",
+                   trace::Arg("owners", static_cast<uint64_t>(shards_.size())));
+  MutexLock lock(lr_->mutex);
+  // One round: every request is sent before any answer is awaited.
+  std::vector<Future<void>> sets;
+  for (auto& shard : shards_)
+    sets.push_back(shard.rpc_async<void>("set_lr", lr));
+  std::exception_ptr first;
+  for (Future<void>& set : sets) {
+    try {
+      set.get();
+    } catch (...) {
+      if (first == nullptr) first = std::current_exception();
+    }
+  }
+  span.arg(trace::Arg("error", first != nullptr ? 1 : 0));
+  if (first != nullptr) std::rethrow_exception(first);
+  lr_->value = lr;
+}
+
+double DistributedOptimizer::group_lr(size_t group) const {
+  if (group != 0) {
+    throw InvalidArgument("dist_optim: no learning-rate group " + std::to_string(group) +
+                          " (a DistributedOptimizer has one)");
+  }
+  return lr();
+}
+
+void DistributedOptimizer::set_group_lrs(const std::vector<double>& lrs) {
+  if (lrs.size() != 1) {
+    throw InvalidArgument("dist_optim: " + std::to_string(lrs.size()) +
+                          " learning rates for 1 group (a DistributedOptimizer has one)");
+  }
+  set_lr(lrs[0]);
 }
 
 }  // namespace gradwire::dist_optim

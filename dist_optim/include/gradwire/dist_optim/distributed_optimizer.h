@@ -24,14 +24,30 @@
 // optim/'s fused path; each such parameter keeps one buffer of its size on its owner for
 // this. The update is the same, bit for bit.
 //
-// Thread-safety: step, state_dict and load_state_dict may be called from any thread; calls
-// on one optimizer are serialised on each owner.
+// Learning rate: every owner's optimizer has the rate of the spec it was made from;
+// set_lr(lr) changes it on every owner in one round of messages (one request to each
+// owner, all sent before any answer is awaited), and lr() is the last rate set everywhere
+// (kept on the trainer: reading it sends nothing). A DistributedOptimizer is an
+// optim::LrTarget of one group, so optim/'s schedules drive it:
+//   optim::SequentialLR sched(opt, optim::LinearLR(opt, 0.1, 1.0, 5),
+//                             optim::CosineAnnealingLR(opt, 95), 5);
+//   ... opt.step(ctx.id()); sched.step();      // each sched.step() is one set_lr round
+//
+// Thread-safety: step, set_lr, lr, state_dict and load_state_dict may be called from any
+// thread; calls on one optimizer are serialised on each owner, and set_lr calls (and
+// load_state_dict's change of the rate) one at a time on the trainer, so that every owner
+// ends with the same rate.
 //
 // Errors: construction with no parameters, or an empty RRef, is InvalidArgument; options
 // are validated as optim/ does. step(): an owner that fails names itself (a RemoteError
 // carrying the owner's error and type, e.g. InvalidArgument for a context it does not know,
 // or Error naming the failure for a context whose last backward pass failed there, which
 // moves no parameter; NetworkError when it is gone), after every other owner has finished.
+// set_lr(): InvalidArgument for a negative or NaN rate, before anything is sent; then, as
+// step(), the first owner's error (naming it) once every owner has answered -- the owners
+// that answered well have the new rate, lr() keeps the old one, and calling set_lr again
+// sets it everywhere. load_state_dict(): InvalidArgument, before anything is sent, when the
+// owners' saved rates differ.
 #pragma once
 
 #include <chrono>
@@ -43,6 +59,7 @@
 #include "gradwire/core/mutex.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/optim/functional_optimizer.h"
+#include "gradwire/optim/lr_target.h"
 #include "gradwire/rref/rref.h"
 #include "gradwire/tensor/state_dict.h"
 
@@ -63,6 +80,8 @@ class Shard {
   Future<int64_t> step_after(const rpc::CallContext& ctx, uint64_t context_id, uint64_t pass_id);
   StateDict state_dict();
   void load_state_dict(const StateDict& state);
+  // Sets the optimizer's learning rate.
+  void set_lr(double lr);
 
  private:
   // Shared with a step that runs after its request's handler returned.
@@ -84,7 +103,7 @@ inline const bool kRegistered = ensure_registered();
 
 }  // namespace detail
 
-class DistributedOptimizer {
+class DistributedOptimizer : public optim::LrTarget {
  public:
   // `options`: optim::SGDOptions, AdamOptions, AdamWOptions or AdagradOptions. Creates one
   // shard per owner (waits for them, at most the agent's rpc_timeout).
@@ -119,15 +138,32 @@ class DistributedOptimizer {
 
   // Every owner's optimizer state, keys prefixed with "<owner name>/".
   StateDict state_dict();
-  // Loads what state_dict() returned (each owner its own part).
+  // Loads what state_dict() returned (each owner its own part), the learning rate included
+  // (the owners' saved rates must agree).
   void load_state_dict(const StateDict& state);
+
+  // The learning rate every owner's optimizer has (see the file comment).
+  double lr() const;
+  // Sets it on every owner, in one round of messages; validated first.
+  void set_lr(double lr);
+  // optim::LrTarget: one group, the rate of every owner.
+  size_t num_lr_groups() const override { return 1; }
+  double group_lr(size_t group) const override;
+  void set_group_lrs(const std::vector<double>& lrs) override;
 
   size_t num_owners() const { return shards_.size(); }
 
  private:
+  // The rate last set everywhere; `mutex` is held across a set_lr round.
+  struct Lr {
+    mutable Mutex mutex;
+    double value GRADWIRE_GUARDED_BY(mutex) = 0.0;
+  };
+
   rpc::RpcAgent* agent_;  // the trainer's; it outlives the optimizer, as the RRefs need
   std::vector<rpc::WorkerInfo> owners_;
   std::vector<rref::RRef<detail::Shard>> shards_;
+  std::shared_ptr<Lr> lr_ = std::make_shared<Lr>();
 };
 
 }  // namespace gradwire::dist_optim
