@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/sparse.h"
 #include "gradwire/tensor/wire.h"
 #include "module_input.h"
 #include "proto/dist_autograd.pb.h"
@@ -69,6 +70,12 @@ std::vector<std::string> envelopes() {
   failed.result = ErrorReply{ErrorKind::kInvalidArgument, "bad argument", "w1", true};
   out.push_back(encode(Envelope{failed}).payload);
   out.push_back(encode(Envelope{Release{{Loan{1, 99}, Loan{2, 100}}}}).payload);
+  Request sparse;  // a sparse-rows tensor: its row numbers and rows are two of the tensors
+  sparse.id = 11;
+  sparse.function = "sparse";
+  sparse.args = {Value(
+      sparse_rows(tensor<int64_t>({1, 3}), arange(Scalar(6), kFloat32).view({2, 3}), {4, 3}))};
+  out.push_back(encode(Envelope{sparse}).payload);
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include "gradwire/tensor/autograd_hooks.h"
 #include "gradwire/tensor/dtype.h"
 #include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/sparse.h"
 #include "gradwire/tensor/storage.h"
 #include "proto/envelope.pb.h"
 
@@ -60,32 +61,45 @@ Tensor compact_of_broadcast(const Tensor& t) {
   return compact;
 }
 
+// Stages one tensor that travels as data: what travels, where it goes, its flag.
+void stage(const Tensor& t, Device target, bool requires_grad, Encoding& enc) {
+  // A tensor that requires grad travels as data and a flag: detached, neither the staging
+  // nor the packing below records anything in the sender's graph (the receiver starts a
+  // graph of its own).
+  Tensor travel = requires_grad ? t.detach() : t;
+  // CUDA tensors are staged through host memory (no CUDA channel); a strided view is packed
+  // first, so what travels is always a contiguous CPU block.
+  if (travel.is_cuda()) travel = travel.to(Device::cpu());
+  Shape expand_to;
+  if (Tensor compact = compact_of_broadcast(travel); compact.defined()) {
+    expand_to = travel.sizes();
+    travel = compact;
+  }
+  if (enc.staged.empty()) enc.staged.reserve(8);
+  StagedTensor& staged = enc.staged.emplace_back();
+  staged.data = travel.contiguous();
+  staged.target = target;
+  staged.requires_grad = requires_grad;
+  staged.expand_to = std::move(expand_to);
+}
+
 // Stages every tensor of `v`, in the order the message numbers them (a list's items in
-// order, a map entry's key before its value): what travels, where it goes, its flags.
+// order, a map entry's key before its value; a sparse-rows tensor's row numbers before its
+// rows).
 void collect_tensors(const Value& v, Encoding& enc) {
   switch (v.type()) {
     case ValueType::kTensor: {
       const Tensor& t = v.as_tensor();
       if (!t.defined()) throw InvalidArgument("an undefined Tensor cannot be sent");
-      // A tensor that requires grad travels as data and a flag: detached, neither the
-      // staging nor the packing below records anything in the sender's graph (the receiver
-      // starts a graph of its own).
-      const bool requires_grad = t.requires_grad();
-      Tensor travel = requires_grad ? t.detach() : t;
-      // CUDA tensors are staged through host memory (no CUDA channel); a strided view is
-      // packed first, so what travels is always a contiguous CPU block.
-      if (travel.is_cuda()) travel = travel.to(Device::cpu());
-      Shape expand_to;
-      if (Tensor compact = compact_of_broadcast(travel); compact.defined()) {
-        expand_to = travel.sizes();
-        travel = compact;
+      const Device target = enc.target_device ? enc.target_device(t.device()) : Device::cpu();
+      if (t.is_sparse()) {
+        // Only the stored rows travel (never the dense table they stand for). A sparse
+        // tensor never requires grad, nor do its parts on the wire.
+        stage(t.indices(), target, false, enc);
+        stage(t.values(), target, false, enc);
+        return;
       }
-      if (enc.staged.empty()) enc.staged.reserve(8);
-      StagedTensor& staged = enc.staged.emplace_back();
-      staged.data = travel.contiguous();
-      staged.target = enc.target_device ? enc.target_device(t.device()) : Device::cpu();
-      staged.requires_grad = requires_grad;
-      staged.expand_to = std::move(expand_to);
+      stage(t, target, t.requires_grad(), enc);
       return;
     }
     case ValueType::kList:
@@ -259,10 +273,22 @@ void write_value(const Value& v, BackWriter& w, uint32_t& next_tensor) {
       w.bytes_always(6, b.data(), b.size());
       return;
     }
-    case ValueType::kTensor:
+    case ValueType::kTensor: {
+      const Tensor& t = v.as_tensor();
+      if (t.is_sparse()) {
+        // SparseRowsValue { indices_index = 1; values_index = 2; sizes = 3 }: its two
+        // tensors were staged row numbers first, so counting down meets the rows first.
+        const size_t sparse = w.size();
+        w.packed_field(3, t.sizes());
+        w.uint_field(2, --next_tensor);
+        w.uint_field(1, --next_tensor);
+        w.end_message(11, sparse);
+        return;
+      }
       w.varint(--next_tensor);
       w.tag(7, BackWriter::kVarint);
       return;
+    }
     case ValueType::kList: {
       const size_t list = w.size();
       const Value::List& items = v.as_list();
@@ -349,6 +375,7 @@ Extensions decode_extensions(const Repeated& in, const EnvelopeLimits& limits) {
 struct Decoder {
   const std::vector<Tensor>& tensors;
   const EnvelopeLimits& limits;
+  const wire::Envelope& env;  // the tensors' descriptions
   size_t values = 0;
 
   Value decode(const wire::Value& v, int depth) {
@@ -400,10 +427,60 @@ struct Decoder {
       case wire::Value::kRref:
         return Value(RRefDescriptor{v.rref().owner(), v.rref().rref_id(), v.rref().fork_id(),
                                     v.rref().type_name()});
+      case wire::Value::kSparseRows:
+        return Value(sparse(v.sparse_rows()));
       case wire::Value::KIND_NOT_SET:
         break;
     }
     malformed("a value of no known kind");
+  }
+
+  // Tensor `index` of the message, as part `what` of a sparse-rows tensor.
+  const Tensor& sparse_part(uint32_t index, const char* what) const {
+    if (index >= tensors.size()) {
+      malformed("a sparse tensor's " + std::string(what) + " name tensor " + std::to_string(index) +
+                ", out of range (the message has " + std::to_string(tensors.size()) + " tensors)");
+    }
+    const Tensor& t = tensors[index];
+    // The description's flag: the tensor carries it only where autograd is linked.
+    if (env.tensors(static_cast<int>(index)).requires_grad()) {
+      malformed("a sparse tensor's " + std::string(what) + " (tensor " + std::to_string(index) +
+                ") require grad; sparse tensors never do");
+    }
+    return t;
+  }
+
+  // A sparse-rows tensor rebuilt from its parts: its dense shape bounded as a tensor
+  // description's is, then sparse_rows() checks the parts against it (row numbers 1-d
+  // integers, each within sizes[0]; rows floating point, shaped [nnz, sizes[1:]...]).
+  Tensor sparse(const wire::SparseRowsValue& s) const {
+    if (s.sizes_size() == 0) malformed("a sparse tensor without a dense shape");
+    if (static_cast<size_t>(s.sizes_size()) > limits.max_tensor_dims) {
+      malformed("a sparse tensor's dense shape has " + std::to_string(s.sizes_size()) +
+                " dims, more than " + std::to_string(limits.max_tensor_dims));
+    }
+    const Tensor& indices = sparse_part(s.indices_index(), "row numbers");
+    const Tensor& values = sparse_part(s.values_index(), "rows");
+    // The shape it stands for is never allocated here, but to_dense() would: the same bound
+    // as a tensor description's (no overflowing product, at most 2^46 bytes).
+    Shape sizes;
+    int64_t extent = element_size(values.dtype());
+    for (int64_t d : s.sizes()) {
+      if (d < 0)
+        malformed("a sparse tensor's dense shape has a negative size " + std::to_string(d));
+      const int64_t at_least_one = std::max<int64_t>(d, 1);
+      if (extent > (int64_t{1} << 46) / at_least_one) {
+        malformed("a sparse tensor's dense shape " +
+                  shape_to_string(Shape(s.sizes().begin(), s.sizes().end())) + " is too large");
+      }
+      extent *= at_least_one;
+      sizes.push_back(d);
+    }
+    try {
+      return sparse_rows(indices, values, sizes);
+    } catch (const InvalidArgument& e) {
+      malformed(std::string("a sparse tensor does not fit its parts: ") + e.what());
+    }
   }
 };
 
@@ -868,7 +945,7 @@ Envelope decode(const ParsedEnvelope& parsed, const std::vector<Tensor>& tensors
     malformed("neither a request, a response nor a release");
   }
   const std::vector<Tensor> all = gather_tensors(env, tensors, limits);
-  Decoder decoder{all, limits};
+  Decoder decoder{all, limits, env};
   if (Request* req = std::get_if<Request>(&out.body)) {
     const wire::Request& in = env.request();
     req->args.reserve(static_cast<size_t>(in.args_size()));

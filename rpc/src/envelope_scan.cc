@@ -27,7 +27,8 @@ enum class Msg {
   kTensorDesc,
   kExtension,
   kErrorReply,
-  kLeaf,  // NoneValue, RRefValue, Loan: scalars and bytes only, walked for well-formedness
+  kSparseRows,  // SparseRowsValue: its dense shape counted like a tensor's sizes
+  kLeaf,        // NoneValue, RRefValue, Loan: scalars and bytes only, walked for well-formedness
 };
 
 using detail::kFixed32;
@@ -40,7 +41,7 @@ std::string count_text(size_t n) {
   return std::to_string(n);
 }
 
-// What one TensorDesc's repeated int64 fields hold so far.
+// What one TensorDesc's (or SparseRowsValue's) repeated int64 fields hold so far.
 struct Dims {
   size_t sizes{0};
   size_t expand_to{0};
@@ -119,6 +120,9 @@ class Scanner {
         if (field == 2) add_dims(dims.sizes, 1, "dims");  // sizes, unpacked
         if (field == 9) add_dims(dims.expand_to, 1, "expand_to dims");
         return;
+      case Msg::kSparseRows:
+        if (field == 3) add_sparse_dims(dims.sizes, 1);  // sizes, unpacked
+        return;
       default:
         return;
     }
@@ -158,6 +162,9 @@ class Scanner {
         return on_extension_bytes(field, size);
       case Msg::kErrorReply:
         return on_error_reply_bytes(field, size);
+      case Msg::kSparseRows:
+        if (field == 3) add_sparse_dims(dims.sizes, packed_varints(p, end));
+        return;
       case Msg::kLeaf:
         return;
     }
@@ -232,6 +239,8 @@ class Scanner {
         return message(Msg::kList, p, end, depth);
       case 9:
         return message(Msg::kMap, p, end, depth);
+      case 11:  // sparse_rows
+        return message(Msg::kSparseRows, p, end, depth);
       default:
         return;
     }
@@ -312,6 +321,15 @@ class Scanner {
     if (dims > limits_.max_tensor_dims) {
       malformed("tensor " + count_text(shape_.tensors - 1) + " has more than " +
                 count_text(limits_.max_tensor_dims) + " " + what + " (max_tensor_dims)");
+    }
+  }
+
+  // A SparseRowsValue's dense shape: as many int64 as a tensor's sizes once built.
+  void add_sparse_dims(size_t& dims, size_t n) {
+    dims += n;
+    if (dims > limits_.max_tensor_dims) {
+      malformed("a sparse tensor's dense shape has more than " +
+                count_text(limits_.max_tensor_dims) + " dims (max_tensor_dims)");
     }
   }
 

@@ -5,7 +5,8 @@
 // them would become gigabytes (and deeply nested ones would recurse). scan_envelope walks
 // the payload's wire format against rpc/proto/envelope.proto's schema without allocating,
 // counts every repeated element the parse would build (values, map entries, tensor
-// descriptions, their dims and broadcast shapes, extensions, loans) and the nesting, and
+// descriptions, their dims and broadcast shapes, sparse tensors' dense shapes, extensions,
+// loans) and the nesting, and
 // refuses the payload when a count breaks EnvelopeLimits. Only then is it parsed, once. The
 // scan also yields the header (request or response, and its id), so a refused message is
 // answered without parsing it at all.

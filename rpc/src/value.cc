@@ -133,8 +133,15 @@ bool Value::operator==(const Value& other) const {
     case ValueType::kTensor: {
       const Tensor& a = as_tensor();
       const Tensor& b = other.as_tensor();
-      return a.is_same(b) || (a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes() &&
-                              a.strides() == b.strides() && a.dtype() == b.dtype());
+      if (a.is_same(b)) return true;
+      if (!a.defined() || !b.defined()) return false;
+      if (a.is_sparse() || b.is_sparse()) {
+        // The same rows over the same shape: both parts are the same data.
+        return a.is_sparse() && b.is_sparse() && a.sizes() == b.sizes() &&
+               Value(a.indices()) == Value(b.indices()) && Value(a.values()) == Value(b.values());
+      }
+      return a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes() && a.strides() == b.strides() &&
+             a.dtype() == b.dtype();
     }
     case ValueType::kList:
       return as_list() == other.as_list();
@@ -170,6 +177,11 @@ std::string Value::describe() const {
       return "bytes[" + std::to_string(as_bytes().size()) + "]";
     case ValueType::kTensor: {
       const Tensor& t = as_tensor();
+      if (!t.defined()) return "Tensor (undefined)";
+      if (t.is_sparse()) {
+        return "Tensor sparse_rows " + std::string(dtype_name(t.dtype())) + t.shape_string() +
+               " (" + std::to_string(t.nnz()) + " rows stored)";
+      }
       return "Tensor " + std::string(dtype_name(t.dtype())) + t.shape_string();
     }
     case ValueType::kList:
