@@ -7,6 +7,17 @@
 #include "gradwire/rpc/join.h"
 
 namespace gradwire::dist_autograd::internal {
+namespace {
+
+// The bytes a gradient puts on the wire: a sparse-rows one sends its row numbers and stored
+// rows only, never the dense table it stands for.
+uint64_t wire_bytes(const Tensor& g) {
+  if (!g.defined()) return 0;
+  if (g.is_sparse()) return g.indices().nbytes() + g.values().nbytes();
+  return g.nbytes();
+}
+
+}  // namespace
 
 void Container::backward(uint64_t ctx, const std::vector<Tensor>& roots,
                          const BackwardOptions& options) {
@@ -303,7 +314,7 @@ void Container::propagate(const RecvBackward& recv, std::vector<Tensor>&& grads)
   if (span.active()) {
     uint64_t bytes = 0;
     for (const Tensor& g : grads)
-      bytes += g.defined() ? g.nbytes() : 0;
+      bytes += wire_bytes(g);
     span.arg(trace::Arg("bytes", bytes));
   }
   wire::DistAutogradMessage message;
@@ -363,7 +374,7 @@ Future<Value> Container::on_propagate(const WorkerInfo& caller, const wire::Prop
   if (span.active()) {
     uint64_t bytes = 0;
     for (const Value& g : args)
-      bytes += g.type() == rpc::ValueType::kTensor ? g.as_tensor().nbytes() : 0;
+      bytes += g.type() == rpc::ValueType::kTensor ? wire_bytes(g.as_tensor()) : 0;
     span.arg(trace::Arg("bytes", bytes));
   }
   std::shared_ptr<ContextState> state = get_for(p.context_id(), caller, "gradient");
