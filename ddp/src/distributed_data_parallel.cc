@@ -1,11 +1,16 @@
 #include "gradwire/ddp/distributed_data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gradwire/autograd/grad_mode.h"
 #include "gradwire/c10d/verify_params.h"
 #include "gradwire/core/error.h"
+#include "gradwire/nn/embedding.h"
 
 namespace gradwire::ddp {
 namespace {
@@ -28,6 +33,25 @@ size_t mebibytes(double mb) {
   }
   throw InvalidArgument("DistributedDataParallel: the replicas' parameters differ across ranks" +
                         named + ": " + what);
+}
+
+// The weights whose gradients are sparse-rows: those of every nn::Embedding and
+// nn::EmbeddingBag with `sparse = true` in `module` (itself included), with the module's
+// name, by the identity of the weight.
+std::vector<std::pair<const void*, std::string>> sparse_weights(nn::Module& module) {
+  std::vector<std::pair<std::string, nn::Module*>> all{{"", &module}};
+  for (const auto& [name, m] : module.named_modules())
+    all.emplace_back(name, m.get());
+  std::vector<std::pair<const void*, std::string>> out;
+  for (const auto& [name, m] : all) {
+    const std::string what = name.empty() ? "the module" : "submodule '" + name + "'";
+    if (auto* e = dynamic_cast<nn::Embedding*>(m); e != nullptr && e->options().sparse) {
+      out.emplace_back(e->weight().impl_ptr().get(), "the weight of nn::Embedding " + what);
+    } else if (auto* b = dynamic_cast<nn::EmbeddingBag*>(m); b != nullptr && b->options().sparse) {
+      out.emplace_back(b->weight().impl_ptr().get(), "the weight of nn::EmbeddingBag " + what);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -60,19 +84,50 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   if (!group_) throw InvalidArgument("DistributedDataParallel: the process group is null");
   // Every parameter, frozen ones (requires_grad = false) included, is checked and
   // broadcast, as in PyTorch; only those that require grad are reduced.
+  // Ignored parameters and buffers are left out of everything below (params_to_ignore).
+  const nn::StateDict named_params = module_->named_parameters();
+  const nn::StateDict named_buffers = module_->named_buffers();
+  const std::set<std::string> ignored(options_.params_to_ignore.begin(),
+                                      options_.params_to_ignore.end());
+  for (const std::string& name : ignored) {
+    auto named = [&name](const auto& entry) { return entry.first == name; };
+    if (std::none_of(named_params.begin(), named_params.end(), named) &&
+        std::none_of(named_buffers.begin(), named_buffers.end(), named)) {
+      throw InvalidArgument("DistributedDataParallel: params_to_ignore names '" + name +
+                            "', which is neither a parameter nor a buffer of the module (" +
+                            module_->type_name() + ")");
+    }
+  }
+  // Parameters whose gradients would be sparse rows cannot be all-reduced: refused unless
+  // excluded, before any collective (every rank refuses alike).
+  const std::vector<std::pair<const void*, std::string>> sparse = sparse_weights(*module_);
   std::vector<std::string> all_names;
   std::vector<std::string> names;
-  for (const auto& [name, tensor] : module_->named_parameters()) {
+  for (const auto& [name, tensor] : named_params) {
+    if (ignored.count(name) != 0) continue;
     all_names.push_back(name);
     all_params_.push_back(tensor);
     if (!tensor.requires_grad()) continue;
+    for (const auto& [weight, what] : sparse) {
+      if (weight != tensor.impl_ptr().get()) continue;
+      throw InvalidArgument(
+          "DistributedDataParallel: parameter '" + name + "' (" + what +
+          ", sparse = true) has sparse-rows gradients, which DDP cannot all-reduce; exclude it "
+          "with DdpOptions::params_to_ignore = {\"" +
+          name +
+          "\"} (and keep it in step another way, e.g. on a parameter server over rpc), freeze "
+          "it (requires_grad = false), or make the embedding dense (sparse = false)");
+    }
     names.push_back(name);
     params_.push_back(tensor);
   }
   if (params_.empty())
     throw InvalidArgument(
-        "DistributedDataParallel: the module has no parameter that requires grad");
-  buffers_ = module_->buffers();
+        "DistributedDataParallel: the module has no parameter that requires grad" +
+        std::string(ignored.empty() ? "" : " and is not in params_to_ignore"));
+  for (const auto& [name, tensor] : named_buffers) {
+    if (ignored.count(name) == 0) buffers_.push_back(tensor);
+  }
   try {
     c10d::verify_params_across_ranks(*group_, all_params_, options_.timeout);
   } catch (const InvalidArgument& e) {

@@ -36,6 +36,15 @@ std::string join_names(const std::vector<std::string>& names, const std::vector<
   return out.str();
 }
 
+// A sparse-rows gradient (an embedding's with sparse = true) has no dense slot to average.
+[[noreturn]] void refuse_sparse(const std::string& name, const Tensor& grad) {
+  throw InvalidArgument("ddp: parameter '" + name + "' received a sparse-rows gradient (" +
+                        std::to_string(grad.nnz()) + " rows of " + grad.shape_string() +
+                        "), which DDP cannot all-reduce; exclude the parameter with "
+                        "DdpOptions::params_to_ignore = {\"" +
+                        name + "\"}, or produce a dense gradient");
+}
+
 uint64_t bucket_bytes(const Tensor& buffer) {
   return static_cast<uint64_t>(buffer.nbytes());
 }
@@ -261,6 +270,11 @@ void Reducer::reset_pass() {
 }
 
 void Reducer::hook(size_t index, autograd::LeafGradient& g) {
+  // Refused in no_sync passes too: accumulated there, it would reach the next synced pass.
+  if (g.grad.defined() && g.grad.is_sparse()) {
+    expect_hooks_ = false;
+    refuse_sparse(names_[index], g.grad);
+  }
   if (!expect_hooks_) return;
   autograd::NoGradGuard no_grad;
   if (!first_hook_seen_) {
@@ -283,10 +297,15 @@ void Reducer::hook(size_t index, autograd::LeafGradient& g) {
 
 Tensor Reducer::local_gradient(size_t index, autograd::LeafGradient* g, bool* fresh) const {
   if (fresh != nullptr) *fresh = false;
-  if (sink_ == nullptr) return g ? g->grad : params_[index].grad();
+  if (sink_ == nullptr) {
+    Tensor grad = g ? g->grad : params_[index].grad();
+    if (grad.defined() && grad.is_sparse()) refuse_sparse(names_[index], grad);
+    return grad;
+  }
   // Under a sink: what earlier passes left in it (no_sync, a retained graph's first pass)
   // plus this pass's own gradient.
   Tensor held = sink_->gradient(params_[index]);
+  if (held.defined() && held.is_sparse()) refuse_sparse(names_[index], held);
   Tensor now = g ? g->grad : Tensor();
   if (held.defined() && now.defined()) {
     if (fresh != nullptr) *fresh = true;

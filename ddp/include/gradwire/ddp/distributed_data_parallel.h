@@ -25,16 +25,33 @@
 // (false) makes each .grad() a view into its bucket, saving a copy and the gradients'
 // memory (then .grad() must not be replaced by the user, only zeroed or set to none).
 //
+// Excluded parameters. DdpOptions::params_to_ignore names parameters (and buffers) by their
+// qualified names (Module::named_parameters: "emb.weight") that DDP leaves alone entirely,
+// as PyTorch's _set_params_and_buffers_to_ignore_for_model: not checked across ranks, not
+// broadcast, not reduced; their gradients stay each rank's own. A parameter that does not
+// require grad is checked and broadcast but never reduced.
+//
+// Sparse gradients. The all-reduce averages dense buckets, so a parameter whose gradient is
+// sparse-rows (tensor/sparse.h) cannot be reduced. At construction, the weight of every
+// nn::Embedding and nn::EmbeddingBag with `sparse = true` among the module's submodules
+// must be excluded (params_to_ignore, or requires_grad = false), or DDP refuses it; a
+// sparse gradient that reaches a reduced parameter in backward by any other way fails the
+// pass, naming the parameter. Such a table is typically kept on a parameter server instead
+// (rpc/, dist_autograd/, whose contexts hold sparse gradients; docs/ddp.md).
+//
 // Thread-safety: one training loop per instance: forward, backward and no_sync from one
 // thread at a time (the backward of a forward may run on another thread, not concurrently
 // with the next forward). Collectives run on the group's threads; hook continuations on a
 // thread of the Reducer.
-// Errors: InvalidArgument at construction for a bad option, a module without parameters
-// requiring grad, or replicas whose parameters differ (on every rank, naming the
-// parameter); from forward() for a module that is not an nn::UnaryModule (use
-// forward_with); gradwire::Error from backward when some parameters got no gradient (see
-// reducer.h), and from forward under a Join with throw_on_early_termination once a rank
-// has run out (join.h); collectives' TimeoutError/NetworkError.
+// Errors: InvalidArgument at construction for a bad option, a name in params_to_ignore that
+// is neither a parameter nor a buffer of the module, a module without parameters requiring
+// grad (and not ignored), the weight of a sparse embedding that is not excluded (naming it
+// and how to exclude it), or replicas whose parameters differ (on every rank, naming the
+// parameter); InvalidArgument from backward for a sparse gradient of a reduced parameter; from
+// forward() for a module that is not an nn::UnaryModule (use forward_with); gradwire::Error from
+// backward when some parameters got no gradient (see reducer.h), and from forward under a Join with
+// throw_on_early_termination once a rank has run out (join.h); collectives'
+// TimeoutError/NetworkError.
 //
 // Example:
 //   auto group = c10d::make_process_group("cpu", store, rank, world);  // shm on one host
@@ -71,6 +88,9 @@ struct DdpOptions {
   bool gradient_as_bucket_view{false};
   // Collective and end-of-pass waits; zero: the group's timeout.
   std::chrono::milliseconds timeout{0};
+  // Qualified names of parameters and buffers DDP leaves alone (see above), e.g. the weight
+  // of a sparse embedding that a parameter server keeps: {"emb.weight"}.
+  std::vector<std::string> params_to_ignore{};
   void validate() const;
 };
 
@@ -131,9 +151,10 @@ class DistributedDataParallel final : public Joinable {
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<c10d::ProcessGroup> group_;
   DdpOptions options_;
-  std::vector<Tensor> params_;      // those that require grad (reduced)
-  std::vector<Tensor> all_params_;  // every parameter, frozen ones too (checked, broadcast)
-  std::vector<Tensor> buffers_;
+  std::vector<Tensor> params_;      // those that require grad and are not ignored (reduced)
+  std::vector<Tensor> all_params_;  // every parameter not ignored, frozen ones too (checked,
+                                    // broadcast)
+  std::vector<Tensor> buffers_;     // every buffer not ignored
   std::unique_ptr<Reducer> reducer_;
   Join* join_{nullptr};
 };
