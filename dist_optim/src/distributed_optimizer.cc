@@ -19,6 +19,7 @@
 #include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/tensor/factory.h"
+#include "trainer_group.h"
 
 namespace gradwire::dist_optim {
 
@@ -40,6 +41,7 @@ void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
   auto lock = std::make_shared<StepLock>();
   lock->agent = agent;
   agent->set_attachment(lock);
+  detail::install_groups(agent);
   rpc::Registry& registry = agent->registry();
   if (registry.has_class(kShardClass)) return;
   try {
@@ -49,7 +51,9 @@ void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
         .method("step_after", &detail::Shard::step_after)
         .method("state_dict", &detail::Shard::state_dict)
         .method("load_state_dict", &detail::Shard::load_state_dict)
-        .method("set_lr", &detail::Shard::set_lr);
+        .method("set_lr", &detail::Shard::set_lr)
+        .method("group_step", &detail::Shard::group_step)
+        .method("leave_group", &detail::Shard::leave_group);
   } catch (const InvalidArgument&) {
     // Another agent sharing this registry registered it first.
   }
@@ -60,9 +64,9 @@ void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
 // and hands W its transposed view). True when `grad` is such a view with `param`'s shape and
 // `param` is contiguous, both CPU tensors of one floating dtype.
 bool transposed_layout(const Tensor& param, const Tensor& grad) {
-  if (!param.defined() || !grad.defined() || grad.dim() != 2 || grad.is_contiguous() ||
-      !param.is_contiguous() || grad.sizes() != param.sizes() || grad.dtype() != param.dtype() ||
-      !grad.device().is_cpu() || !param.device().is_cpu()) {
+  if (!param.defined() || !grad.defined() || grad.is_sparse() || grad.dim() != 2 ||
+      grad.is_contiguous() || !param.is_contiguous() || grad.sizes() != param.sizes() ||
+      grad.dtype() != param.dtype() || !grad.device().is_cpu() || !param.device().is_cpu()) {
     return false;
   }
   if (grad.dtype() != kFloat32 && grad.dtype() != kFloat64) return false;
@@ -137,7 +141,7 @@ Tensor in_parameter_layout(const Tensor& param, const Tensor& grad, Tensor& scra
 namespace detail {
 
 Shard::Shard(const StateDict& spec, const std::vector<RRef<Tensor>>& params)
-    : state_(std::make_shared<State>()) {
+    : state_(std::make_shared<State>()), spec_(spec) {
   for (const auto& p : params) {
     if (!p.is_owner()) {
       throw InvalidArgument("dist_optim: a shard was given " + p.describe() +
@@ -164,6 +168,12 @@ int64_t Shard::State::step(rpc::RpcAgent& agent, int caller, uint64_t request_id
     found += matched.back().defined() ? 1 : 0;
   }
   span.arg(trace::Arg("with_grad", found));
+  update(agent, std::move(matched), 1.0, context_id);
+  return found;
+}
+
+void Shard::State::update(rpc::RpcAgent& agent, std::vector<Tensor> matched, double lr_factor,
+                          uint64_t context_id) {
   std::shared_ptr<StepLock> lock = agent.attachment<StepLock>();
   std::optional<trace::Span> waiting;
   if (trace::enabled()) {
@@ -175,8 +185,43 @@ int64_t Shard::State::step(rpc::RpcAgent& agent, int caller, uint64_t request_id
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i)
     matched[i] = in_parameter_layout(params[i], matched[i], scratch[i]);
-  optimizer->step(params, matched);
-  return found;
+  if (lr_factor == 1.0) {
+    optimizer->step(params, matched);
+    return;
+  }
+  // This update's rate only (a trainer group's scaling); the set rate is restored even when
+  // the step throws.
+  const double base = optimizer->lr();
+  optimizer->set_lr(base * lr_factor);
+  try {
+    optimizer->step(params, matched);
+  } catch (...) {
+    optimizer->set_lr(base);
+    throw;
+  }
+  optimizer->set_lr(base);
+}
+
+void Shard::apply(rpc::RpcAgent& agent, std::vector<Tensor> grads, double lr_factor) {
+  GRADWIRE_CHECK(grads.size() == state_->params.size())
+      << "dist_optim: " << grads.size() << " gradients for " << state_->params.size()
+      << " parameters";
+  state_->update(agent, std::move(grads), lr_factor, 0);
+}
+
+Future<int64_t> Shard::group_step(const rpc::CallContext& ctx, uint64_t context_id) {
+  if (group_ == nullptr) {
+    throw InvalidArgument("dist_optim: group_step on an optimizer that is in no trainer group");
+  }
+  const dist_autograd::Gradients grads = dist_autograd::get_gradients(*ctx.agent(), context_id);
+  std::vector<Tensor> matched;
+  for (const Tensor& p : state_->params)
+    matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
+  return group_->step(*ctx.agent(), ctx.caller().id, std::move(matched));
+}
+
+void Shard::leave_group(const rpc::CallContext& ctx) {
+  if (group_ != nullptr) group_->leave(ctx.caller().id);
 }
 
 int64_t Shard::step(const rpc::CallContext& ctx, uint64_t context_id) {
@@ -308,6 +353,63 @@ DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict
   lr_->value = spec_lr(spec);
 }
 
+DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
+                                           std::vector<RRef<Tensor>> params,
+                                           const TrainerGroup& group)
+    : agent_(&agent), group_(group) {
+  group.validate();
+  if (params.empty()) throw InvalidArgument("dist_optim: DistributedOptimizer without parameters");
+  std::map<int, std::pair<rpc::WorkerInfo, std::vector<RRef<Tensor>>>> by_owner;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].valid()) {
+      throw InvalidArgument("dist_optim: parameter " + std::to_string(i) + " is an empty RRef");
+    }
+    auto& entry = by_owner[params[i].owner().id];
+    entry.first = params[i].owner();
+    entry.second.push_back(params[i]);
+  }
+  // Every owner is asked at once; the first member to reach one makes the group there.
+  std::vector<Future<RRef<detail::Shard>>> joins;
+  for (auto& [id, entry] : by_owner) {
+    owners_.push_back(entry.first);
+    joins.push_back(agent.rpc_async<RRef<detail::Shard>>(
+        entry.first.name, "gradwire.dist_optim.join_group", group.name, spec, entry.second,
+        int64_t{group.trainers}, int64_t{group.max_staleness}, int64_t{group.aggregate},
+        static_cast<int64_t>(group.lr_scaling)));
+  }
+  for (size_t i = 0; i < joins.size(); ++i)
+    shards_.push_back(joins[i].get());
+  MutexLock lock(lr_->mutex);
+  lr_->value = spec_lr(spec);
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  if (group_.name.empty() || left_) return;
+  try {
+    leave();
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kWarning) << "dist_optim: leaving trainer group '" << group_.name
+                           << "' failed: " << e.what();
+  }
+}
+
+void DistributedOptimizer::leave() {
+  if (group_.name.empty() || left_) return;
+  left_ = true;
+  std::vector<Future<void>> leaves;
+  for (auto& shard : shards_)
+    leaves.push_back(shard.rpc_async<void>("leave_group"));
+  std::exception_ptr first;
+  for (Future<void>& f : leaves) {
+    try {
+      f.get();
+    } catch (...) {
+      if (first == nullptr) first = std::current_exception();
+    }
+  }
+  if (first != nullptr) std::rethrow_exception(first);
+}
+
 namespace {
 
 // Collects the owners' step futures and throws the first error once all have ended; the
@@ -378,9 +480,13 @@ LastPartHook send_early_step(std::shared_ptr<Early> early,
 void DistributedOptimizer::step(uint64_t context_id) {
   trace::Span span("dist_optim.step", "dist_optim", trace::Arg("context_id", context_id),
                    trace::Arg("owners", static_cast<uint64_t>(shards_.size())));
+  const bool grouped = !group_.name.empty();
+  if (grouped && left_) {
+    throw InvalidArgument("dist_optim: step after leaving trainer group '" + group_.name + "'");
+  }
   std::vector<Future<int64_t>> steps;
   for (auto& shard : shards_)
-    steps.push_back(shard.rpc_async<int64_t>("step", context_id));
+    steps.push_back(shard.rpc_async<int64_t>(grouped ? "group_step" : "step", context_id));
   wait_all(steps, span);
 }
 
@@ -389,6 +495,13 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
   trace::Span span("dist_optim.backward_and_step", "dist_optim",
                    trace::Arg("context_id", context_id),
                    trace::Arg("owners", static_cast<uint64_t>(shards_.size())));
+  if (!group_.name.empty()) {
+    // A group's update waits for other members' gradients: nothing to gain by sending it
+    // early.
+    dist_autograd::backward(*agent_, context_id, roots, options);
+    step(context_id);
+    return;
+  }
   auto early = std::make_shared<Early>();
   // The early step waits on its owner for the owner's part, which may take as long as the
   // pass (bounded by its own deadline, not by rpc_timeout), and then for the step itself.

@@ -65,7 +65,41 @@
 
 namespace gradwire::dist_optim {
 
+// How a group's learning rate follows the gradients an update combines (TrainerGroup).
+enum class LrScaling {
+  kNone,             // the optimizer's rate as set
+  kLinear,           // x the number of gradients averaged into the update (the linear
+                     // scaling rule: an average of K trainers' gradients, K times the rate)
+  kInverseTrainers,  // / the group's trainer count (damps N asynchronous trainers' updates,
+                     // each computed at parameters up to N updates old)
+};
+
+// The trainers of a parameter-server job sharing one optimizer on each owner (see "Trainer
+// groups" in docs/parameter-server.md). Without a group (empty name) every
+// DistributedOptimizer has optimizers of its own, as PyTorch's does: N asynchronous
+// trainers then run N optimizers (N Adam states) over the same parameters.
+struct TrainerGroup {
+  // The group, the same on every trainer of the job; the owners keep one optimizer per name.
+  std::string name;
+  // How many trainers take part. A trainer's step waits for members that have not joined
+  // yet as for the slowest (their clock is 0).
+  int trainers = 1;
+  // Bounded staleness S: a member's k-th step is answered once every member still in the
+  // group has finished step k - S, so no trainer runs more than S steps ahead of the
+  // slowest. -1: unbounded (fully asynchronous); 0: synchronous.
+  int max_staleness = -1;
+  // Server-side aggregation K: each update averages K members' gradients (the K steps that
+  // arrive together), and a step is answered once the update holding its gradient is
+  // applied. 1: every gradient is applied as it arrives. K = trainers with S = 0 is
+  // synchronous data-parallel SGD with a batch of K x the trainers' batch.
+  int aggregate = 1;
+  LrScaling lr_scaling = LrScaling::kNone;
+  void validate() const;  // InvalidArgument naming the bad field
+};
+
 namespace detail {
+
+class TrainerGroupState;  // trainer_group.h
 
 // The optimizer of one owner's parameters, living on that owner (registered as
 // "gradwire.dist_optim.Shard" on every agent's registry).
@@ -82,11 +116,28 @@ class Shard {
   void load_state_dict(const StateDict& state);
   // Sets the optimizer's learning rate.
   void set_lr(double lr);
+  // A group's step (TrainerGroup): answered once the update holding this member's gradient
+  // is applied and the staleness bound lets it go on.
+  Future<int64_t> group_step(const rpc::CallContext& ctx, uint64_t context_id);
+  // The caller leaves this shard's group (it will step no more).
+  void leave_group(const rpc::CallContext& ctx);
+
+  // With its group's gradients (matched to the parameters; undefined: no gradient), under
+  // the agent's step lock, the learning rate scaled by `lr_factor` for this update.
+  void apply(rpc::RpcAgent& agent, std::vector<Tensor> grads, double lr_factor);
+  const std::vector<Tensor>& params() const { return state_->params; }
+  // The spec it was made from (kind and hyperparameters).
+  const StateDict& state_dict_spec() const { return spec_; }
+  void set_group(std::shared_ptr<TrainerGroupState> group) { group_ = std::move(group); }
 
  private:
   // Shared with a step that runs after its request's handler returned.
   struct State {
     int64_t step(rpc::RpcAgent& agent, int caller, uint64_t request_id, uint64_t context_id);
+    // One update with `matched` (a gradient per parameter, undefined: none), the rate
+    // scaled by `lr_factor` for it.
+    void update(rpc::RpcAgent& agent, std::vector<Tensor> matched, double lr_factor,
+                uint64_t context_id);
     std::vector<Tensor> params;
     Mutex mutex;
     // Per parameter: where a gradient laid out as a transposed matrix is copied in the
@@ -96,6 +147,8 @@ class Shard {
     std::unique_ptr<optim::FunctionalOptimizer> optimizer GRADWIRE_GUARDED_BY(mutex);
   };
   std::shared_ptr<State> state_;
+  StateDict spec_;
+  std::shared_ptr<TrainerGroupState> group_;  // null: a trainer's own shard
 };
 
 bool ensure_registered();
@@ -115,8 +168,33 @@ class DistributedOptimizer : public optim::LrTarget {
   // From a spec: a FunctionalOptimizer's state dict (kind and hyperparameters).
   DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
                        std::vector<rref::RRef<Tensor>> params);
+  // A member of trainer group `group` (TrainerGroup): the first member to reach an owner
+  // makes the group's optimizer there from this spec; later members join it and must name
+  // the same kind, hyperparameters, parameters and group settings (InvalidArgument naming
+  // the group, the owner and what differs). step() then contributes to the group's shared
+  // updates, within its staleness bound; state_dict, load_state_dict and set_lr act on the
+  // shared optimizers. A trainer leaves with leave() or when the optimizer is destroyed; a
+  // member whose worker is lost leaves by itself, so nobody waits for it.
+  template <typename Options>
+  DistributedOptimizer(rpc::RpcAgent& agent, const Options& options,
+                       std::vector<rref::RRef<Tensor>> params, const TrainerGroup& group)
+      : DistributedOptimizer(agent, optim::make_functional_optimizer(options)->state_dict(),
+                             std::move(params), group) {}
+  DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
+                       std::vector<rref::RRef<Tensor>> params, const TrainerGroup& group);
+  // Leaves the group (best effort; what fails is logged).
+  ~DistributedOptimizer() override;
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
-  // Steps every owner with context `context_id`'s gradients (see the file comment).
+  // Leaves the trainer group on every owner: the others stop waiting for this trainer
+  // (staleness) and aggregate without it. A no-op without a group or when already left;
+  // step() afterwards is an InvalidArgument. Errors: an owner's, naming it.
+  void leave();
+
+  // Steps every owner with context `context_id`'s gradients (see the file comment). In a
+  // trainer group: contributes them to each owner's shared update and returns once the
+  // update is applied and the staleness bound lets this trainer go on.
   void step(uint64_t context_id);
 
   // dist_autograd::backward(agent, context_id, roots, options) then step(context_id), with
@@ -161,6 +239,8 @@ class DistributedOptimizer : public optim::LrTarget {
   };
 
   rpc::RpcAgent* agent_;  // the trainer's; it outlives the optimizer, as the RRefs need
+  TrainerGroup group_;    // name empty: no group
+  bool left_ = false;
   std::vector<rpc::WorkerInfo> owners_;
   std::vector<rref::RRef<detail::Shard>> shards_;
   std::shared_ptr<Lr> lr_ = std::make_shared<Lr>();
