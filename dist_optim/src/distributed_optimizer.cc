@@ -213,6 +213,12 @@ Future<int64_t> Shard::group_step(const rpc::CallContext& ctx, uint64_t context_
   if (group_ == nullptr) {
     throw InvalidArgument("dist_optim: group_step on an optimizer that is in no trainer group");
   }
+  // The owner's part of this context's step (its update may be the group's later one:
+  // dist_optim.group_update).
+  trace::Span span("dist_optim.owner_step", "dist_optim", trace::Arg("context_id", context_id),
+                   trace::Arg("caller", ctx.caller().id),
+                   trace::Arg("request_id", ctx.request_id()),
+                   trace::Arg("params", static_cast<uint64_t>(state_->params.size())));
   const dist_autograd::Gradients grads = dist_autograd::get_gradients(*ctx.agent(), context_id);
   std::vector<Tensor> matched;
   for (const Tensor& p : state_->params)

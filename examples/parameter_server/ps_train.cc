@@ -1,8 +1,26 @@
 // ps_train: parameter-server training. One server holds the model as a RemoteModule
 // (dist_nn/); T trainers run their forward passes through it inside dist_autograd
 // contexts, call backward once, and step a DistributedOptimizer whose optimizer lives on
-// the server. The trainers run asynchronously against the shared parameters (the classic
-// parameter-server design, as in PyTorch's RPC tutorial).
+// the server, shared by all of them (a dist_optim::TrainerGroup).
+//
+// How the trainers combine (docs/parameter-server.md, "Trainer groups", has the measured
+// trade-off): by default each update averages every trainer's gradient and no trainer starts
+// a step before the others have finished the last (--aggregate T, --max-staleness 0), and each
+// trainer's batch is 64 / T (1 to 32), so any trainer count converges as two do.
+// --max-staleness S lets a trainer run S steps ahead of the slowest (-1: unbounded, the
+// classic asynchronous parameter server), --aggregate K averages K gradients per update,
+// --lr-scaling linear|inverse scales the rate by K or by 1/T, and --private-optimizers gives
+// every trainer an optimizer of its own (PyTorch's DistributedOptimizer).
+// --lr-schedule SPEC changes the rate once per epoch (optim::parse_lr_schedule:
+// "step:30:0.1", "multistep:5,8:0.1", "exp:0.9", "cosine:12", "warmup:2:0.1,cosine:10", ...).
+//
+// The click-through task (--embedding-rows N [--sparse] [--embedding-dim D] [--hot-rows H]):
+// the canonical parameter-server workload, examples/common/clicks.h. A table of N rows
+// (nn::EmbeddingBag summing each sample's three rows) lives on ps0 and a linear head on the
+// last server; the optimizer is Adagrad (lr 0.1 unless --lr). With --sparse the table's
+// gradient holds only the rows a batch touched, so a step costs the batch, not the table:
+//   gradwire-run --nproc-per-node 3 gradwire-ps-train --embedding-rows 10000000 --sparse
+// trains a 10^7-row table; ps0 prints its peak RSS against the table and Adagrad's state.
 //
 // Started by the launcher, which gives every process its rank and the rendezvous address:
 //   gradwire-run --nproc-per-node 3 gradwire-ps-train [--epochs N] [--batch B] [--lr LR]
@@ -35,9 +53,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +66,7 @@
 #include <gradwire/tensor/parallel.h>
 
 #include "../common/args.h"
+#include "../common/clicks.h"
 #include "../common/data.h"
 #include "../common/spiral.h"
 
@@ -56,7 +77,7 @@ namespace {
 
 struct Options {
   int epochs = 12;
-  int64_t batch = 32;
+  int64_t batch = 0;  // --batch B; 0: 64 / trainers, between 1 and 32 (see run_trainer)
   double lr = 0.01;
   double min_accuracy = 0.85;
   std::string csv;    // --data FILE.csv
@@ -67,6 +88,21 @@ struct Options {
   bool resume = false;     // --resume: continue from --checkpoint DIR
   int64_t kill_after = 0;  // --kill-trainer-after B: trainer1's first life ends after B batches
   std::string trace;       // --trace DIR: trace files written there at exit
+  // The click-through task (--embedding-rows N): a table of N rows on ps0, a linear head on
+  // the last server.
+  int64_t embedding_rows = 0;
+  int64_t embedding_dim = 16;
+  int64_t hot_rows = 1000;  // distinct rows the traffic uses (examples/common/clicks.h)
+  bool sparse = false;      // the table's gradient: sparse rows (only the batch's rows)
+  std::string lr_schedule;  // --lr-schedule SPEC (optim::parse_lr_schedule), stepped per epoch
+  // The trainers' group (dist_optim::TrainerGroup): one optimizer on each server shared by
+  // every trainer, at most max_staleness steps between the fastest and the slowest trainer,
+  // `aggregate` gradients averaged per update, the rate scaled by --lr-scaling.
+  bool private_optimizers = false;  // --private-optimizers: one optimizer per trainer instead
+  int max_staleness = 0;  // synchronous by default: converges the same at any trainer count
+  int aggregate = 0;      // 0: every trainer's gradient in each update
+  dist_optim::LrScaling lr_scaling = dist_optim::LrScaling::kNone;
+  bool lr_given = false;
 };
 
 Options parse_args(int argc, char** argv) {
@@ -74,7 +110,10 @@ Options parse_args(int argc, char** argv) {
   examples::Args args(argc, argv,
                       "--epochs N, --batch B, --lr LR, --min-accuracy A, --data FILE.csv, "
                       "--test-fraction F, --mnist DIR, --servers P, --checkpoint DIR, --resume, "
-                      "--kill-trainer-after B, --trace DIR");
+                      "--kill-trainer-after B, --trace DIR, --embedding-rows N, "
+                      "--embedding-dim D, --hot-rows H, --sparse, --lr-schedule SPEC, "
+                      "--max-staleness S, --aggregate K, --lr-scaling none|linear|inverse, "
+                      "--private-optimizers");
   while (args.next()) {
     if (args.is("--epochs")) {
       o.epochs = static_cast<int>(args.integer(1, 100000));
@@ -82,6 +121,7 @@ Options parse_args(int argc, char** argv) {
       o.batch = args.integer(1, 1 << 20);
     } else if (args.is("--lr")) {
       o.lr = args.number(0.0, 1e6);
+      o.lr_given = true;
     } else if (args.is("--min-accuracy")) {
       o.min_accuracy = args.number(0.0, 1.0);
     } else if (args.is("--data")) {
@@ -100,18 +140,64 @@ Options parse_args(int argc, char** argv) {
       o.kill_after = args.integer(1, int64_t{1} << 40);
     } else if (args.is("--trace")) {
       o.trace = args.non_empty("a directory");
+    } else if (args.is("--embedding-rows")) {
+      o.embedding_rows = args.integer(2, int64_t{1} << 34);
+    } else if (args.is("--embedding-dim")) {
+      o.embedding_dim = args.integer(1, 4096);
+    } else if (args.is("--hot-rows")) {
+      o.hot_rows = args.integer(1, int64_t{1} << 30);
+    } else if (args.is("--sparse")) {
+      o.sparse = true;
+    } else if (args.is("--lr-schedule")) {
+      o.lr_schedule = args.non_empty("a schedule (e.g. warmup:2:0.1,cosine:10)");
+    } else if (args.is("--max-staleness")) {
+      o.max_staleness = static_cast<int>(args.integer(-1, 1 << 20));
+    } else if (args.is("--aggregate")) {
+      o.aggregate = static_cast<int>(args.integer(1, 1 << 20));
+    } else if (args.is("--lr-scaling")) {
+      const std::string v = args.non_empty("none, linear or inverse");
+      if (v == "none") {
+        o.lr_scaling = dist_optim::LrScaling::kNone;
+      } else if (v == "linear") {
+        o.lr_scaling = dist_optim::LrScaling::kLinear;
+      } else if (v == "inverse") {
+        o.lr_scaling = dist_optim::LrScaling::kInverseTrainers;
+      } else {
+        throw InvalidArgument("--lr-scaling: expected none, linear or inverse, got '" + v + "'");
+      }
+    } else if (args.is("--private-optimizers")) {
+      o.private_optimizers = true;
     } else {
       args.unknown();
     }
   }
   if (!o.csv.empty() && !o.mnist.empty()) throw InvalidArgument("give --data or --mnist, not both");
   if (o.resume && o.checkpoint.empty()) throw InvalidArgument("--resume needs --checkpoint DIR");
+  if (o.embedding_rows > 0 && (!o.csv.empty() || !o.mnist.empty())) {
+    throw InvalidArgument(
+        "--embedding-rows trains the click-through task: not with --data or --mnist");
+  }
+  if (o.sparse && o.embedding_rows == 0) {
+    throw InvalidArgument("--sparse applies to the embedding table: give --embedding-rows N too");
+  }
+  if (o.embedding_rows > 0 && o.embedding_rows < o.hot_rows) o.hot_rows = o.embedding_rows;
+  // Adagrad (which takes the table's sparse rows) for the click task: its own default rate.
+  if (o.embedding_rows > 0 && !o.lr_given) o.lr = 0.1;
   return o;
 }
 
+examples::ClickTask click_task(const Options& o) {
+  return examples::ClickTask{.rows = o.embedding_rows, .hot = o.hot_rows, .fields = 3, .seed = 7};
+}
+
 // The training and held-out sets: the built-in spiral, a CSV file split by
-// --test-fraction, or MNIST's own two sets.
+// --test-fraction, MNIST's own two sets, or the click-through task (ids [N, 3], int64).
 std::pair<examples::Dataset, examples::Dataset> load_data(const Options& o) {
+  if (o.embedding_rows > 0) {
+    auto [x, y] = examples::clicks(click_task(o), 4000, 0);
+    auto [tx, ty] = examples::clicks(click_task(o), 1000, 1);
+    return {examples::Dataset{x, y, 2}, examples::Dataset{tx, ty, 2}};
+  }
   if (!o.csv.empty()) return examples::split(examples::load_csv(o.csv), o.test_fraction, 7);
   if (!o.mnist.empty()) {
     return {examples::load_mnist(o.mnist, true), examples::load_mnist(o.mnist, false)};
@@ -120,6 +206,19 @@ std::pair<examples::Dataset, examples::Dataset> load_data(const Options& o) {
   auto [x, y] = examples::spiral(300, gen);
   auto [tx, ty] = examples::spiral(100, gen);
   return {examples::Dataset{x, y, 3}, examples::Dataset{tx, ty, 3}};
+}
+
+// This process's peak resident memory (VmHWM), in bytes; 0 where /proc has no such line.
+int64_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return static_cast<int64_t>(kb) * 1024;
 }
 
 int env_int(const char* name) {
@@ -198,11 +297,118 @@ class TrainerWatch : public rpc::AgentListener {
 // it; a request that comes before waits for it.
 struct ServerSlot {
   Future<RRef<dist_nn::ModuleHost<Shard>>> shard;
+  // The click task's modules: the table on ps0, the head on the last server.
+  Future<RRef<dist_nn::ModuleHost<nn::EmbeddingBag>>> table;
+  Future<RRef<dist_nn::ModuleHost<nn::Linear>>> head;
 };
+
+// The click task's table: each sample's rows summed ([B, 3] ids -> [B, dim]). Its forward
+// runs on the table itself (a lookup copies only the rows it uses), never on a copy: with
+// 10^7 rows a copy per forward would cost more than the whole step.
+std::shared_ptr<nn::EmbeddingBag> make_table(int64_t rows, int64_t dim, bool sparse) {
+  Generator gen(11);
+  return std::make_shared<nn::EmbeddingBag>(
+      nn::EmbeddingBagOptions{.num_embeddings = rows,
+                              .embedding_dim = dim,
+                              .mode = nn::EmbeddingBagMode::kSum,
+                              .generator = &gen,
+                              .sparse = sparse});
+}
+
+std::shared_ptr<nn::Linear> make_head(int64_t dim) {
+  Generator gen(12);
+  return std::make_shared<nn::Linear>(
+      nn::LinearOptions{.in_features = dim, .out_features = 2, .generator = &gen});
+}
 
 void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
   dist_nn::register_remote_module<Shard>(reg, "Shard").ctor<std::vector<int64_t>, bool, int64_t>();
+  dist_nn::register_remote_module<nn::EmbeddingBag>(reg, "ClickTable")
+      .ctor<int64_t, int64_t, bool>(&make_table);
+  dist_nn::register_remote_module<nn::Linear>(reg, "ClickHead").ctor<int64_t>(&make_head);
   reg.def("shard", [slot] { return slot->shard; });
+  reg.def("click_table", [slot] { return slot->table; });
+  reg.def("click_head", [slot] { return slot->head; });
+  // In blocks of rows: a float64 copy of a whole table would double the server's memory.
+  reg.def("parameter_sum", [](const RRef<Tensor>& p) {
+    const Tensor t = p.local_value()->detach();
+    if (t.dim() == 0) return t.item<double>();
+    double total = 0;
+    for (int64_t r = 0; r < t.size(0); r += 65536)
+      total +=
+          sum(t.narrow(0, r, std::min<int64_t>(65536, t.size(0) - r)), kFloat64).item<double>();
+    return total;
+  });
+}
+
+// What a trainer sees of the model: its forward through the servers, its parameters, and
+// how to save it.
+struct Model {
+  std::function<Tensor(const Tensor&)> forward;
+  std::vector<RRef<Tensor>> params;
+  std::function<void(const std::string& dir)> save;
+};
+
+Model spiral_model(rpc::RpcAgent& agent, const Options& opt) {
+  auto shards = std::make_shared<std::vector<dist_nn::RemoteModule<Shard>>>();
+  Model m;
+  for (int s = 0; s < opt.servers; ++s) {
+    shards->emplace_back(
+        agent.rpc_sync<RRef<dist_nn::ModuleHost<Shard>>>("ps" + std::to_string(s), "shard"));
+    for (auto& p : shards->back().remote_parameters())
+      m.params.push_back(std::move(p));
+  }
+  m.forward = [shards](const Tensor& input) {
+    Tensor h = input;
+    for (auto& shard : *shards)
+      h = shard.forward(h);
+    return h;
+  };
+  m.save = [shards](const std::string& dir) {
+    for (size_t sh = 0; sh < shards->size(); ++sh)
+      (*shards)[sh].save(dir + "/model-" + std::to_string(sh) + ".gw");
+  };
+  return m;
+}
+
+Model click_model(rpc::RpcAgent& agent, const Options& opt) {
+  auto table = std::make_shared<dist_nn::RemoteModule<nn::EmbeddingBag>>(
+      agent.rpc_sync<RRef<dist_nn::ModuleHost<nn::EmbeddingBag>>>("ps0", "click_table"));
+  auto head = std::make_shared<dist_nn::RemoteModule<nn::Linear>>(
+      agent.rpc_sync<RRef<dist_nn::ModuleHost<nn::Linear>>>("ps" + std::to_string(opt.servers - 1),
+                                                            "click_head"));
+  Model m;
+  m.params = table->remote_parameters();
+  for (auto& p : head->remote_parameters())
+    m.params.push_back(std::move(p));
+  m.forward = [table, head](const Tensor& ids) { return head->forward(table->forward(ids)); };
+  m.save = [table, head](const std::string& dir) {
+    table->save(dir + "/table.gw");
+    head->save(dir + "/head.gw");
+  };
+  return m;
+}
+
+// The trainers' optimizer: Adam for the spiral's MLP, Adagrad (which takes the table's
+// sparse rows) for the click task; shared by every trainer (a TrainerGroup) unless
+// --private-optimizers.
+std::unique_ptr<dist_optim::DistributedOptimizer> make_optimizer(rpc::RpcAgent& agent,
+                                                                 const Options& opt, int trainers,
+                                                                 std::vector<RRef<Tensor>> params) {
+  const StateDict spec =
+      opt.embedding_rows > 0
+          ? optim::make_functional_optimizer(optim::AdagradOptions{.lr = opt.lr})->state_dict()
+          : optim::make_functional_optimizer(optim::AdamOptions{.lr = opt.lr})->state_dict();
+  if (opt.private_optimizers) {
+    return std::make_unique<dist_optim::DistributedOptimizer>(agent, spec, std::move(params));
+  }
+  const dist_optim::TrainerGroup group{
+      .name = "ps_train",
+      .trainers = trainers,
+      .max_staleness = opt.max_staleness,
+      .aggregate = opt.aggregate > 0 ? std::min(opt.aggregate, trainers) : trainers,
+      .lr_scaling = opt.lr_scaling};
+  return std::make_unique<dist_optim::DistributedOptimizer>(agent, spec, std::move(params), group);
 }
 
 int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& opt,
@@ -216,22 +422,20 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
   const Tensor index = tensor<int64_t>(mine);
   const Tensor x = index_select(all_x, 0, index), y = index_select(all_y, 0, index);
 
-  // Each server's shard, and every parameter of the model.
-  std::vector<dist_nn::RemoteModule<Shard>> shards;
-  std::vector<RRef<Tensor>> params;
-  for (int s = 0; s < opt.servers; ++s) {
-    shards.emplace_back(
-        agent.rpc_sync<RRef<dist_nn::ModuleHost<Shard>>>("ps" + std::to_string(s), "shard"));
-    for (auto& p : shards.back().remote_parameters())
-      params.push_back(std::move(p));
-  }
-  auto forward = [&shards](const Tensor& input) {
-    Tensor h = input;
-    for (auto& shard : shards)
-      h = shard.forward(h);
-    return h;
-  };
-  dist_optim::DistributedOptimizer optimizer(agent, optim::AdamOptions{.lr = opt.lr}, params);
+  // The default batch keeps the samples of one round of all trainers' steps at 64 (32 each
+  // for two trainers): as trainers are added each steps on fewer samples, so the updates per
+  // epoch, and how stale a gradient can get, stay what two trainers see.
+  const int64_t batch = opt.batch > 0 ? opt.batch : std::clamp<int64_t>(64 / trainers, 1, 32);
+  Model model = opt.embedding_rows > 0 ? click_model(agent, opt) : spiral_model(agent, opt);
+  const std::vector<RRef<Tensor>>& params = model.params;
+  const auto& forward = model.forward;
+  std::unique_ptr<dist_optim::DistributedOptimizer> optimizer =
+      make_optimizer(agent, opt, trainers, params);
+  // --lr-schedule: stepped once per epoch; with a shared optimizer trainer1 drives it.
+  std::unique_ptr<optim::LrScheduler> schedule;
+  const bool drives_schedule = opt.private_optimizers || trainer == 1;
+  if (!opt.lr_schedule.empty() && drives_schedule)
+    schedule = optim::parse_lr_schedule(opt.lr_schedule, *optimizer);
 
   Generator order_gen(static_cast<uint64_t>(100 + trainer));
   // A checkpoint: the server's model (saved by trainer1, loaded by the server at start),
@@ -240,12 +444,14 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
       opt.checkpoint + "/optimizer-" + std::to_string(trainer) + ".gw";
   int first_epoch = 1;
   if (opt.resume) {
-    optimizer.load_state_dict(nn::load(optimizer_file));
+    optimizer->load_state_dict(nn::load(optimizer_file));
     StateDict progress = nn::load(opt.checkpoint + "/progress-" + std::to_string(trainer) + ".gw");
     first_epoch = static_cast<int>(progress.at(0).second.item<int64_t>()) + 1;
     // The same batch orders as an uninterrupted run: skip the epochs already done.
-    for (int e = 1; e < first_epoch; ++e)
+    for (int e = 1; e < first_epoch; ++e) {
       (void)randperm(x.size(0), &order_gen);
+      if (schedule) schedule->step();
+    }
     std::printf("%s resumed after epoch %d from %s\n", me.c_str(), first_epoch - 1,
                 opt.checkpoint.c_str());
   }
@@ -264,10 +470,10 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
     double loss_sum = 0;
     int64_t seen = 0, correct_batches = 0;
     double train_correct = 0;
-    for (int64_t b = 0; b < x.size(0); b += opt.batch) {
+    for (int64_t b = 0; b < x.size(0); b += batch) {
       // The whole batch, the context's release at the end of the scope included.
       const trace::Span step("step", "train", trace::Arg("step", ++steps));
-      const Tensor rows = order.slice(0, b, b + opt.batch);
+      const Tensor rows = order.slice(0, b, b + batch);
       const Tensor xb = index_select(x, 0, rows), yb = index_select(y, 0, rows);
       dist_autograd::Context ctx(agent);
       Tensor logits, loss;
@@ -282,7 +488,7 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
       }
       {
         const trace::Span phase("train.optimizer", "train");
-        optimizer.step(ctx.id());
+        optimizer->step(ctx.id());
       }
       loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
       train_correct += examples::accuracy_of(logits.detach(), yb) * static_cast<double>(xb.size(0));
@@ -308,21 +514,22 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
         train_correct / static_cast<double>(seen), test_accuracy,
         static_cast<double>(seen) / epoch_s, elapsed);
     std::fflush(stdout);
+    if (schedule) schedule->step();
     if (!opt.checkpoint.empty()) {
-      for (int sh = 0; trainer == 1 && sh < opt.servers; ++sh) {
-        shards[static_cast<size_t>(sh)].save(opt.checkpoint + "/model-" + std::to_string(sh) +
-                                             ".gw");
-      }
-      nn::save(optimizer.state_dict(), optimizer_file);
+      if (trainer == 1) model.save(opt.checkpoint);
+      nn::save(optimizer->state_dict(), optimizer_file);
       nn::save(StateDict{{"epoch", tensor<int64_t>({epoch})}},
                opt.checkpoint + "/progress-" + std::to_string(trainer) + ".gw");
     }
   }
+  // Done stepping: the other trainers no longer wait for this one.
+  optimizer->leave();
   // A fingerprint of the final parameters (a resumed run prints the same as an
-  // uninterrupted one when a single trainer runs).
+  // uninterrupted one when a single trainer runs), summed where each lives: a table of
+  // 10^7 rows never travels.
   double checksum = 0;
   for (auto& p : params)
-    checksum += sum(p.to_here(), kFloat64).item<double>();
+    checksum += agent.rpc_sync<double>(p.owner().name, "parameter_sum", p);
   std::printf("%s done: held-out accuracy %.3f after %d epochs; parameter checksum %.17g\n",
               me.c_str(), test_accuracy, opt.epochs, checksum);
   if (test_accuracy < opt.min_accuracy) {
@@ -363,15 +570,43 @@ int main(int argc, char** argv) {
     auto agent = rpc::init_rpc(name, rank, world, options);
     if (server) {
       // This server's shard, made here and handed to every trainer that asks.
-      auto shard = make_shard(*agent, rank, opt.servers, train.features(), train.classes);
-      if (opt.resume) shard.load(opt.checkpoint + "/model-" + std::to_string(rank) + ".gw");
       agent->add_listener(std::make_shared<TrainerWatch>(*agent));
-      slot->shard.set_value(shard.module_rref());
+      if (opt.embedding_rows > 0) {
+        // The click task: the table on ps0, the head on the last server.
+        if (rank == 0) {
+          dist_nn::RemoteModule<nn::EmbeddingBag> table(
+              *agent, name, "ClickTable", opt.embedding_rows, opt.embedding_dim, opt.sparse);
+          if (opt.resume) table.load(opt.checkpoint + "/table.gw");
+          slot->table.set_value(table.module_rref());
+          std::printf("%s holds the %lld x %lld table (%s gradients); RSS %.2f GB\n", name.c_str(),
+                      static_cast<long long>(opt.embedding_rows),
+                      static_cast<long long>(opt.embedding_dim), opt.sparse ? "sparse" : "dense",
+                      static_cast<double>(peak_rss_bytes()) / 1e9);
+        }
+        if (rank == opt.servers - 1) {
+          dist_nn::RemoteModule<nn::Linear> head(*agent, name, "ClickHead", opt.embedding_dim);
+          if (opt.resume) head.load(opt.checkpoint + "/head.gw");
+          slot->head.set_value(head.module_rref());
+        }
+      } else {
+        auto shard = make_shard(*agent, rank, opt.servers, train.features(), train.classes);
+        if (opt.resume) shard.load(opt.checkpoint + "/model-" + std::to_string(rank) + ".gw");
+        slot->shard.set_value(shard.module_rref());
+      }
       std::printf("%s serving shard %d of %d to %d trainers\n", name.c_str(), rank + 1, opt.servers,
                   world - opt.servers);
       std::fflush(stdout);
       // Graceful: waits until every trainer has finished and shut down too.
       rpc::shutdown();
+      if (opt.embedding_rows > 0 && rank == 0) {
+        // The table's server: its peak memory against what it must hold (the table and
+        // Adagrad's sums, one float per element each); a dense gradient of the table's size
+        // per step would show here.
+        const double table_gb =
+            static_cast<double>(opt.embedding_rows * opt.embedding_dim) * 4 / 1e9;
+        std::printf("%s peak RSS %.2f GB; table %.2f GB + optimizer state %.2f GB\n", name.c_str(),
+                    static_cast<double>(peak_rss_bytes()) / 1e9, table_gb, table_gb);
+      }
       return 0;
     }
     const int status =

@@ -1,5 +1,6 @@
 #include "gradwire/nn/init.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gradwire/autograd/grad_mode.h"
@@ -64,8 +65,23 @@ Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
   check_float(t, "normal_");
   GRADWIRE_CHECK_ARG(std >= 0) << "nn::init::normal_: std must be >= 0, got " << std;
   autograd::NoGradGuard no_grad;
-  Tensor n = randn(t.sizes(), gen, TensorOptions(kFloat64));
-  t.copy_(n * std + mean);
+  if (!t.is_contiguous()) {
+    Tensor n = randn(t.sizes(), gen, TensorOptions(kFloat64));
+    t.copy_(n * std + mean);
+    return t;
+  }
+  // In blocks of an even number of elements: the generator hands out normals in pairs, in
+  // order, so the values are those of one randn over the whole tensor, while the float64
+  // scratch stays a few MB instead of twice the tensor (a 10^7-row embedding table would
+  // otherwise need several times its own size to be initialised).
+  constexpr int64_t kBlock = int64_t{1} << 20;
+  Tensor flat = t.view({-1});
+  for (int64_t offset = 0; offset < flat.numel(); offset += kBlock) {
+    const int64_t len = std::min(kBlock, flat.numel() - offset);
+    Tensor n = randn({len}, gen, TensorOptions(kFloat64));
+    n.mul_(std).add_(mean);
+    flat.narrow(0, offset, len).copy_(n);
+  }
   return t;
 }
 
