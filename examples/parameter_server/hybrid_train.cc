@@ -4,11 +4,14 @@
 // among them. One dist_autograd context and one backward carry gradients both to the
 // remote embedding (through the recorded remote call) and into DDP's all-reduce (through
 // its hooks: the Reducer reads the context's gradients and writes their averages back
-// before the pass ends, ddp/reducer.h); one DistributedOptimizer then steps the embedding
-// on the server and each trainer's own dense replica.
+// before the pass ends, ddp/reducer.h); DistributedOptimizers then step the embedding on the
+// server and each trainer's own dense replica. The table's gradient is sparse rows (only the
+// ids a batch used travel and are stepped, by SparseAdam on the server; docs/sparse.md) unless
+// --dense-table, which steps it densely with Adam like the dense layers.
 //
 //   gradwire-run --nproc-per-node 3 gradwire-hybrid-train [--epochs N] [--min-accuracy A]
 //       [--ddp-options default|bucket-view|find-unused|static-graph] [--backend cpu|shm|gloo]
+//       [--dense-table]
 // --ddp-options picks the DDP's options: PyTorch's defaults (the default), bucket views
 // (gradient_as_bucket_view), find_unused_parameters, or static_graph. The dense part has a
 // second, "shortcut" linear layer beside the MLP; under find-unused it takes part in
@@ -57,6 +60,7 @@ struct Options {
   DdpMode ddp = DdpMode::kDefault;
   std::string trace;            // --trace DIR: trace files written there at exit
   std::string backend = "cpu";  // --backend: the trainers' DDP group
+  bool dense_table = false;     // --dense-table: the table's gradient dense, stepped by Adam
 };
 
 DdpMode parse_ddp_mode(const std::string& text) {
@@ -118,7 +122,7 @@ Options parse_args(int argc, char** argv) {
   examples::Args args(argc, argv,
                       "--epochs N, --batch B, --min-accuracy A, "
                       "--ddp-options default|bucket-view|find-unused|static-graph, --trace DIR, "
-                      "--backend cpu|shm|gloo");
+                      "--backend cpu|shm|gloo, --dense-table");
   while (args.next()) {
     if (args.is("--epochs")) {
       o.epochs = static_cast<int>(args.integer(1, 100000));
@@ -132,6 +136,8 @@ Options parse_args(int argc, char** argv) {
       o.trace = args.non_empty("a directory");
     } else if (args.is("--backend")) {
       o.backend = args.one_of({"cpu", "shm", "gloo"});
+    } else if (args.is("--dense-table")) {
+      o.dense_table = true;
     } else {
       args.unknown();
     }
@@ -155,9 +161,9 @@ std::pair<Tensor, Tensor> bags(int64_t n, Generator& gen) {
 // rows: ids [B, L] -> [B, kDim]). A lookup copies only the rows it uses and its backward
 // does not need the table, so forward runs on the table itself, never a copy of it
 // (dist_nn::ForwardParameters::kShared, the default for lookup tables).
-std::shared_ptr<nn::EmbeddingBag> make_table(int64_t seed) {
-  auto table = std::make_shared<nn::EmbeddingBag>(
-      nn::EmbeddingBagOptions{.num_embeddings = kVocabulary, .embedding_dim = kDim});
+std::shared_ptr<nn::EmbeddingBag> make_table(int64_t seed, bool sparse) {
+  auto table = std::make_shared<nn::EmbeddingBag>(nn::EmbeddingBagOptions{
+      .num_embeddings = kVocabulary, .embedding_dim = kDim, .sparse = sparse});
   Generator gen(static_cast<uint64_t>(seed));
   table->reset_parameters(&gen);
   return table;
@@ -169,7 +175,7 @@ struct ServerSlot {
 
 void register_all(rpc::Registry& reg, const std::shared_ptr<ServerSlot>& slot) {
   dist_nn::register_remote_module<nn::EmbeddingBag>(reg, "EmbeddingTable")
-      .ctor<int64_t>(&make_table);
+      .ctor<int64_t, bool>(&make_table);
   reg.def("embedding_table", [slot] { return slot->table; });
 }
 
@@ -190,9 +196,18 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
 
   const dist_nn::RemoteModule<nn::EmbeddingBag> table(
       agent.rpc_sync<RRef<dist_nn::ModuleHost<nn::EmbeddingBag>>>("ps0", "embedding_table"));
-  std::vector<RRef<Tensor>> params = table.remote_parameters();
+  // Adam for the dense replica (and a dense table); SparseAdam for a sparse table's rows.
+  std::vector<RRef<Tensor>> params;
   for (const Tensor& p : dense->parameters())
     params.push_back(rref::make_local(agent, p));
+  std::unique_ptr<dist_optim::DistributedOptimizer> table_optimizer;
+  if (opt.dense_table) {
+    for (auto& p : table.remote_parameters())
+      params.push_back(std::move(p));
+  } else {
+    table_optimizer = std::make_unique<dist_optim::DistributedOptimizer>(
+        agent, optim::SparseAdamOptions{.lr = 0.02}, table.remote_parameters());
+  }
   dist_optim::DistributedOptimizer optimizer(agent, optim::AdamOptions{.lr = 0.02}, params);
 
   Generator data_gen(5);
@@ -235,6 +250,7 @@ int run_trainer(rpc::RpcAgent& agent, const std::shared_ptr<c10d::Store>& store,
       {
         const trace::Span phase("train.optimizer", "train");
         optimizer.step(ctx.id());
+        if (table_optimizer) table_optimizer->step(ctx.id());
       }
       loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
       seen += xb.size(0);
@@ -300,7 +316,7 @@ int main(int argc, char** argv) {
     auto agent = rpc::init_rpc(name, rank, world, options);
     if (rank == 0) {
       const dist_nn::RemoteModule<nn::EmbeddingBag> table(*agent, "ps0", "EmbeddingTable",
-                                                          int64_t{3});
+                                                          int64_t{3}, !opt.dense_table);
       slot->table.set_value(table.module_rref());
       std::printf("ps0 serving the embedding table to %d trainers\n", world - 1);
       std::fflush(stdout);
