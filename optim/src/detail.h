@@ -183,5 +183,12 @@ struct AdagradCoefficients {
 };
 void fused_adagrad(const Tensor& param, const Tensor& grad, const Tensor& sum,
                    const AdagradCoefficients& c);
+// The same update on the rows `rows` (sorted, unique) of `param` and `sum` only, row k of
+// `values` ([rows.size(), ...], contiguous) being row rows[k]'s gradient; `param` and `sum`
+// contiguous on the CPU, all three float32 or all float64, no weight decay. Each touched
+// element gets the dense loop's arithmetic; the next rows are prefetched, since a large
+// table's rows are scattered far beyond the caches.
+void fused_adagrad_rows(const Tensor& param, const Tensor& rows, const Tensor& values,
+                        const Tensor& sum, const AdagradCoefficients& c);
 
 }  // namespace gradwire::optim::detail

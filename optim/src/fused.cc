@@ -12,6 +12,7 @@
 // correctly rounded square roots and NaN for negatives, are the same).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "detail.h"
 #include "gradwire/core/check.h"
@@ -218,6 +219,36 @@ void fused_adagrad(const Tensor& param, const Tensor& grad, const Tensor& sum,
   } else {
     GRADWIRE_CHECK(param.dtype() == kFloat64);
     adagrad_dispatch<double>(data<double>(param), data<double>(grad), data<double>(sum), n, c);
+  }
+  bump({&param, &sum});
+}
+
+void fused_adagrad_rows(const Tensor& param, const Tensor& rows, const Tensor& values,
+                        const Tensor& sum, const AdagradCoefficients& c) {
+  const int64_t n = rows.numel();
+  const int64_t width = param.dim() == 0 ? 1 : param.numel() / param.size(0);
+  const int64_t* r = rows.data<int64_t>();
+  // How many rows ahead to prefetch: enough to cover a miss to memory at this row width.
+  constexpr int64_t kAhead = 4;
+  auto run = [&](auto* p, const auto* g, auto* s) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(g)>>;
+    for (int64_t k = 0; k < n; ++k) {
+      if (k + kAhead < n) {
+        const int64_t next = r[k + kAhead] * width;
+        for (int64_t b = 0; b < width * static_cast<int64_t>(sizeof(T)); b += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(p + next) + b, 1);
+          __builtin_prefetch(reinterpret_cast<const char*>(s + next) + b, 1);
+        }
+      }
+      const int64_t at = r[k] * width;
+      adagrad_loop<T, false>(p + at, g + k * width, s + at, width, c);
+    }
+  };
+  if (param.dtype() == kFloat32) {
+    run(data<float>(param), data<float>(values), data<float>(sum));
+  } else {
+    GRADWIRE_CHECK(param.dtype() == kFloat64);
+    run(data<double>(param), data<double>(values), data<double>(sum));
   }
   bump({&param, &sum});
 }

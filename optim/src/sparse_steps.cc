@@ -37,6 +37,11 @@ void sgd_sparse_update(const Tensor& param, const Tensor& grad, double lr) {
 void adagrad_sparse_update(const Tensor& param, const Tensor& grad, const Tensor& sum, double clr,
                            double eps) {
   const SparseRowsGrad g = coalesced_rows(grad);
+  if (fusable({&param, &sum}) && g.values.dtype() == param.dtype() && g.values.is_contiguous() &&
+      g.values.device().is_cpu()) {
+    fused_adagrad_rows(param, g.index, g.values, sum, {clr, eps, 0.0});
+    return;
+  }
   const Tensor squared = square(g.values);
   Tensor s = sum, p = param;
   index_add_(s, 0, g.index, squared);
