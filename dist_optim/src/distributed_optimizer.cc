@@ -49,6 +49,7 @@ void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
         .ctor<StateDict, std::vector<RRef<Tensor>>>()
         .method("step", &detail::Shard::step)
         .method("step_after", &detail::Shard::step_after)
+        .method("group_step_after", &detail::Shard::group_step_after)
         .method("state_dict", &detail::Shard::state_dict)
         .method("load_state_dict", &detail::Shard::load_state_dict)
         .method("set_lr", &detail::Shard::set_lr)
@@ -224,6 +225,33 @@ Future<int64_t> Shard::group_step(const rpc::CallContext& ctx, uint64_t context_
   for (const Tensor& p : state_->params)
     matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
   return group_->step(*ctx.agent(), ctx.caller().id, std::move(matched));
+}
+
+Future<int64_t> Shard::group_step_after(const rpc::CallContext& ctx, uint64_t context_id,
+                                        uint64_t pass_id) {
+  if (group_ == nullptr) {
+    throw InvalidArgument(
+        "dist_optim: group_step_after on an optimizer that is in no trainer group");
+  }
+  // Refused at once unless the caller started the pass and this worker takes part in it.
+  Future<void> part = dist_autograd::part_done(ctx, context_id, pass_id);
+  std::weak_ptr<rpc::RpcAgent> weak_agent = ctx.agent()->attachment<StepLock>()->agent;
+  return part.then(ctx.agent()->executor(),
+                   [state = state_, group = group_, weak_agent, caller = ctx.caller().id,
+                    context_id](const Future<void>& ended) -> Future<int64_t> {
+                     ended.value();  // the part's failure: nothing moves
+                     std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
+                     if (agent == nullptr) {
+                       throw Error("dist_optim: the agent stopped before the step in context " +
+                                   std::to_string(context_id));
+                     }
+                     const dist_autograd::Gradients grads =
+                         dist_autograd::get_gradients(*agent, context_id);
+                     std::vector<Tensor> matched;
+                     for (const Tensor& p : state->params)
+                       matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
+                     return group->step(*agent, caller, std::move(matched));
+                   });
 }
 
 void Shard::leave_group(const rpc::CallContext& ctx) {
@@ -465,16 +493,17 @@ LastPartHook on_pool(std::shared_ptr<Executor> pool, LastPartHook hook) {
 // backward() has returned), then calls the caller's own hook.
 LastPartHook send_early_step(std::shared_ptr<Early> early,
                              std::shared_ptr<ShardsByWorker> by_worker, uint64_t context_id,
-                             std::chrono::milliseconds early_timeout, LastPartHook theirs) {
+                             std::chrono::milliseconds early_timeout, LastPartHook theirs,
+                             const char* method) {
   return [early = std::move(early), by_worker = std::move(by_worker), context_id, early_timeout,
-          theirs = std::move(theirs)](uint64_t pass_id, const rpc::WorkerInfo& last) {
+          method, theirs = std::move(theirs)](uint64_t pass_id, const rpc::WorkerInfo& last) {
     auto it = by_worker->find(last.id);
     if (it != by_worker->end()) {  // else the part left is not an owner's
       MutexLock lock(early->mutex);
       if (!early->closed) {
         early->owner = it->second.first;
         early->step = it->second.second.rpc_async<int64_t>(
-            "step_after", rpc::CallOptions{.timeout = early_timeout}, context_id, pass_id);
+            method, rpc::CallOptions{.timeout = early_timeout}, context_id, pass_id);
       }
     }
     if (theirs) theirs(pass_id, last);
@@ -501,12 +530,9 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
   trace::Span span("dist_optim.backward_and_step", "dist_optim",
                    trace::Arg("context_id", context_id),
                    trace::Arg("owners", static_cast<uint64_t>(shards_.size())));
-  if (!group_.name.empty()) {
-    // A group's update waits for other members' gradients: nothing to gain by sending it
-    // early.
-    dist_autograd::backward(*agent_, context_id, roots, options);
-    step(context_id);
-    return;
+  const bool grouped = !group_.name.empty();
+  if (grouped && left_) {
+    throw InvalidArgument("dist_optim: step after leaving trainer group '" + group_.name + "'");
   }
   auto early = std::make_shared<Early>();
   // The early step waits on its owner for the owner's part, which may take as long as the
@@ -525,7 +551,8 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
     theirs = on_pool(agent_->executor(), std::move(theirs));
   options.on_last_part_inline = true;
   options.on_last_part =
-      send_early_step(early, by_worker, context_id, early_timeout, std::move(theirs));
+      send_early_step(early, by_worker, context_id, early_timeout, std::move(theirs),
+                      grouped ? "group_step_after" : "step_after");
   std::exception_ptr failed;
   try {
     dist_autograd::backward(*agent_, context_id, roots, options);
@@ -562,7 +589,7 @@ void DistributedOptimizer::backward_and_step(uint64_t context_id, const std::vec
     if (early_step && i == early_owner) {
       steps.push_back(*early_step);
     } else {
-      steps.push_back(shards_[i].rpc_async<int64_t>("step", context_id));
+      steps.push_back(shards_[i].rpc_async<int64_t>(grouped ? "group_step" : "step", context_id));
     }
   }
   wait_all(steps, span);

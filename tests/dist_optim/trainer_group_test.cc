@@ -73,6 +73,12 @@ class TrainerGroups : public ::testing::Test {
     da::backward(w(r), ctx.id(), {sum(y)});
     opt.step(ctx.id());
   }
+  // The same through backward_and_step (the owner's step sent while the pass runs).
+  void train_step_early(DistributedOptimizer& opt, int r, const std::vector<double>& x) {
+    da::Context ctx(w(r));
+    const Tensor y = w(r).rpc_sync<Tensor>("w0", "scaled", p_[static_cast<size_t>(r)], tensor(x));
+    opt.backward_and_step(ctx.id(), {sum(y)});
+  }
   std::vector<double> param() { return param_.detach().to_vector<double>(); }
 
   Registry reg_;
@@ -156,9 +162,10 @@ TEST_F(TrainerGroups, SynchronousGroupIsDataParallelSgd) {
   const TrainerGroup group{.name = "sync", .trainers = 2, .max_staleness = 0, .aggregate = 2};
   DistributedOptimizer a(w(1), optim::SGDOptions{.lr = 0.1}, params(1), group);
   DistributedOptimizer b(w(2), optim::SGDOptions{.lr = 0.1}, params(2), group);
+  // w1 steps through backward_and_step: its gradient reaches the group during its pass.
   auto w1 = std::async(std::launch::async, [&] {
     for (int k = 0; k < 3; ++k)
-      train_step(a, 1, kX1);
+      train_step_early(a, 1, kX1);
   });
   for (int k = 0; k < 3; ++k)
     train_step(b, 2, kX2);

@@ -119,6 +119,9 @@ class Shard {
   // A group's step (TrainerGroup): answered once the update holding this member's gradient
   // is applied and the staleness bound lets it go on.
   Future<int64_t> group_step(const rpc::CallContext& ctx, uint64_t context_id);
+  // The same, once this worker's part in pass `pass_id` has ended well (as step_after).
+  Future<int64_t> group_step_after(const rpc::CallContext& ctx, uint64_t context_id,
+                                   uint64_t pass_id);
   // The caller leaves this shard's group (it will step no more).
   void leave_group(const rpc::CallContext& ctx);
 
