@@ -15,6 +15,9 @@ as progress on stderr captured with 2>&1, are skipped) and writes, for the metri
                           with PyTorch's step and the single-process step of the same run
     ps_samples.svg        ps.samples_per_s_trainers: parameter-server samples/s against the
                           number of trainers, gradwire and PyTorch
+    ps_scaling.svg        ps.samples_per_s_scaling: parameter-server samples/s against the
+                          number of trainers, one line per server count, each with the bound
+                          the host's floors allow (params.bound_samples_per_s), dashed
     rpc_latency_cdf.svg   rpc.transport_latency_us: the latency distribution of each transport
                           (params.cdf_percent_us), with the raw TCP ping-pong of the same run
 
@@ -204,6 +207,52 @@ def plot_ps(plt, rows, out_dir, written):
     return True
 
 
+def plot_ps_scaling(plt, rows, out_dir, written):
+    ours = defaultdict(dict)  # servers -> trainers -> samples/s
+    bound = defaultdict(dict)  # servers -> trainers -> the bound from the floors
+    cores = set()
+    for r in rows:
+        if r["metric"] != "ps.samples_per_s_scaling":
+            continue
+        p = r["params"]
+        servers = number(p.get("servers"))
+        trainers = number(p.get("trainers"))
+        value = number(r["value"])
+        if servers is None or trainers is None or value is None:
+            continue
+        ours[int(servers)][int(trainers)] = value
+        b = number(p.get("bound_samples_per_s"))
+        if b is not None:
+            bound[int(servers)][int(trainers)] = b
+        if number(p.get("cores")) is not None:
+            cores.add(int(p["cores"]))
+    if not ours:
+        return False
+    core_text = ", ".join(str(n) for n in sorted(cores)) or "?"
+    fig, ax = new_figure(plt, f"parameter server scaling ({core_text} cores, one host)",
+                         "trainers (processes on one host)", "samples/s (all trainers)")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, servers in enumerate(sorted(ours)):
+        color = colors[i % len(colors)]
+        noun = "server" if servers == 1 else "servers"
+        xs = sorted(ours[servers])
+        ax.plot(xs, [ours[servers][x] for x in xs], marker="o", color=color,
+                label=f"{servers} {noun}")
+        if bound[servers]:
+            bs = sorted(bound[servers])
+            ax.plot(bs, [bound[servers][x] for x in bs], linestyle="--", linewidth=1,
+                    color=color, label=f"bound from the floors, {servers} {noun}")
+    ax.set_xscale("log", base=2)
+    trainers = sorted({x for s in ours.values() for x in s})
+    ax.set_xticks(trainers)
+    ax.set_xticklabels([str(x) for x in trainers])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    save(plt, fig, out_dir, "ps_scaling.svg", written)
+    return True
+
+
 def parse_cdf(text):
     """'1:12.5 5:13.0 ...' -> [(percent, microseconds), ...] sorted by percent."""
     points = []
@@ -281,6 +330,7 @@ def main():
     written = []
     for name, plot in (("all_reduce bus bandwidth", plot_allreduce), ("DDP step", plot_ddp),
                        ("parameter-server samples/s", plot_ps),
+                       ("parameter-server scaling", plot_ps_scaling),
                        ("rpc latency CDF", plot_rpc_cdf)):
         if not plot(plt, rows, args.out, written):
             print(f"plot-bench: no rows for the {name} figure; skipped", file=sys.stderr)

@@ -17,7 +17,8 @@ import unittest
 import xml.etree.ElementTree as ET
 
 SCRIPT = None
-FIGURES = ("allreduce_busbw.svg", "ddp_step.svg", "ps_samples.svg", "rpc_latency_cdf.svg")
+FIGURES = ("allreduce_busbw.svg", "ddp_step.svg", "ps_samples.svg", "ps_scaling.svg",
+           "rpc_latency_cdf.svg")
 
 
 def allreduce_rows():
@@ -56,6 +57,19 @@ def ps_rows(with_pytorch=True):
         rows.append({"metric": "ps.samples_per_s_trainers", "value": ours, "unit": "samples/s",
                      "params": {"trainers": trainers,
                                 "pytorch_samples_per_s": theirs if with_pytorch else None}})
+    return rows
+
+
+def ps_scaling_rows(with_bound=True, servers=(1, 2, 4)):
+    rows = []
+    for s in servers:
+        for trainers in (1, 2, 4, 8, 16):
+            value = 66000.0 / s * min(trainers, 1.15)
+            rows.append({"metric": "ps.samples_per_s_scaling", "value": value,
+                         "unit": "samples/s",
+                         "params": {"servers": s, "trainers": trainers, "cores": 2,
+                                    "bound_samples_per_s":
+                                        (190000.0 / s if with_bound else None)}})
     return rows
 
 
@@ -104,7 +118,8 @@ class PlotBench(unittest.TestCase):
 
     def test_every_figure_is_drawn_with_its_lines(self):
         data = self.write_input(
-            "bench.jsonl", allreduce_rows() + ddp_rows() + ps_rows() + rpc_rows(),
+            "bench.jsonl",
+            allreduce_rows() + ddp_rows() + ps_rows() + ps_scaling_rows() + rpc_rows(),
             extra_lines=["gradwire-bench: progress on stderr, captured with 2>&1", ""])
         out = os.path.join(self.dir.name, "svg")  # made by the script
         result = self.run_script(data, "-o", out)
@@ -120,6 +135,10 @@ class PlotBench(unittest.TestCase):
                 ("ddp_step.svg", ["gradwire DDP, shm", "PyTorch DDP, gloo (same run)",
                                   "single-process step (same run)"]),
                 ("ps_samples.svg", ["gradwire", "PyTorch rpc + dist_autograd (same run)"]),
+                ("ps_scaling.svg", ["1 server", "2 servers", "4 servers",
+                                    "bound from the floors, 1 server",
+                                    "bound from the floors, 4 servers", "16",
+                                    "parameter server scaling (2 cores, one host)"]),
                 ("rpc_latency_cdf.svg", ["local", "tcp", "raw TCP ping-pong p50"])):
             for text in wanted:
                 self.assertIn(text, legends[name], f"{name} lacks '{text}'")
@@ -145,12 +164,32 @@ class PlotBench(unittest.TestCase):
         result = self.run_script(data, "-o", out)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(sorted(os.listdir(out)), ["ps_samples.svg"])
-        for name in ("all_reduce bus bandwidth", "DDP step", "rpc latency CDF"):
+        for name in ("all_reduce bus bandwidth", "DDP step", "parameter-server scaling",
+                     "rpc latency CDF"):
             self.assertIn(f"no rows for the {name} figure; skipped", result.stderr)
         # PyTorch's rate was not measured (null): no PyTorch line is drawn.
         legend = svg_comments(os.path.join(out, "ps_samples.svg"))
         self.assertIn("gradwire", legend)
         self.assertFalse(any("PyTorch" in t for t in legend), legend)
+
+    def test_scaling_lines_per_server_count_without_a_bound_when_none_was_measured(self):
+        # Two server counts, no bound: one line each, no dashed bound line, and the other
+        # parameter-server figure (ps.samples_per_s_trainers) is not drawn from these rows.
+        data = self.write_input("scaling.jsonl",
+                                ps_scaling_rows(with_bound=False, servers=(1, 2)))
+        out = os.path.join(self.dir.name, "svg")
+        result = self.run_script(data, "-o", out)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(sorted(os.listdir(out)), ["ps_scaling.svg"])
+        self.assertIn("no rows for the parameter-server samples/s figure; skipped",
+                      result.stderr)
+        legend = svg_comments(os.path.join(out, "ps_scaling.svg"))
+        self.assertIn("1 server", legend)
+        self.assertIn("2 servers", legend)
+        self.assertNotIn("4 servers", legend)
+        self.assertFalse(any("bound" in t for t in legend), legend)
+        for tick in ("1", "2", "4", "8", "16"):
+            self.assertIn(tick, legend)
 
     def test_input_without_rows_is_refused(self):
         data = self.write_input("empty.jsonl", [], extra_lines=["no figures here"])
