@@ -2,7 +2,8 @@
 # The main job: installs what is missing, builds, and runs the parameter-server example
 # (examples/parameter_server/ps_train under gradwire-run: one server holding the model
 # behind an RRef, two trainers training it through dist_autograd and a
-# DistributedOptimizer, each checking its held-out accuracy), then hybrid_train (an embedding
+# DistributedOptimizer shared on the server, each checking its held-out accuracy), the same on
+# the click-through task with a sparse table of 10^6 rows, then hybrid_train (an embedding
 # table on the server, dense layers replicated under DDP on the trainers, one backward for
 # both), then examples/train_mlp: an
 # MLP trained data-parallel, over threads and over two rank processes whose gradients a
@@ -16,6 +17,10 @@ GRADWIRE_BUILD_TARGETS="gradwire-run gradwire-ps-train gradwire-hybrid-train gra
   "$root/scripts/build.sh"
 # Parameter-server training: one server, two trainers, started by the launcher.
 "$build/tools/gradwire-run" --nproc-per-node 3 "$build/examples/parameter_server/gradwire-ps-train"
+# The parameter server's canonical workload: an embedding table of 10^6 rows on the server,
+# trained by sparse gradients (a step costs the rows a batch touched, not the table).
+"$build/tools/gradwire-run" --nproc-per-node 3 "$build/examples/parameter_server/gradwire-ps-train" \
+  --embedding-rows 1000000 --sparse
 # The hybrid: an embedding on the server, dense layers under DDP on the two trainers.
 "$build/tools/gradwire-run" --nproc-per-node 3 "$build/examples/parameter_server/gradwire-hybrid-train"
 bin="$build/examples/train_mlp/gradwire-train-mlp"
