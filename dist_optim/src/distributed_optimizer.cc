@@ -345,6 +345,38 @@ double spec_lr(const StateDict& spec) {
   return *lr;
 }
 
+using ByOwner = std::map<int, std::pair<rpc::WorkerInfo, std::vector<RRef<Tensor>>>>;
+
+// The parameters by owner (worker id), each owner's in the order given.
+ByOwner group_by_owner(const std::vector<RRef<Tensor>>& params) {
+  if (params.empty()) throw InvalidArgument("dist_optim: DistributedOptimizer without parameters");
+  ByOwner by_owner;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].valid()) {
+      throw InvalidArgument("dist_optim: parameter " + std::to_string(i) + " is an empty RRef");
+    }
+    auto& entry = by_owner[params[i].owner().id];
+    entry.first = params[i].owner();
+    entry.second.push_back(params[i]);
+  }
+  return by_owner;
+}
+
+// Waits for every future (a round of requests to the owners); the first error once all
+// have ended, or null.
+template <typename T>
+std::exception_ptr first_error(std::vector<Future<T>>& futures) {
+  std::exception_ptr first;
+  for (Future<T>& f : futures) {
+    try {
+      f.get();
+    } catch (...) {
+      if (first == nullptr) first = std::current_exception();
+    }
+  }
+  return first;
+}
+
 void check_lr(const char* op, double lr) {
   if (!(lr >= 0.0)) {
     std::ostringstream os;
@@ -358,16 +390,7 @@ void check_lr(const char* op, double lr) {
 DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict& spec,
                                            std::vector<RRef<Tensor>> params)
     : agent_(&agent) {
-  if (params.empty()) throw InvalidArgument("dist_optim: DistributedOptimizer without parameters");
-  std::map<int, std::pair<rpc::WorkerInfo, std::vector<RRef<Tensor>>>> by_owner;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].valid()) {
-      throw InvalidArgument("dist_optim: parameter " + std::to_string(i) + " is an empty RRef");
-    }
-    auto& entry = by_owner[params[i].owner().id];
-    entry.first = params[i].owner();
-    entry.second.push_back(params[i]);
-  }
+  ByOwner by_owner = group_by_owner(params);
   for (auto& [id, entry] : by_owner) {
     owners_.push_back(entry.first);
     shards_.push_back(
@@ -392,16 +415,7 @@ DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict
                                            const TrainerGroup& group)
     : agent_(&agent), group_(group) {
   group.validate();
-  if (params.empty()) throw InvalidArgument("dist_optim: DistributedOptimizer without parameters");
-  std::map<int, std::pair<rpc::WorkerInfo, std::vector<RRef<Tensor>>>> by_owner;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].valid()) {
-      throw InvalidArgument("dist_optim: parameter " + std::to_string(i) + " is an empty RRef");
-    }
-    auto& entry = by_owner[params[i].owner().id];
-    entry.first = params[i].owner();
-    entry.second.push_back(params[i]);
-  }
+  ByOwner by_owner = group_by_owner(params);
   // Every owner is asked at once; the first member to reach one makes the group there.
   std::vector<Future<RRef<detail::Shard>>> joins;
   for (auto& [id, entry] : by_owner) {
@@ -411,8 +425,9 @@ DistributedOptimizer::DistributedOptimizer(rpc::RpcAgent& agent, const StateDict
         int64_t{group.trainers}, int64_t{group.max_staleness}, int64_t{group.aggregate},
         static_cast<int64_t>(group.lr_scaling)));
   }
-  for (size_t i = 0; i < joins.size(); ++i)
-    shards_.push_back(joins[i].get());
+  if (std::exception_ptr failed = first_error(joins)) std::rethrow_exception(failed);
+  for (Future<RRef<detail::Shard>>& join : joins)
+    shards_.push_back(join.get());
   MutexLock lock(lr_->mutex);
   lr_->value = spec_lr(spec);
 }
@@ -433,15 +448,7 @@ void DistributedOptimizer::leave() {
   std::vector<Future<void>> leaves;
   for (auto& shard : shards_)
     leaves.push_back(shard.rpc_async<void>("leave_group"));
-  std::exception_ptr first;
-  for (Future<void>& f : leaves) {
-    try {
-      f.get();
-    } catch (...) {
-      if (first == nullptr) first = std::current_exception();
-    }
-  }
-  if (first != nullptr) std::rethrow_exception(first);
+  if (std::exception_ptr failed = first_error(leaves)) std::rethrow_exception(failed);
 }
 
 namespace {
@@ -449,14 +456,7 @@ namespace {
 // Collects the owners' step futures and throws the first error once all have ended; the
 // outcome goes into `span`'s "error" argument.
 void wait_all(std::vector<Future<int64_t>>& steps, trace::Span& span) {
-  std::exception_ptr first;
-  for (Future<int64_t>& step : steps) {
-    try {
-      step.get();
-    } catch (...) {
-      if (first == nullptr) first = std::current_exception();
-    }
-  }
+  const std::exception_ptr first = first_error(steps);
   span.arg(trace::Arg("error", first != nullptr ? 1 : 0));
   if (first != nullptr) std::rethrow_exception(first);
 }
@@ -654,14 +654,7 @@ void DistributedOptimizer::set_lr(double lr) {
   std::vector<Future<void>> sets;
   for (auto& shard : shards_)
     sets.push_back(shard.rpc_async<void>("set_lr", lr));
-  std::exception_ptr first;
-  for (Future<void>& set : sets) {
-    try {
-      set.get();
-    } catch (...) {
-      if (first == nullptr) first = std::current_exception();
-    }
-  }
+  const std::exception_ptr first = first_error(sets);
   span.arg(trace::Arg("error", first != nullptr ? 1 : 0));
   if (first != nullptr) std::rethrow_exception(first);
   lr_->value = lr;

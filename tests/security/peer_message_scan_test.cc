@@ -399,7 +399,7 @@ TEST(PeerMessageScan, EveryRepeatedFieldIsCountedBeforeParsing) {
       }
     }
   }
-  // The envelope's nine repeated fields (two encodings for the scalars), under two sets of
+  // The envelope's ten repeated fields (two encodings for the scalars), under two sets of
   // limits, and at least one field of each module.
   EXPECT_GE(checked, 2 * 11u + 2u);
 }

@@ -9,7 +9,7 @@
 //   kDouble   double (float converts)
 //   kString   std::string
 //   kBytes    Bytes (std::vector<uint8_t>)
-//   kTensor   Tensor
+//   kTensor   Tensor (strided, or sparse rows: tensor/sparse.h; only the stored rows travel)
 //   kList     std::vector<Value> (std::vector<T>, std::array, std::pair and std::tuple)
 //   kMap      ordered (key, value) pairs; keys are None, bool, int or string
 //             (std::map, std::unordered_map)
