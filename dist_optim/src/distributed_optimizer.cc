@@ -210,10 +210,18 @@ void Shard::apply(rpc::RpcAgent& agent, std::vector<Tensor> grads, double lr_fac
   state_->update(agent, std::move(grads), lr_factor, 0);
 }
 
-Future<int64_t> Shard::group_step(const rpc::CallContext& ctx, uint64_t context_id) {
-  if (group_ == nullptr) {
-    throw InvalidArgument("dist_optim: group_step on an optimizer that is in no trainer group");
+std::shared_ptr<TrainerGroupState> Shard::group(const char* op) const {
+  std::shared_ptr<TrainerGroupState> g = group_.lock();
+  if (g == nullptr) {
+    throw InvalidArgument(std::string("dist_optim: ") + op + " on an optimizer that is " +
+                          (grouped_ ? "no longer in its trainer group (its agent is closing)"
+                                    : "in no trainer group"));
   }
+  return g;
+}
+
+Future<int64_t> Shard::group_step(const rpc::CallContext& ctx, uint64_t context_id) {
+  const std::shared_ptr<TrainerGroupState> g = group("group_step");
   // The owner's part of this context's step (its update may be the group's later one:
   // dist_optim.group_update).
   trace::Span span("dist_optim.owner_step", "dist_optim", trace::Arg("context_id", context_id),
@@ -224,24 +232,23 @@ Future<int64_t> Shard::group_step(const rpc::CallContext& ctx, uint64_t context_
   std::vector<Tensor> matched;
   for (const Tensor& p : state_->params)
     matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
-  return group_->step(*ctx.agent(), ctx.caller().id, std::move(matched));
+  return g->step(*ctx.agent(), ctx.caller().id, std::move(matched));
 }
 
 Future<int64_t> Shard::group_step_after(const rpc::CallContext& ctx, uint64_t context_id,
                                         uint64_t pass_id) {
-  if (group_ == nullptr) {
-    throw InvalidArgument(
-        "dist_optim: group_step_after on an optimizer that is in no trainer group");
-  }
+  // Held weakly while the part runs, as the shard holds it.
+  const std::weak_ptr<TrainerGroupState> weak_group = group("group_step_after");
   // Refused at once unless the caller started the pass and this worker takes part in it.
   Future<void> part = dist_autograd::part_done(ctx, context_id, pass_id);
   std::weak_ptr<rpc::RpcAgent> weak_agent = ctx.agent()->attachment<StepLock>()->agent;
   return part.then(ctx.agent()->executor(),
-                   [state = state_, group = group_, weak_agent, caller = ctx.caller().id,
+                   [state = state_, weak_group, weak_agent, caller = ctx.caller().id,
                     context_id](const Future<void>& ended) -> Future<int64_t> {
                      ended.value();  // the part's failure: nothing moves
                      std::shared_ptr<rpc::RpcAgent> agent = weak_agent.lock();
-                     if (agent == nullptr) {
+                     std::shared_ptr<TrainerGroupState> group = weak_group.lock();
+                     if (agent == nullptr || group == nullptr) {
                        throw Error("dist_optim: the agent stopped before the step in context " +
                                    std::to_string(context_id));
                      }
@@ -255,7 +262,7 @@ Future<int64_t> Shard::group_step_after(const rpc::CallContext& ctx, uint64_t co
 }
 
 void Shard::leave_group(const rpc::CallContext& ctx) {
-  if (group_ != nullptr) group_->leave(ctx.caller().id);
+  if (std::shared_ptr<TrainerGroupState> g = group_.lock()) g->leave(ctx.caller().id);
 }
 
 int64_t Shard::step(const rpc::CallContext& ctx, uint64_t context_id) {

@@ -224,25 +224,40 @@ std::string spec_difference(const StateDict& a, const StateDict& b) {
   return "";
 }
 
-// Removes lost workers from every group on this owner, so that nobody waits for them.
+// Removes lost workers from every group on this owner, so that nobody waits for them. The
+// listener runs on an I/O thread, which must not block; leaving may apply an update (the
+// aggregate the lost worker was awaited for), so it runs on the agent's pool.
 class GroupWatch : public rpc::AgentListener {
  public:
-  explicit GroupWatch(std::weak_ptr<TrainerGroups> groups) : groups_(std::move(groups)) {}
+  GroupWatch(std::weak_ptr<TrainerGroups> groups, std::weak_ptr<rpc::RpcAgent> agent)
+      : groups_(std::move(groups)), agent_(std::move(agent)) {}
   void on_worker_lost(const rpc::WorkerInfo& worker, const std::string&) override {
     std::shared_ptr<TrainerGroups> groups = groups_.lock();
-    if (groups == nullptr) return;
+    std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
+    if (groups == nullptr || agent == nullptr) return;
     std::vector<std::shared_ptr<TrainerGroupState>> all;
     {
       MutexLock lock(groups->mutex);
       for (const auto& [name, g] : groups->by_name)
         all.push_back(g);
     }
-    for (const auto& g : all)
-      g->leave(worker.id);
+    if (all.empty()) return;
+    const int id = worker.id;
+    try {
+      agent->executor()->execute([all = std::move(all), id] {
+        for (const auto& g : all)
+          g->leave(id);
+      });
+    } catch (const std::exception& e) {
+      // The pool is shut down: so is every step that could wait for the lost worker.
+      GRADWIRE_LOG(kDebug) << "dist_optim: not removing lost worker " << id
+                           << " from trainer groups: " << e.what();
+    }
   }
 
  private:
   std::weak_ptr<TrainerGroups> groups_;
+  std::weak_ptr<rpc::RpcAgent> agent_;
 };
 
 rref::RRef<Shard> join_group(const rpc::CallContext& ctx, const std::string& name,
@@ -297,7 +312,7 @@ rref::RRef<Shard> join_group(const rpc::CallContext& ctx, const std::string& nam
 void install_groups(const std::shared_ptr<rpc::RpcAgent>& agent) {
   auto groups = std::make_shared<TrainerGroups>();
   agent->set_attachment(groups);
-  agent->add_listener(std::make_shared<GroupWatch>(groups));
+  agent->add_listener(std::make_shared<GroupWatch>(groups, agent));
   rpc::Registry& registry = agent->registry();
   if (registry.has_function(kJoinGroup)) return;
   try {

@@ -193,6 +193,27 @@ TEST_F(TrainerGroups, AMemberThatLeavesIsNotWaitedFor) {
   b.reset();  // destroying a member that left sends nothing more
 }
 
+TEST_F(TrainerGroups, AMemberWhoseWorkerIsLostLeavesByItself) {
+  const TrainerGroup group{.name = "lost", .trainers = 2, .max_staleness = 0, .aggregate = 2};
+  DistributedOptimizer a(w(1), optim::SGDOptions{.lr = 0.1}, params(1), group);
+  auto b =
+      std::make_unique<DistributedOptimizer>(w(2), optim::SGDOptions{.lr = 0.1}, params(2), group);
+  auto first = std::async(std::launch::async, [&] { train_step(a, 1, kX1); });
+  // w2 goes away without a word: the owner hears of the loss and stops waiting for it.
+  std::shared_ptr<RpcAgent> gone = agents_[2];
+  agents_.erase(agents_.begin() + 2);
+  p_[2] = RRef<Tensor>();
+  gone->shutdown(/*graceful=*/false);
+  first.get();
+  expect_near(param(), expect(0.1, {kX1}));
+  b.reset();  // its leave cannot be sent; that is logged, not thrown
+  // A group that lost a worker cannot shut down gracefully (w2 never agrees): end it.
+  p_.clear();
+  for (const auto& agent : agents_)
+    agent->shutdown(/*graceful=*/false);
+  agents_.clear();
+}
+
 TEST_F(TrainerGroups, MismatchedMembersAndBadSettingsAreRefused) {
   const TrainerGroup group{.name = "strict", .trainers = 2, .max_staleness = 2};
   DistributedOptimizer a(w(1), optim::SGDOptions{.lr = 0.1}, params(1), group);

@@ -131,7 +131,10 @@ class Shard {
   const std::vector<Tensor>& params() const { return state_->params; }
   // The spec it was made from (kind and hyperparameters).
   const StateDict& state_dict_spec() const { return spec_; }
-  void set_group(std::shared_ptr<TrainerGroupState> group) { group_ = std::move(group); }
+  void set_group(const std::shared_ptr<TrainerGroupState>& group) {
+    group_ = group;
+    grouped_ = true;
+  }
 
  private:
   // Shared with a step that runs after its request's handler returned.
@@ -151,7 +154,12 @@ class Shard {
   };
   std::shared_ptr<State> state_;
   StateDict spec_;
-  std::shared_ptr<TrainerGroupState> group_;  // null: a trainer's own shard
+  // Its group (the group owns the shard: a weak reference, so that neither keeps the other
+  // alive); empty for a trainer's own shard.
+  std::weak_ptr<TrainerGroupState> group_;
+  bool grouped_ = false;
+  // The group, or InvalidArgument naming `op` when there is none (any more).
+  std::shared_ptr<TrainerGroupState> group(const char* op) const;
 };
 
 bool ensure_registered();
