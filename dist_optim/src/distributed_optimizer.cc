@@ -60,6 +60,18 @@ void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
   }
 }
 
+// Context `context_id`'s gradient of each of `params` on this worker, undefined for a
+// parameter it has none for (skipped by the step, state included).
+std::vector<Tensor> gradients_of(rpc::RpcAgent& agent, uint64_t context_id,
+                                 const std::vector<Tensor>& params) {
+  const dist_autograd::Gradients grads = dist_autograd::get_gradients(agent, context_id);
+  std::vector<Tensor> matched;
+  matched.reserve(params.size());
+  for (const Tensor& p : params)
+    matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
+  return matched;
+}
+
 // A gradient laid out as the transpose of a dense matrix: what a weight used as
 // W.transpose(0, 1) in a matmul gets (the backward makes the product's gradient contiguous
 // and hands W its transposed view). True when `grad` is such a view with `param`'s shape and
@@ -160,14 +172,10 @@ int64_t Shard::State::step(rpc::RpcAgent& agent, int caller, uint64_t request_id
   trace::Span span("dist_optim.owner_step", "dist_optim", trace::Arg("context_id", context_id),
                    trace::Arg("caller", caller), trace::Arg("request_id", request_id),
                    trace::Arg("params", static_cast<uint64_t>(params.size())));
-  const dist_autograd::Gradients grads = dist_autograd::get_gradients(agent, context_id);
-  std::vector<Tensor> matched;
+  std::vector<Tensor> matched = gradients_of(agent, context_id, params);
   int64_t found = 0;
-  for (const Tensor& p : params) {
-    // A parameter without a gradient in this context is skipped, state included.
-    matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
-    found += matched.back().defined() ? 1 : 0;
-  }
+  for (const Tensor& g : matched)
+    found += g.defined() ? 1 : 0;
   span.arg(trace::Arg("with_grad", found));
   update(agent, std::move(matched), 1.0, context_id);
   return found;
@@ -228,11 +236,8 @@ Future<int64_t> Shard::group_step(const rpc::CallContext& ctx, uint64_t context_
                    trace::Arg("caller", ctx.caller().id),
                    trace::Arg("request_id", ctx.request_id()),
                    trace::Arg("params", static_cast<uint64_t>(state_->params.size())));
-  const dist_autograd::Gradients grads = dist_autograd::get_gradients(*ctx.agent(), context_id);
-  std::vector<Tensor> matched;
-  for (const Tensor& p : state_->params)
-    matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
-  return g->step(*ctx.agent(), ctx.caller().id, std::move(matched));
+  return g->step(*ctx.agent(), ctx.caller().id,
+                 gradients_of(*ctx.agent(), context_id, state_->params));
 }
 
 Future<int64_t> Shard::group_step_after(const rpc::CallContext& ctx, uint64_t context_id,
@@ -252,12 +257,8 @@ Future<int64_t> Shard::group_step_after(const rpc::CallContext& ctx, uint64_t co
                        throw Error("dist_optim: the agent stopped before the step in context " +
                                    std::to_string(context_id));
                      }
-                     const dist_autograd::Gradients grads =
-                         dist_autograd::get_gradients(*agent, context_id);
-                     std::vector<Tensor> matched;
-                     for (const Tensor& p : state->params)
-                       matched.push_back(grads.contains(p) ? grads.at(p) : Tensor());
-                     return group->step(*agent, caller, std::move(matched));
+                     return group->step(*agent, caller,
+                                        gradients_of(*agent, context_id, state->params));
                    });
 }
 

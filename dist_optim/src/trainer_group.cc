@@ -265,6 +265,15 @@ rref::RRef<Shard> join_group(const rpc::CallContext& ctx, const std::string& nam
                              int64_t trainers, int64_t max_staleness, int64_t aggregate,
                              int64_t lr_scaling) {
   rpc::RpcAgent& agent = *ctx.agent();
+  // The counts arrive as int64: out of int's range is refused before they are narrowed.
+  for (const auto& [field, value] : {std::pair<const char*, int64_t>{"trainers", trainers},
+                                     {"max_staleness", max_staleness},
+                                     {"aggregate", aggregate}}) {
+    if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+      throw InvalidArgument("dist_optim: TrainerGroup '" + name + "': " + field + " " +
+                            std::to_string(value) + " is out of range");
+    }
+  }
   TrainerGroup config{.name = name,
                       .trainers = static_cast<int>(trainers),
                       .max_staleness = static_cast<int>(max_staleness),

@@ -105,6 +105,41 @@ struct Options {
   bool lr_given = false;
 };
 
+// The flags of the click-through task and of the trainers' group; false for any other.
+bool parse_scale_flag(examples::Args& args, Options& o) {
+  if (args.is("--embedding-rows")) {
+    o.embedding_rows = args.integer(2, int64_t{1} << 34);
+  } else if (args.is("--embedding-dim")) {
+    o.embedding_dim = args.integer(1, 4096);
+  } else if (args.is("--hot-rows")) {
+    o.hot_rows = args.integer(1, int64_t{1} << 30);
+  } else if (args.is("--sparse")) {
+    o.sparse = true;
+  } else if (args.is("--lr-schedule")) {
+    o.lr_schedule = args.non_empty("a schedule (e.g. warmup:2:0.1,cosine:10)");
+  } else if (args.is("--max-staleness")) {
+    o.max_staleness = static_cast<int>(args.integer(-1, 1 << 20));
+  } else if (args.is("--aggregate")) {
+    o.aggregate = static_cast<int>(args.integer(1, 1 << 20));
+  } else if (args.is("--lr-scaling")) {
+    const std::string v = args.non_empty("none, linear or inverse");
+    if (v == "none") {
+      o.lr_scaling = dist_optim::LrScaling::kNone;
+    } else if (v == "linear") {
+      o.lr_scaling = dist_optim::LrScaling::kLinear;
+    } else if (v == "inverse") {
+      o.lr_scaling = dist_optim::LrScaling::kInverseTrainers;
+    } else {
+      throw InvalidArgument("--lr-scaling: expected none, linear or inverse, got '" + v + "'");
+    }
+  } else if (args.is("--private-optimizers")) {
+    o.private_optimizers = true;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 Options parse_args(int argc, char** argv) {
   Options o;
   examples::Args args(argc, argv,
@@ -140,33 +175,7 @@ Options parse_args(int argc, char** argv) {
       o.kill_after = args.integer(1, int64_t{1} << 40);
     } else if (args.is("--trace")) {
       o.trace = args.non_empty("a directory");
-    } else if (args.is("--embedding-rows")) {
-      o.embedding_rows = args.integer(2, int64_t{1} << 34);
-    } else if (args.is("--embedding-dim")) {
-      o.embedding_dim = args.integer(1, 4096);
-    } else if (args.is("--hot-rows")) {
-      o.hot_rows = args.integer(1, int64_t{1} << 30);
-    } else if (args.is("--sparse")) {
-      o.sparse = true;
-    } else if (args.is("--lr-schedule")) {
-      o.lr_schedule = args.non_empty("a schedule (e.g. warmup:2:0.1,cosine:10)");
-    } else if (args.is("--max-staleness")) {
-      o.max_staleness = static_cast<int>(args.integer(-1, 1 << 20));
-    } else if (args.is("--aggregate")) {
-      o.aggregate = static_cast<int>(args.integer(1, 1 << 20));
-    } else if (args.is("--lr-scaling")) {
-      const std::string v = args.non_empty("none, linear or inverse");
-      if (v == "none") {
-        o.lr_scaling = dist_optim::LrScaling::kNone;
-      } else if (v == "linear") {
-        o.lr_scaling = dist_optim::LrScaling::kLinear;
-      } else if (v == "inverse") {
-        o.lr_scaling = dist_optim::LrScaling::kInverseTrainers;
-      } else {
-        throw InvalidArgument("--lr-scaling: expected none, linear or inverse, got '" + v + "'");
-      }
-    } else if (args.is("--private-optimizers")) {
-      o.private_optimizers = true;
+    } else if (parse_scale_flag(args, o)) {
     } else {
       args.unknown();
     }
@@ -411,6 +420,45 @@ std::unique_ptr<dist_optim::DistributedOptimizer> make_optimizer(rpc::RpcAgent& 
   return std::make_unique<dist_optim::DistributedOptimizer>(agent, spec, std::move(params), group);
 }
 
+// Continues from --checkpoint: the trainer's optimizer state, and the epoch it finished;
+// skips the batch orders (and schedule steps) of the epochs done, so that the run goes on as
+// an uninterrupted one would. Returns the first epoch to train.
+int resume(const Options& opt, int trainer, const std::string& me, int64_t samples,
+           dist_optim::DistributedOptimizer& optimizer, optim::LrScheduler* schedule,
+           Generator& order_gen) {
+  optimizer.load_state_dict(
+      nn::load(opt.checkpoint + "/optimizer-" + std::to_string(trainer) + ".gw"));
+  StateDict progress = nn::load(opt.checkpoint + "/progress-" + std::to_string(trainer) + ".gw");
+  const int first_epoch = static_cast<int>(progress.at(0).second.item<int64_t>()) + 1;
+  for (int e = 1; e < first_epoch; ++e) {
+    (void)randperm(samples, &order_gen);
+    if (schedule != nullptr) schedule->step();
+  }
+  std::printf("%s resumed after epoch %d from %s\n", me.c_str(), first_epoch - 1,
+              opt.checkpoint.c_str());
+  return first_epoch;
+}
+
+// The trainer's last line: its held-out accuracy and a fingerprint of the final parameters
+// (a resumed run prints the same as an uninterrupted one when a single trainer runs), each
+// summed where it lives (a table of 10^7 rows never travels). 1 when the accuracy is below
+// --min-accuracy.
+int report_done(rpc::RpcAgent& agent, const std::vector<RRef<Tensor>>& params, double test_accuracy,
+                const Options& opt) {
+  const std::string me = agent.worker_info().name;
+  double checksum = 0;
+  for (const auto& p : params)
+    checksum += agent.rpc_sync<double>(p.owner().name, "parameter_sum", p);
+  std::printf("%s done: held-out accuracy %.3f after %d epochs; parameter checksum %.17g\n",
+              me.c_str(), test_accuracy, opt.epochs, checksum);
+  if (test_accuracy < opt.min_accuracy) {
+    std::fprintf(stderr, "%s: held-out accuracy %.3f is below %.3f\n", me.c_str(), test_accuracy,
+                 opt.min_accuracy);
+    return 1;
+  }
+  return 0;
+}
+
 int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& opt,
                 const examples::Dataset& train, const examples::Dataset& test) {
   const std::string me = agent.worker_info().name;
@@ -442,19 +490,8 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
   // each trainer's optimizer state and the epoch it finished.
   const std::string optimizer_file =
       opt.checkpoint + "/optimizer-" + std::to_string(trainer) + ".gw";
-  int first_epoch = 1;
-  if (opt.resume) {
-    optimizer->load_state_dict(nn::load(optimizer_file));
-    StateDict progress = nn::load(opt.checkpoint + "/progress-" + std::to_string(trainer) + ".gw");
-    first_epoch = static_cast<int>(progress.at(0).second.item<int64_t>()) + 1;
-    // The same batch orders as an uninterrupted run: skip the epochs already done.
-    for (int e = 1; e < first_epoch; ++e) {
-      (void)randperm(x.size(0), &order_gen);
-      if (schedule) schedule->step();
-    }
-    std::printf("%s resumed after epoch %d from %s\n", me.c_str(), first_epoch - 1,
-                opt.checkpoint.c_str());
-  }
+  const int first_epoch =
+      opt.resume ? resume(opt, trainer, me, x.size(0), *optimizer, schedule.get(), order_gen) : 1;
   if (agent.incarnation() > 0) {
     std::printf("%s rejoined the running job (incarnation %d); training again\n", me.c_str(),
                 agent.incarnation());
@@ -524,20 +561,7 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
   }
   // Done stepping: the other trainers no longer wait for this one.
   optimizer->leave();
-  // A fingerprint of the final parameters (a resumed run prints the same as an
-  // uninterrupted one when a single trainer runs), summed where each lives: a table of
-  // 10^7 rows never travels.
-  double checksum = 0;
-  for (auto& p : params)
-    checksum += agent.rpc_sync<double>(p.owner().name, "parameter_sum", p);
-  std::printf("%s done: held-out accuracy %.3f after %d epochs; parameter checksum %.17g\n",
-              me.c_str(), test_accuracy, opt.epochs, checksum);
-  if (test_accuracy < opt.min_accuracy) {
-    std::fprintf(stderr, "%s: held-out accuracy %.3f is below %.3f\n", me.c_str(), test_accuracy,
-                 opt.min_accuracy);
-    return 1;
-  }
-  return 0;
+  return report_done(agent, params, test_accuracy, opt);
 }
 
 }  // namespace
