@@ -19,6 +19,7 @@
 #include "gradwire/core/trace.h"
 #include "gradwire/dist_autograd/dist_autograd.h"
 #include "gradwire/tensor/factory.h"
+#include "step_lock.h"
 #include "trainer_group.h"
 
 namespace gradwire::dist_optim {
@@ -29,13 +30,7 @@ namespace {
 
 constexpr const char* kShardClass = "gradwire.dist_optim.Shard";
 
-// One lock per agent: steps of every optimizer on this worker run one at a time, so
-// trainers stepping the same parameters never interleave inside one update.
-struct StepLock {
-  Mutex mutex;
-  // The agent it belongs to, for a step that runs after its request's handler returned.
-  std::weak_ptr<rpc::RpcAgent> agent;
-};
+using detail::StepLock;
 
 void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
   auto lock = std::make_shared<StepLock>();
@@ -55,6 +50,10 @@ void install(const std::shared_ptr<rpc::RpcAgent>& agent) {
         .method("set_lr", &detail::Shard::set_lr)
         .method("group_step", &detail::Shard::group_step)
         .method("leave_group", &detail::Shard::leave_group);
+    // Which incarnation of its rank this worker is (ServerFailover's probe: a replacement
+    // answers with a higher one than its lost predecessor).
+    registry.def(detail::kIncarnationFunction,
+                 [](const rpc::CallContext& ctx) -> int64_t { return ctx.agent()->incarnation(); });
   } catch (const InvalidArgument&) {
     // Another agent sharing this registry registered it first.
   }
@@ -196,6 +195,7 @@ void Shard::State::update(rpc::RpcAgent& agent, std::vector<Tensor> matched, dou
     matched[i] = in_parameter_layout(params[i], matched[i], scratch[i]);
   if (lr_factor == 1.0) {
     optimizer->step(params, matched);
+    ++lock->updates;
     return;
   }
   // This update's rate only (a trainer group's scaling); the set rate is restored even when
@@ -209,6 +209,7 @@ void Shard::State::update(rpc::RpcAgent& agent, std::vector<Tensor> matched, dou
     throw;
   }
   optimizer->set_lr(base);
+  ++lock->updates;
 }
 
 void Shard::apply(rpc::RpcAgent& agent, std::vector<Tensor> grads, double lr_factor) {
@@ -319,6 +320,15 @@ void Shard::load_state_dict(const StateDict& state) {
 void Shard::set_lr(double lr) {
   MutexLock lock(state_->mutex);
   state_->optimizer->set_lr(lr);
+}
+
+std::shared_ptr<StepLock> step_lock(const rpc::RpcAgent& agent) {
+  std::shared_ptr<StepLock> lock = agent.attachment<StepLock>();
+  if (lock == nullptr) {
+    throw Error("dist_optim: worker " + agent.worker_info().describe() +
+                " has no step lock (dist_optim's agent extension was not installed on it)");
+  }
+  return lock;
 }
 
 bool ensure_registered() {
@@ -444,6 +454,10 @@ DistributedOptimizer::~DistributedOptimizer() {
   if (group_.name.empty() || left_) return;
   try {
     leave();
+  } catch (const NetworkError& e) {
+    // An owner that was lost has no group to leave (ServerFailover drops such optimizers).
+    GRADWIRE_LOG(kDebug) << "dist_optim: not leaving trainer group '" << group_.name
+                         << "' on a lost owner: " << e.what();
   } catch (const std::exception& e) {
     GRADWIRE_LOG(kWarning) << "dist_optim: leaving trainer group '" << group_.name
                            << "' failed: " << e.what();

@@ -284,8 +284,7 @@ rref::RRef<Shard> join_group(const rpc::CallContext& ctx, const std::string& nam
                           std::to_string(lr_scaling));
   }
   config.validate();
-  std::shared_ptr<TrainerGroups> groups = agent.attachment<TrainerGroups>();
-  GRADWIRE_CHECK(groups != nullptr) << "dist_optim: trainer groups are not installed";
+  std::shared_ptr<TrainerGroups> groups = trainer_groups(agent);
   const std::string owner = agent.worker_info().describe();
   std::shared_ptr<TrainerGroupState> group;
   {
@@ -293,6 +292,11 @@ rref::RRef<Shard> join_group(const rpc::CallContext& ctx, const std::string& nam
     auto it = groups->by_name.find(name);
     if (it == groups->by_name.end()) {
       auto shard = std::make_shared<Shard>(spec, params);
+      // A state restored from a checkpoint before the group existed (ShardCheckpointer).
+      if (auto restored = groups->restored.find(name); restored != groups->restored.end()) {
+        restored->second(*shard);
+        groups->restored.erase(restored);
+      }
       group = std::make_shared<TrainerGroupState>(config, owner, shard);
       shard->set_group(group);
       groups->by_name.emplace(name, group);
@@ -317,6 +321,35 @@ rref::RRef<Shard> join_group(const rpc::CallContext& ctx, const std::string& nam
 }
 
 }  // namespace
+
+std::shared_ptr<TrainerGroups> trainer_groups(const rpc::RpcAgent& agent) {
+  std::shared_ptr<TrainerGroups> groups = agent.attachment<TrainerGroups>();
+  if (groups == nullptr) {
+    throw Error("dist_optim: worker " + agent.worker_info().describe() +
+                " has no trainer groups (dist_optim's agent extension was not installed on it)");
+  }
+  return groups;
+}
+
+std::shared_ptr<Shard> group_shard(TrainerGroups& groups, const std::string& name) {
+  MutexLock lock(groups.mutex);
+  auto it = groups.by_name.find(name);
+  return it == groups.by_name.end() ? nullptr : it->second->shard();
+}
+
+void restore_group(TrainerGroups& groups, const std::string& name, RestoreGroup restore) {
+  std::shared_ptr<Shard> shard;
+  {
+    MutexLock lock(groups.mutex);
+    auto it = groups.by_name.find(name);
+    if (it == groups.by_name.end()) {
+      groups.restored[name] = std::move(restore);
+      return;
+    }
+    shard = it->second->shard();
+  }
+  restore(*shard);
+}
 
 void install_groups(const std::shared_ptr<rpc::RpcAgent>& agent) {
   auto groups = std::make_shared<TrainerGroups>();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -72,11 +73,25 @@ class TrainerGroupState {
   int64_t updates_ GRADWIRE_GUARDED_BY(mutex_) = 0;
 };
 
+// Loads a restored optimizer state into a group's shard (ShardCheckpointer::restore);
+// InvalidArgument when the state does not fit the shard's parameters or kind.
+using RestoreGroup = std::function<void(Shard& shard)>;
+
 // The groups on one owner, by name (an agent attachment).
 struct TrainerGroups {
   Mutex mutex;
   std::map<std::string, std::shared_ptr<TrainerGroupState>> by_name GRADWIRE_GUARDED_BY(mutex);
+  // Restored states of groups not made yet: applied when a group's first member joins.
+  std::map<std::string, RestoreGroup> restored GRADWIRE_GUARDED_BY(mutex);
 };
+
+// The agent's trainer groups; Error when dist_optim's extension was not installed on it.
+std::shared_ptr<TrainerGroups> trainer_groups(const rpc::RpcAgent& agent);
+// Group `name`'s shard on this owner; null when no member has joined it yet.
+std::shared_ptr<Shard> group_shard(TrainerGroups& groups, const std::string& name);
+// Loads a restored state into group `name`'s shard now if the group exists, else when its
+// first member joins (that member's join then fails with what `restore` throws).
+void restore_group(TrainerGroups& groups, const std::string& name, RestoreGroup restore);
 
 // Registers "gradwire.dist_optim.join_group" and the listener that removes lost workers.
 void install_groups(const std::shared_ptr<rpc::RpcAgent>& agent);
