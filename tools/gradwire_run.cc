@@ -13,6 +13,11 @@
 // ends it too (not counted), and the launchers that remain form the next one.
 // docs/launcher.md describes the flags, the environment, the protocol and the failure rules.
 //
+// With roles (--role server:1:critical --role trainer:2) the job is an elastic role job:
+// one generation, whose workers' store a launcher hosts; a node arriving later joins it with
+// fresh ranks, a node leaving stops nobody, a worker is only ever restarted alone, and a
+// failure ends the job only when the worker's role is critical.
+//
 // Secrets (run_secret.h): a job uses GRADWIRE_SECRET / GRADWIRE_SECRET_FILE when the user
 // set one; else a single-node job makes up its own (its store and its workers require it),
 // and a job of several nodes runs unauthenticated, with a warning at start.
@@ -173,8 +178,12 @@ class Launcher {
   std::optional<int> end_generation(const GroupResult& result) {
     const std::string stop = rdzv_.stop_reason();
     if (!rdzv_.advance()) {
-      std::fprintf(stderr, "gradwire-run: giving up after %d restart%s: %s\n", o_.max_restarts,
-                   o_.max_restarts == 1 ? "" : "s", why_of(stop).c_str());
+      if (o_.elastic_roles()) {
+        std::fprintf(stderr, "gradwire-run: the job failed: %s\n", why_of(stop).c_str());
+      } else {
+        std::fprintf(stderr, "gradwire-run: giving up after %d restart%s: %s\n", o_.max_restarts,
+                     o_.max_restarts == 1 ? "" : "s", why_of(stop).c_str());
+      }
       rdzv_.finish();
       return result.outcome == Outcome::kFailed ? result.status : status_of(stop);
     }

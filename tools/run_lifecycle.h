@@ -37,6 +37,7 @@ class Lifecycle {
     kTooLate,         // G closed before this node arrived, or without it
     kClosed,          // G closed with this node in it
     kNextOpened,      // late: G+1 opened, or the job ended
+    kJoinRunning,     // late, in an elastic role job: takes fresh ranks in the running G
     kDetailsMissing,  // a node of G did not publish its details in time: G ends
     kPlanned,         // every node's details and the workers' store are known
     kSucceeded,       // this node's workers all exited 0
@@ -65,6 +66,7 @@ class Lifecycle {
       {State::kGathering, Event::kTooLate, State::kLate},
       {State::kGathering, Event::kSignal, State::kInterrupted},
       {State::kLate, Event::kNextOpened, State::kJoining},
+      {State::kLate, Event::kJoinRunning, State::kPlanning},
       {State::kLate, Event::kSignal, State::kInterrupted},
       {State::kPlanning, Event::kPlanned, State::kRunning},
       {State::kPlanning, Event::kDetailsMissing, State::kEnding},
@@ -121,6 +123,8 @@ class Lifecycle {
         return "closed";
       case Event::kNextOpened:
         return "next opened";
+      case Event::kJoinRunning:
+        return "join running";
       case Event::kDetailsMissing:
         return "details missing";
       case Event::kPlanned:

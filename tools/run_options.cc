@@ -19,7 +19,8 @@ const char* const kUsage =
     "                    [--node-rank K] [--master-addr A] [--master-port P]\n"
     "                    [--rdzv-last-call T] [--rdzv-heartbeat-timeout T] [--rdzv-timeout T]\n"
     "                    [--max-restarts R] [--restart-workers W] [--grace-ms MS]\n"
-    "                    [--log-dir DIR] [--tee 0|1|2|3] [--role NAME] [--no-prefix]\n"
+    "                    [--log-dir DIR] [--tee 0|1|2|3] [--role NAME]\n"
+    "                    [--role NAME:N[:critical] ...] [--no-prefix]\n"
     "                    [--] program [args...]\n"
     "(durations T: 500ms, 3s, 2m, or milliseconds)\n";
 
@@ -143,6 +144,8 @@ namespace {
 // What the flags say that only their combination decides.
 struct CommandLine {
   std::optional<std::string> endpoint;
+  bool nproc_given = false;
+  bool plain_role_given = false;
   std::optional<int> master_port;
   bool standalone = false;
   std::string nnodes_text;
@@ -161,6 +164,30 @@ void parse_nnodes(const std::string& text, Options& o) {
     throw UsageError("--nnodes " + text + ": MIN " + std::to_string(o.min_nodes) +
                      " is above MAX " + std::to_string(o.max_nodes));
   }
+}
+
+// --role NAME:N[:critical], one role of an elastic role job.
+RoleSpec parse_role(const std::string& text) {
+  const size_t colon = text.find(':');
+  RoleSpec r;
+  r.name = text.substr(0, colon);
+  if (!valid_run_id(r.name)) {
+    throw UsageError("--role '" + text +
+                     "': the role's name must be 1 to 128 letters, digits, '-', '_' or '.'");
+  }
+  std::string rest = text.substr(colon + 1);
+  const size_t second = rest.find(':');
+  if (second != std::string::npos) {
+    const std::string flag = rest.substr(second + 1);
+    if (flag != "critical") {
+      throw UsageError("--role '" + text + "': expected NAME:N or NAME:N:critical, got '" + flag +
+                       "' after the count");
+    }
+    r.critical = true;
+    rest = rest.substr(0, second);
+  }
+  r.count = parse_int("--role " + r.name + " count", rest, 1, 4096);
+  return r;
 }
 
 // Reads the flags into `o` and `c` up to the program, whose index it returns. It stays
@@ -192,6 +219,7 @@ int read_flags(int argc, char** argv, Options& o, CommandLine& c) {
     } else if (arg == "--nproc-per-node") {
       const std::string v = get();
       o.nproc_per_node = v == "auto" ? auto_nproc() : parse_int(arg, v, 1, 4096);
+      c.nproc_given = true;
     } else if (arg == "--nnodes") {
       c.nnodes_text = get();
       parse_nnodes(c.nnodes_text, o);
@@ -242,8 +270,14 @@ int read_flags(int argc, char** argv, Options& o, CommandLine& c) {
     } else if (arg == "--tee") {
       o.tee = parse_int(arg, get(), 0, 3);
     } else if (arg == "--role") {
-      o.role = get();
-      if (o.role.empty()) throw UsageError("--role is empty");
+      const std::string v = get();
+      if (v.empty()) throw UsageError("--role is empty");
+      if (v.find(':') == std::string::npos) {
+        o.role = v;
+        c.plain_role_given = true;
+      } else {
+        o.roles.push_back(parse_role(v));
+      }
     } else if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -256,8 +290,44 @@ int read_flags(int argc, char** argv, Options& o, CommandLine& c) {
   return i;
 }
 
+// The roles of an elastic role job: distinct names, and the flags they replace or exclude.
+void check_roles(const CommandLine& c, Options& o) {
+  if (o.roles.empty()) return;
+  if (c.plain_role_given) {
+    throw UsageError("--role " + o.role + " (one role of --nproc-per-node workers) and --role " +
+                     o.roles.front().name +
+                     ":N (an elastic role job) exclude each other: give every role a count");
+  }
+  if (c.nproc_given) {
+    throw UsageError(
+        "--nproc-per-node and --role NAME:N exclude each other: the roles' counts are the "
+        "node's workers");
+  }
+  if (o.max_restarts > 0) {
+    throw UsageError(
+        "--max-restarts restarts every node's workers in a new generation, which an elastic "
+        "role job never forms: use --restart-workers W to restart a failed worker alone");
+  }
+  int total = 0;
+  for (size_t i = 0; i < o.roles.size(); ++i) {
+    for (size_t k = 0; k < i; ++k) {
+      if (o.roles[k].name == o.roles[i].name) {
+        throw UsageError("--role " + o.roles[i].name + " is given twice");
+      }
+    }
+    total += o.roles[i].count;
+  }
+  if (total > 4096) {
+    throw UsageError("the roles' counts add up to " + std::to_string(total) +
+                     " workers on this node; at most 4096");
+  }
+  o.nproc_per_node = total;
+  o.role = o.roles.front().name;
+}
+
 // The flags' combinations: refused ones, and where the rendezvous store is.
 void check_combinations(const CommandLine& c, Options& o) {
+  check_roles(c, o);
   if (o.node_rank) {
     if (o.min_nodes != o.max_nodes) {
       throw UsageError("--node-rank needs a fixed --nnodes N, not " + c.nnodes_text +

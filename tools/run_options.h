@@ -23,6 +23,15 @@ class UsageError : public std::runtime_error {
 
 extern const char* const kUsage;
 
+// One role of an elastic role job (--role NAME:N[:critical]): this node runs `count`
+// workers of it. A worker of a critical role that fails without a --restart-workers budget
+// left ends the job on every node; one of another role is logged and the job goes on.
+struct RoleSpec {
+  std::string name;
+  int count = 0;
+  bool critical = false;
+};
+
 struct Options {
   // Workers on this node (--nproc-per-node; "auto" is resolved by parse()).
   int nproc_per_node = 1;
@@ -51,9 +60,14 @@ struct Options {
   std::string log_dir;  // empty: none
   int tee = 0;          // with log_dir: 1 stdout, 2 stderr, 3 both also go to the console
   std::string role = "default";
+  // --role NAME:N[:critical], in the order given: an elastic role job (docs/launcher.md,
+  // "Elastic parameter-server jobs"); nproc_per_node is then the sum of the counts. Empty:
+  // one role (`role`), nproc_per_node workers, the job restarted by generations.
+  std::vector<RoleSpec> roles;
   std::vector<std::string> program;  // the program (resolved path first) and its arguments
 
   bool standalone() const { return rdzv_host.empty(); }
+  bool elastic_roles() const { return !roles.empty(); }
 };
 
 // Parses argv; resolves the program on PATH and --nproc-per-node auto.

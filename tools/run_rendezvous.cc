@@ -79,9 +79,54 @@ std::pair<int, int64_t> parse_closed(const std::string& text) {
   return {nodes, failures};
 }
 
+// A role job node's "<hosts the rendezvous store: 0|1> <name>:<count> ...".
+struct NodeRoles {
+  bool hosts_store = false;
+  std::vector<std::pair<std::string, int>> counts;
+};
+
+NodeRoles parse_roles(const std::string& text) {
+  std::istringstream in(text);
+  NodeRoles r;
+  int hosts = -1;
+  in >> hosts;
+  bool ok = hosts == 0 || hosts == 1;
+  r.hosts_store = hosts == 1;
+  for (std::string word; ok && in >> word;) {
+    const size_t colon = word.find(':');
+    int count = 0;
+    try {
+      count = colon == std::string::npos ? 0 : std::stoi(word.substr(colon + 1));
+    } catch (const std::exception&) {
+      count = 0;
+    }
+    ok = colon > 0 && colon != std::string::npos && count >= 1 && count <= 4096;
+    if (ok) r.counts.emplace_back(word.substr(0, colon), count);
+  }
+  if (!ok || r.counts.empty()) {
+    throw StoreError("gradwire-run: a node published malformed roles '" + printable(text, 200) +
+                     "' (expected '<0|1> <name>:<count> ...')");
+  }
+  return r;
+}
+
+// g<G>/master: "<address> <port>" of the workers' store.
+void read_master(const std::string& text, GroupPlan& plan) {
+  std::istringstream master(text);
+  master >> plan.master_addr >> plan.master_port;
+  if (master.fail() || plan.master_addr.empty() || plan.master_port < 1 ||
+      plan.master_port > 65535) {
+    throw StoreError(
+        "gradwire-run: the launcher hosting the workers' store published a "
+        "malformed address '" +
+        printable(text, 200) + "' (expected '<host> <port>')");
+  }
+}
+
 }  // namespace
 
-Rendezvous::Rendezvous(const Options& options, const std::string& own_secret) : options_(options) {
+Rendezvous::Rendezvous(const Options& options, const std::string& own_secret)
+    : options_(options), own_secret_(own_secret) {
   prefix_ = "/gradwire-run/" + options_.run_id + "/";
   const std::string host = options_.standalone() ? "127.0.0.1" : options_.rdzv_host;
   uint16_t port = static_cast<uint16_t>(options_.standalone() ? 0 : options_.rdzv_port);
@@ -185,6 +230,9 @@ std::optional<GroupPlan> Rendezvous::join() {
         gather(j);
         break;
       case State::kLate:
+        if (roles() && !store_->check({gkey("stop")})) {
+          if (std::optional<GroupPlan> plan = join_running(j)) return plan;
+        }
         wait_next(j);
         break;
       case State::kPlanning:
@@ -231,6 +279,7 @@ void Rendezvous::arrive(Joining& j) {
     beat();
     store_->set(gkey("node" + std::to_string(j.index)),
                 std::to_string(o.nproc_per_node) + " " + advertised_ + " " + host_id_);
+    if (roles()) publish_roles(j.index);
   }
   life_.apply(Event::kArrived);
 }
@@ -282,21 +331,41 @@ void Rendezvous::wait_next(const Joining& j) {
   life_.apply(Event::kNextOpened);
 }
 
-std::optional<GroupPlan> Rendezvous::plan_group(const Joining& j) {
+std::vector<Bytes> Rendezvous::details(const Joining& j) {
   const Options& o = options_;
-  num_nodes_ = j.nodes;
-  if (j.index == 0) {
-    const std::string addr = o.master_addr.value_or(advertised_);
-    const int port = o.worker_port.value_or(0) != 0 ? *o.worker_port : free_port();
-    store_->set(gkey("master"), addr + " " + std::to_string(port));
-  }
   std::vector<std::string> keys;
   for (int k = 0; k < j.nodes; ++k)
     keys.push_back(gkey("node" + std::to_string(k)));
+  int store_host = 0;
+  if (roles()) {
+    for (int k = 0; k < j.nodes; ++k)
+      keys.push_back(gkey("roles" + std::to_string(k)));
+    std::vector<Bytes> values = store_->multi_get(keys, o.heartbeat_timeout);
+    // The launcher that hosts the rendezvous store outlives the job anyway: it hosts the
+    // workers' store too when it is in the group.
+    for (int k = j.nodes - 1; k >= 0; --k) {
+      if (parse_roles(to_string(values[static_cast<size_t>(j.nodes + k)])).hosts_store) {
+        store_host = k;
+      }
+    }
+  }
+  if (j.index == store_host) {
+    const std::string master =
+        roles() ? host_worker_store()
+                : o.master_addr.value_or(advertised_) + " " +
+                      std::to_string(o.worker_port.value_or(0) != 0 ? *o.worker_port : free_port());
+    store_->set(gkey("master"), master);
+  }
   keys.push_back(gkey("master"));
+  return store_->multi_get(keys, o.heartbeat_timeout);
+}
+
+std::optional<GroupPlan> Rendezvous::plan_group(const Joining& j) {
+  const Options& o = options_;
+  num_nodes_ = j.nodes;
   std::vector<Bytes> values;
   try {
-    values = store_->multi_get(keys, o.heartbeat_timeout);
+    values = details(j);
   } catch (const TimeoutError& e) {
     // A node counted in the generation died before it said who it is: start again
     // without it.
@@ -308,17 +377,17 @@ std::optional<GroupPlan> Rendezvous::plan_group(const Joining& j) {
     advance();
     return std::nullopt;
   }
-  GroupPlan plan = make_plan(j, values);
+  GroupPlan plan = roles() ? make_role_plan(j, values, false) : make_plan(j, values);
   seen_.clear();
   for (int k = 0; k < j.nodes; ++k)
     if (k != j.index) seen_[k] = {"", Clock::now()};
-  if (o.max_nodes > 1) {
+  if (o.max_nodes > 1 || roles()) {
     std::fprintf(stderr,
                  "gradwire-run: generation %lld of '%s': node %d of %d, ranks %d..%d of %d; "
-                 "workers meet at %s:%d\n",
+                 "workers meet at %s:%d%s\n",
                  static_cast<long long>(gen_), o.run_id.c_str(), j.index, j.nodes, plan.rank_offset,
                  plan.rank_offset + o.nproc_per_node - 1, plan.world_size, plan.master_addr.c_str(),
-                 plan.master_port);
+                 plan.master_port, worker_store_ != nullptr ? " (hosted by this launcher)" : "");
   }
   life_.apply(Event::kPlanned);
   return plan;
@@ -336,19 +405,19 @@ GroupPlan Rendezvous::make_plan(const Joining& j, const std::vector<Bytes>& valu
     if (k < j.index) plan.rank_offset += n.nproc;
     plan.world_size += n.nproc;
   }
-  const std::string text = to_string(values.back());
-  std::istringstream master(text);
-  master >> plan.master_addr >> plan.master_port;
-  if (master.fail() || plan.master_addr.empty() || plan.master_port < 1 ||
-      plan.master_port > 65535) {
-    throw StoreError("gradwire-run: node 0 published a malformed worker store address '" +
-                     printable(text, 200) + "' (expected '<host> <port>')");
+  read_master(to_string(values.back()), plan);
+  for (int r = 0; r < options_.nproc_per_node; ++r) {
+    plan.workers.push_back(WorkerSlot{.rank = plan.rank_offset + r,
+                                      .role = options_.role,
+                                      .role_rank = plan.rank_offset + r,
+                                      .role_world_size = plan.world_size});
   }
   return plan;
 }
 
 std::optional<std::string> Rendezvous::watch() {
   beat();
+  if (roles()) return watch_members();
   if (store_->check({gkey("stop")})) return stop_reason();
   auto change = [&](const std::string& why) -> std::optional<std::string> {
     store_->compare_set(gkey("stop"), {}, to_bytes("changed " + why));
@@ -387,6 +456,10 @@ void Rendezvous::fail(int rank, int status) {
 
 void Rendezvous::leave(const std::string& why) {
   life_.apply(Event::kSignal);
+  if (roles()) {
+    store_->set(gkey("left" + std::to_string(node_rank_)), why);
+    return;
+  }
   store_->compare_set(gkey("stop"), {},
                       to_bytes("changed node " + std::to_string(node_rank_) + " left: " + why));
 }
@@ -398,7 +471,11 @@ void Rendezvous::mark_done() {
 }
 
 bool Rendezvous::all_done() {
-  return counter(gkey("done_count")) >= num_nodes_;
+  if (!roles()) return counter(gkey("done_count")) >= num_nodes_;
+  for (int k = 0, n = members(); k < n; ++k) {
+    if (!store_->check({gkey("done" + std::to_string(k))}) && !has_left(k)) return false;
+  }
+  return true;
 }
 
 std::string Rendezvous::stop_reason() {
@@ -440,15 +517,182 @@ void Rendezvous::complete() {
 void Rendezvous::finish() {
   try {
     store_->set(gkey("exited" + std::to_string(node_rank_)), "1");
-    if (server_ == nullptr || num_nodes_ <= 1) return;
+    const int nodes = roles() ? members() : num_nodes_;
+    if (server_ == nullptr || nodes <= 1) return;
     // The others may still need the store to learn how the job ended.
     std::vector<std::string> keys;
-    for (int k = 0; k < num_nodes_; ++k)
-      keys.push_back(gkey("exited" + std::to_string(k)));
+    for (int k = 0; k < nodes; ++k)
+      if (!roles() || !has_left(k)) keys.push_back(gkey("exited" + std::to_string(k)));
     store_->wait(keys, options_.heartbeat_timeout);
   } catch (const Error&) {
     // A node that died never says it saw the end: leave after the bounded wait anyway.
   }
+}
+
+}  // namespace gradwire::run
+
+namespace gradwire::run {
+
+// ---- elastic role jobs
+
+void Rendezvous::publish_roles(int index) {
+  std::string text = server_ != nullptr ? "1" : "0";
+  for (const RoleSpec& r : options_.roles)
+    text += " " + r.name + ":" + std::to_string(r.count);
+  store_->set(gkey("roles" + std::to_string(index)), text);
+}
+
+std::string Rendezvous::host_worker_store() {
+  const Options& o = options_;
+  // Every interface, as a worker's own store would listen: the workers of other hosts reach
+  // it at the advertised address. The job's secret guards it (made up here, else the
+  // environment's, else none).
+  worker_store_ = std::make_unique<c10d::TCPStoreServer>(c10d::TCPStoreServerOptions{
+      .port = static_cast<uint16_t>(o.worker_port.value_or(0)), .secret = own_secret_});
+  return o.master_addr.value_or(advertised_) + " " + std::to_string(worker_store_->port());
+}
+
+std::optional<GroupPlan> Rendezvous::join_running(Joining& j) {
+  const Options& o = options_;
+  std::tie(j.nodes, j.failures) = parse_closed(store_->get_string(gkey("closed")));
+  std::vector<std::string> keys;
+  for (int k = 0; k < j.nodes; ++k)
+    keys.push_back(gkey("node" + std::to_string(k)));
+  for (int k = 0; k < j.nodes; ++k)
+    keys.push_back(gkey("roles" + std::to_string(k)));
+  keys.push_back(gkey("master"));
+  // The initial nodes publish these as the generation closes; a generation stopped before
+  // they did lets this node in as a late one of the next.
+  std::vector<Bytes> values;
+  while (values.empty()) {
+    try {
+      values = store_->multi_get(keys, 200ms);
+    } catch (const TimeoutError&) {
+      if (store_->check({gkey("stop")})) return std::nullopt;
+      check_deadline(j, "the running generation " + std::to_string(gen_) +
+                            " never published its workers' store");
+      check_signal();
+    }
+  }
+  num_nodes_ = j.nodes;
+  j.index = num_nodes_ + static_cast<int>(counter(gkey("late_nodes"), 1)) - 1;
+  node_rank_ = j.index;
+  next_beat_ = {};
+  beat();
+  store_->set(gkey("node" + std::to_string(j.index)),
+              std::to_string(o.nproc_per_node) + " " + advertised_ + " " + host_id_);
+  publish_roles(j.index);
+  life_.apply(Event::kJoinRunning);
+  GroupPlan plan = make_role_plan(j, values, true);
+  seen_.clear();
+  gone_.clear();
+  std::fprintf(stderr,
+               "gradwire-run: joining the running generation %lld of '%s' as node %d: ranks "
+               "%d..%d (past the initial WORLD_SIZE %d); workers meet at %s:%d\n",
+               static_cast<long long>(gen_), o.run_id.c_str(), j.index, plan.rank_offset,
+               plan.rank_offset + o.nproc_per_node - 1, plan.world_size, plan.master_addr.c_str(),
+               plan.master_port);
+  life_.apply(Event::kPlanned);
+  return plan;
+}
+
+GroupPlan Rendezvous::make_role_plan(const Joining& j, const std::vector<Bytes>& values,
+                                     bool late) {
+  const Options& o = options_;
+  GroupPlan plan;
+  plan.generation = gen_;
+  plan.node_rank = j.index;
+  plan.num_nodes = j.nodes;
+  plan.elastic = true;
+  plan.joins_running = late;
+  plan.world_size = 0;
+  std::map<std::string, int> role_world, role_offset;
+  for (int k = 0; k < j.nodes; ++k) {
+    const NodeInfo n = parse_node(to_string(values[static_cast<size_t>(k)]));
+    if (k < j.index) plan.rank_offset += n.nproc;
+    plan.world_size += n.nproc;
+    for (const auto& [name, count] :
+         parse_roles(to_string(values[static_cast<size_t>(j.nodes + k)])).counts) {
+      role_world[name] += count;
+      if (k < j.index) role_offset[name] += count;
+    }
+  }
+  read_master(to_string(values.back()), plan);
+  if (late) {
+    const int64_t n = o.nproc_per_node;
+    plan.rank_offset = plan.world_size + static_cast<int>(counter(gkey("late_ranks"), n) - n);
+    for (const RoleSpec& r : o.roles) {
+      role_offset[r.name] =
+          role_world[r.name] +
+          static_cast<int>(counter(gkey("late_role/" + r.name), r.count) - r.count);
+    }
+  }
+  int rank = plan.rank_offset;
+  for (const RoleSpec& r : o.roles) {
+    for (int i = 0; i < r.count; ++i) {
+      plan.workers.push_back(WorkerSlot{.rank = rank++,
+                                        .role = r.name,
+                                        .role_rank = role_offset[r.name] + i,
+                                        .role_world_size = role_world[r.name],
+                                        .critical = r.critical});
+    }
+  }
+  return plan;
+}
+
+int Rendezvous::members() {
+  return num_nodes_ + static_cast<int>(counter(gkey("late_nodes")));
+}
+
+bool Rendezvous::has_left(int k) {
+  return store_->check({gkey("left" + std::to_string(k))});
+}
+
+std::vector<std::string> Rendezvous::heartbeats() {
+  std::vector<std::string> keys;
+  for (const auto& [k, _] : seen_)
+    keys.push_back(gkey("hb" + std::to_string(k)));
+  std::vector<std::string> beats;
+  if (store_->check(keys)) {
+    for (const Bytes& b : store_->multi_get(keys, options_.heartbeat_timeout))
+      beats.push_back(to_string(b));
+    return beats;
+  }
+  // A node that took its number has not beaten yet: read the others one by one.
+  for (const std::string& key : keys)
+    beats.push_back(store_->check({key}) ? store_->get_string(key) : std::string());
+  return beats;
+}
+
+std::optional<std::string> Rendezvous::watch_members() {
+  if (store_->check({gkey("stop")})) return stop_reason();
+  const auto now = Clock::now();
+  for (int k = 0, n = members(); k < n; ++k) {
+    if (k != node_rank_ && gone_.count(k) == 0 && seen_.count(k) == 0) seen_[k] = {"", now};
+  }
+  if (seen_.empty()) return std::nullopt;
+  const std::vector<std::string> beats = heartbeats();
+  size_t i = 0;
+  std::vector<int> silent;
+  for (auto& [k, last] : seen_) {
+    const std::string& value = beats[i++];
+    if (value != last.first) {
+      last = {value, now};
+    } else if (now - last.second > options_.heartbeat_timeout) {
+      silent.push_back(k);
+    }
+  }
+  for (int k : silent) {
+    const std::string key = gkey("left" + std::to_string(k));
+    const std::string why = "stopped answering (no heartbeat for " +
+                            std::to_string(options_.heartbeat_timeout.count()) + " ms)";
+    store_->compare_set(key, {}, to_bytes(why));
+    std::fprintf(stderr, "gradwire-run: node %d left the job: %s; the job goes on without it\n", k,
+                 store_->get_string(key).c_str());
+    seen_.erase(k);
+    gone_.insert(k);
+  }
+  return std::nullopt;
 }
 
 }  // namespace gradwire::run

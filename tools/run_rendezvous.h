@@ -28,6 +28,20 @@
 //   g<G>/done<K>        node K's workers all exited 0; g<G>/done_count counts them
 //   g<G>/exited<K>      node K's launcher saw the job end (the store's host waits for them)
 //
+// In an elastic role job (--role NAME:N) there is one generation, which never ends for a
+// membership change; these keys add to it:
+//
+//   g<G>/roles<K>       node K's "<hosts the rendezvous store: 0|1> <name>:<count> ...": the
+//                       lowest node that hosts the rendezvous store (else node 0) hosts the
+//                       workers' store too, and publishes it in g<G>/master
+//   g<G>/late_nodes     nodes that joined the running generation (a counter): the K-th of
+//                       them is node <initial nodes> + K
+//   g<G>/late_ranks     RANKs handed to them (a counter over WORLD_SIZE)
+//   g<G>/late_role/<R>  ROLE_RANKs of role R handed to them (a counter over R's initial count)
+//   g<G>/left<K>        node K left the job (a signal, or a heartbeat that stopped): nobody
+//                       waits for it, and nobody is stopped for it
+//   g<G>/stop           only "failed ...": a worker of a critical role failed unrecovered
+//
 // Heartbeats carry no clock: a node is considered gone when its number has not changed for
 // --rdzv-heartbeat-timeout as seen by the node watching it.
 //
@@ -46,6 +60,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,10 +99,11 @@ class Rendezvous {
   // fewer than MAX run, a node whose heartbeat stopped).
   std::optional<std::string> watch();
 
-  // Marks the generation failed because local rank `rank` exited with `status`.
+  // Marks the generation failed because rank `rank` exited with `status` (in a role job: a
+  // worker of a critical role, which ends the job).
   void fail(int rank, int status);
   // Marks the generation ended by a membership change (this node leaves: a signal;
-  // kInterrupted).
+  // kInterrupted). In a role job the node only records that it left: the others go on.
   void leave(const std::string& why);
   // Records that this node's workers all exited 0 (kFinished).
   void mark_done();
@@ -128,6 +144,28 @@ class Rendezvous {
   void wait_next(const Joining& j);                       // kLate
   std::optional<GroupPlan> plan_group(const Joining& j);  // kPlanning
   GroupPlan make_plan(const Joining& j, const std::vector<c10d::Bytes>& values) const;
+  // The details every node of G published (node<K>, in a role job roles<K> too, and
+  // master), read within the heartbeat timeout; node `j.index` publishes the master.
+  std::vector<c10d::Bytes> details(const Joining& j);
+
+  // An elastic role job's steps.
+  bool roles() const { return options_.elastic_roles(); }
+  void publish_roles(int index);
+  // Starts the workers' store here; its "<address> <port>" for g<G>/master.
+  std::string host_worker_store();
+  // kLate: joins the running generation with fresh numbers (kPlanning, then kRunning);
+  // nullopt when G was stopped meanwhile (the node then waits as a late one does).
+  std::optional<GroupPlan> join_running(Joining& j);
+  // The plan of this node's workers from every initial node's details; `late`: the ranks
+  // are fresh numbers past the initial group's.
+  GroupPlan make_role_plan(const Joining& j, const std::vector<c10d::Bytes>& values, bool late);
+  // Nodes of the job so far: the initial ones and those that joined later.
+  int members();
+  // watch() in a role job: G's stop, and nodes whose heartbeat stopped (recorded as left).
+  std::optional<std::string> watch_members();
+  // The heartbeats of the nodes in seen_, "" for one not published yet.
+  std::vector<std::string> heartbeats();
+  bool has_left(int k);
   // Throws TimeoutError naming `waiting_for` once the join's deadline passed.
   void check_deadline(const Joining& j, const std::string& waiting_for) const;
   // Throws Interrupted (kInterrupted) when a signal is pending.
@@ -136,6 +174,9 @@ class Rendezvous {
   const Options& options_;
   Lifecycle life_;
   std::unique_ptr<c10d::TCPStoreServer> server_;
+  // A role job's workers' store, when this launcher hosts it.
+  std::unique_ptr<c10d::TCPStoreServer> worker_store_;
+  std::string own_secret_;
   std::unique_ptr<c10d::TCPStore> store_;
   std::string prefix_;
   std::string advertised_;
@@ -149,6 +190,8 @@ class Rendezvous {
   std::chrono::steady_clock::time_point next_beat_{};
   // Other nodes' last heartbeat value and when it last changed, seen from here.
   std::map<int, std::pair<std::string, std::chrono::steady_clock::time_point>> seen_;
+  // In a role job: nodes known to have left.
+  std::set<int> gone_;
 };
 
 }  // namespace gradwire::run

@@ -68,7 +68,10 @@ const char* const kOurNames[] = {"RANK",
                                  "TORCHELASTIC_RUN_ID",
                                  "GRADWIRE_RPC_REJOIN",
                                  "GRADWIRE_RESTARTED_ALONE",
-                                 "GRADWIRE_RUN_GENERATION"};
+                                 "GRADWIRE_RUN_GENERATION",
+                                 "GRADWIRE_RPC_ELASTIC",
+                                 "GRADWIRE_RPC_JOIN",
+                                 "GRADWIRE_STORE_HOSTED"};
 
 }  // namespace
 
@@ -160,9 +163,9 @@ struct LocalGroup::Worker {
 
 LocalGroup::LocalGroup(const Options& options, GroupPlan plan, std::string secret_file)
     : options_(options), plan_(std::move(plan)), secret_file_(std::move(secret_file)) {
-  workers_.reserve(static_cast<size_t>(options_.nproc_per_node) * 2);
-  for (int r = 0; r < options_.nproc_per_node; ++r)
-    spawn(r, plan_.restart_count, /*alone=*/false);
+  workers_.reserve(plan_.workers.size() * 2);
+  for (size_t r = 0; r < plan_.workers.size(); ++r)
+    spawn(static_cast<int>(r), plan_.restart_count, /*alone=*/false);
 }
 
 LocalGroup::~LocalGroup() {
@@ -179,7 +182,8 @@ LocalGroup::~LocalGroup() {
 
 std::vector<std::string> LocalGroup::worker_env(int local_rank, int restarts, bool alone) const {
   const Options& o = options_;
-  const int rank = plan_.rank_offset + local_rank;
+  const WorkerSlot& slot = plan_.workers.at(static_cast<size_t>(local_rank));
+  const int local_world = static_cast<int>(plan_.workers.size());
   std::vector<std::string> env;
   bool omp_set = false;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -197,15 +201,15 @@ std::vector<std::string> LocalGroup::worker_env(int local_rank, int restarts, bo
   auto put = [&](const char* name, const std::string& value) {
     env.push_back(std::string(name) + "=" + value);
   };
-  put("RANK", std::to_string(rank));
+  put("RANK", std::to_string(slot.rank));
   put("LOCAL_RANK", std::to_string(local_rank));
   put("WORLD_SIZE", std::to_string(plan_.world_size));
-  put("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+  put("LOCAL_WORLD_SIZE", std::to_string(local_world));
   put("GROUP_RANK", std::to_string(plan_.node_rank));
   put("GROUP_WORLD_SIZE", std::to_string(plan_.num_nodes));
-  put("ROLE_RANK", std::to_string(rank));
-  put("ROLE_WORLD_SIZE", std::to_string(plan_.world_size));
-  put("ROLE_NAME", o.role);
+  put("ROLE_RANK", std::to_string(slot.role_rank));
+  put("ROLE_WORLD_SIZE", std::to_string(slot.role_world_size));
+  put("ROLE_NAME", slot.role);
   put("MASTER_ADDR", plan_.master_addr);
   put("MASTER_PORT", std::to_string(plan_.master_port));
   put("RESTART_COUNT", std::to_string(restarts));
@@ -214,12 +218,21 @@ std::vector<std::string> LocalGroup::worker_env(int local_rank, int restarts, bo
   put("TORCHELASTIC_RUN_ID", o.run_id);
   put("GRADWIRE_RUN_GENERATION", std::to_string(plan_.generation));
   if (!secret_file_.empty()) put("GRADWIRE_SECRET_FILE", secret_file_);
-  if (!omp_set && o.nproc_per_node > 1) put("OMP_NUM_THREADS", "1");
+  if (!omp_set && local_world > 1) put("OMP_NUM_THREADS", "1");
   if (alone) {
     put("GRADWIRE_RPC_REJOIN", "1");
     put("GRADWIRE_RESTARTED_ALONE", "1");
   }
+  if (plan_.elastic) put_role_env(env);
   return env;
+}
+
+// An elastic role job's own names: its rpc group is elastic, no worker hosts the workers'
+// store (a launcher does), and a node that arrived after the group formed joins it.
+void LocalGroup::put_role_env(std::vector<std::string>& env) const {
+  env.emplace_back("GRADWIRE_RPC_ELASTIC=1");
+  env.emplace_back("GRADWIRE_STORE_HOSTED=1");
+  if (plan_.joins_running) env.emplace_back("GRADWIRE_RPC_JOIN=1");
 }
 
 std::array<int, 2> LocalGroup::open_logs(int rank) const {
@@ -293,7 +306,7 @@ pid_t fork_worker(std::vector<char*>& argv, std::vector<char*>& envp, const int 
 
 void LocalGroup::spawn(int local_rank, int restarts, bool alone) {
   const Options& o = options_;
-  const int rank = plan_.rank_offset + local_rank;
+  const int rank = plan_.workers.at(static_cast<size_t>(local_rank)).rank;
   std::vector<std::string> env = worker_env(local_rank, restarts, alone);
   std::vector<char*> envp, argv;
   for (auto& e : env)
@@ -450,17 +463,28 @@ void LocalGroup::reap(Watch& watch, Worker& w, const std::function<void(int, int
   ::close(w.pidfd);
   w.pidfd = -1;
   if (*w.status == 0 || watch.stopping) return;
+  const std::string who = describe(w);
   if (worker_restarts < o.restart_workers) {
     ++worker_restarts;
     std::fprintf(stderr,
-                 "gradwire-run: rank %d failed (exit status %d); starting it again to "
+                 "gradwire-run: %s failed (exit status %d); starting it again to "
                  "rejoin the running group (worker restart %d of %d)\n",
-                 w.rank, *w.status, worker_restarts, o.restart_workers);
+                 who.c_str(), *w.status, worker_restarts, o.restart_workers);
     respawn.emplace_back(w.local_rank, w.restarts);
     return;
   }
-  std::fprintf(stderr, "gradwire-run: rank %d failed (exit status %d); stopping the others\n",
-               w.rank, *w.status);
+  const WorkerSlot& slot = plan_.workers.at(static_cast<size_t>(w.local_rank));
+  if (plan_.elastic && !slot.critical) {
+    ++watch.result.lost;
+    std::fprintf(stderr,
+                 "gradwire-run: %s failed (exit status %d); role '%s' is not critical: the job "
+                 "goes on without it\n",
+                 who.c_str(), *w.status, slot.role.c_str());
+    return;
+  }
+  std::fprintf(stderr, "gradwire-run: %s failed (exit status %d); stopping the others%s\n",
+               who.c_str(), *w.status,
+               plan_.elastic ? (" (role '" + slot.role + "' is critical)").c_str() : "");
   watch.result.status = *w.status;
   on_failure(w.rank, *w.status);
   stop(
@@ -480,6 +504,13 @@ void LocalGroup::copy_output(Worker& w, int stream) const {
     s.emit(prefix(w), true);
     s.close_all();
   }
+}
+
+std::string LocalGroup::describe(const Worker& w) const {
+  if (!plan_.elastic) return "rank " + std::to_string(w.rank);
+  const WorkerSlot& slot = plan_.workers.at(static_cast<size_t>(w.local_rank));
+  return "rank " + std::to_string(w.rank) + " (" + slot.role + " " +
+         std::to_string(slot.role_rank) + ")";
 }
 
 std::string LocalGroup::prefix(const Worker& w) const {

@@ -37,6 +37,16 @@ struct Interrupted {
 // Throws Interrupted when a signal is pending.
 void throw_if_interrupted();
 
+// One worker of this node: who it is in the job.
+struct WorkerSlot {
+  int rank = 0;  // RANK: unique across the job, never reused
+  std::string role;
+  int role_rank = 0;        // ROLE_RANK: unique within the role across the job
+  int role_world_size = 0;  // ROLE_WORLD_SIZE: the role's workers when the group formed
+  // A failure without a restart left ends the job (every worker outside role jobs).
+  bool critical = true;
+};
+
 // What one generation's workers on this node are told.
 struct GroupPlan {
   int64_t generation = 0;
@@ -47,6 +57,15 @@ struct GroupPlan {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;  // failures of the job so far
+  // This node's workers in local-rank order (LOCAL_WORLD_SIZE is their number).
+  std::vector<WorkerSlot> workers;
+  // An elastic role job (--role NAME:N): the workers' store is hosted by a launcher
+  // (GRADWIRE_STORE_HOSTED=1), the rpc group is elastic (GRADWIRE_RPC_ELASTIC=1), and a
+  // failed worker of a role that is not critical leaves the others running.
+  bool elastic = false;
+  // This node arrived after the group formed: its workers join the running group
+  // (GRADWIRE_RPC_JOIN=1), outside the initial WORLD_SIZE.
+  bool joins_running = false;
 };
 
 enum class Outcome {
@@ -61,6 +80,7 @@ struct GroupResult {
   int status = 0;  // kFailed: the worker's exit status (128 + N for signal N)
   int signal = 0;  // kInterrupted
   std::string reason;
+  int lost = 0;  // workers of roles that are not critical that failed and were left ended
 };
 
 class LocalGroup {
@@ -91,6 +111,7 @@ class LocalGroup {
 
   // spawn()'s steps: the worker's environment, its log files (-1: none).
   std::vector<std::string> worker_env(int local_rank, int restarts, bool alone) const;
+  void put_role_env(std::vector<std::string>& env) const;
   std::array<int, 2> open_logs(int rank) const;
   void spawn(int local_rank, int restarts, bool alone);
   void signal_all(int sig);
@@ -107,6 +128,8 @@ class LocalGroup {
   // ends the group when it failed.
   void reap(Watch& watch, Worker& w, const std::function<void(int, int)>& on_failure,
             int& worker_restarts, std::vector<std::pair<int, int>>& respawn);
+  // Who a worker is in messages: "rank R", with its role in role jobs.
+  std::string describe(const Worker& w) const;
   // One of a worker's streams is ready: copies what it holds.
   void copy_output(Worker& w, int stream) const;
   std::string prefix(const Worker& w) const;

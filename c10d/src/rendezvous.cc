@@ -233,17 +233,28 @@ void acknowledge_error(Store& store, const std::string& prefix) {
   store.set(prefix + "error_seen/" + std::to_string(seen), "1");
 }
 
+// How a worker enters its job (see the header): with the initial group, in place of a lost
+// worker (rejoin), or into a running elastic group past the initial ranks (join); and
+// whether the store is hosted by rank 0 or, outside the workers, by their launcher.
+struct Entry {
+  bool rejoin = false;
+  bool join = false;
+  bool store_hosted = false;
+};
+
 // Claims `rank` and the world size; throws InvalidArgument naming both claims on a
-// conflict, after recording it under "error" for rank 0, which waits for everyone.
+// conflict, after recording it under "error" for rank 0, which waits for everyone (a
+// joining worker's conflict is its own: the running group is not told).
 //
 // `hosts_store`: this process hosts the store's server, which goes away with it; it then
 // stays, at most `linger`, until the workers already waiting have read the conflict.
-void claim(Store& store, int rank, int world_size, bool rejoin, bool hosts_store,
+void claim(Store& store, int rank, int world_size, const Entry& entry, bool hosts_store,
            std::chrono::milliseconds linger) {
   const std::string prefix = claim_prefix();
   const Claimant me = claimant(rank, world_size);
   store.add(prefix + "arrived", 1);
   auto fail = [&](const std::string& message) {
+    if (entry.join) GRADWIRE_THROW(InvalidArgument) << message;
     try {
       store.compare_set(prefix + "error", {}, to_bytes(message));
       if (!hosts_store) {
@@ -283,32 +294,37 @@ void claim(Store& store, int rank, int world_size, bool rejoin, bool hosts_store
   if (held == me.text()) return;
   const auto [held_id, held_by] = split_claim(held);
   if (held_id == me.identity) return;  // this process, meeting again on the same store
-  if (rejoin) {
+  if (entry.rejoin) {
     store.set(key, me.text());
     return;
   }
   fail("rendezvous: rank " + std::to_string(rank) + " is claimed twice: by " + held_by +
-       " and by this worker, " + me.description + kAdvice);
+       " and by this worker, " + me.description +
+       (entry.join ? "; a worker joining a running group needs a rank nobody in the job held "
+                     "(gradwire-run hands out fresh ones)"
+                   : kAdvice));
 }
 
 RendezvousResult tcp_rendezvous(const std::string& host, uint16_t port, int rank, int world_size,
-                                bool rejoin, std::chrono::milliseconds timeout) {
+                                const Entry& entry, std::chrono::milliseconds timeout) {
   TCPStoreOptions options;
   options.host = host;
   options.port = port;
-  options.is_master = rank == 0;
+  // A store hosted outside the workers (GRADWIRE_STORE_HOSTED=1) outlives any of them.
+  options.is_master = rank == 0 && !entry.store_hosted;
   options.world_size = world_size;
   options.timeout = timeout;
   options.connect_timeout = timeout;
   auto store = std::make_shared<TCPStore>(options);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  claim(*store, rank, world_size, rejoin, options.is_master,
+  claim(*store, rank, world_size, entry, options.is_master,
         std::min(timeout, std::chrono::milliseconds(5000)));
   // Every worker counts itself in once its claims hold; the last one marks the job
   // complete; each waits for that mark, or for a conflict another worker found (so that
   // every worker of a misconfigured job reports it, not only the one that found it).
-  // A replacement joins a job that has long met: nobody else counts in now.
-  if (rejoin) return {store, rank, world_size};
+  // A replacement, or a worker joining a running elastic group, enters a job that has met
+  // (or meets without it): it does not count in.
+  if (entry.rejoin || entry.join) return {store, rank, world_size};
   const std::string prefix = claim_prefix();
   if (store->add(prefix + "joined", 1) == world_size) store->set(prefix + "ready", "1");
   for (;;) {
@@ -332,6 +348,21 @@ RendezvousResult tcp_rendezvous(const std::string& host, uint16_t port, int rank
       }
     }
   }
+}
+
+// The entry flags: the environment's (GRADWIRE_RPC_REJOIN, GRADWIRE_RPC_JOIN,
+// GRADWIRE_STORE_HOSTED), overridden by the URL's query (rejoin, join, store_hosted).
+Entry entry_of(const Url& u) {
+  auto flag = [&](const char* variable, const std::string& param) {
+    bool value = env_bool(variable, false);
+    if (auto it = u.query.find(param); it != u.query.end()) {
+      value = parse_bool("rendezvous parameter '" + param + "'", it->second);
+    }
+    return value;
+  };
+  return Entry{.rejoin = flag("GRADWIRE_RPC_REJOIN", "rejoin"),
+               .join = flag("GRADWIRE_RPC_JOIN", "join"),
+               .store_hosted = flag("GRADWIRE_STORE_HOSTED", "store_hosted")};
 }
 
 }  // namespace
@@ -358,11 +389,15 @@ RendezvousResult rendezvous(const std::string& url, std::chrono::milliseconds ti
                    missing("world_size", launch.world_size_variable), 1, 1 << 24, url));
   const int rank = static_cast<int>(
       required_int(u, "rank", launch.rank, missing("rank", launch.rank_variable), 0, 1 << 24, url));
-  GRADWIRE_CHECK_ARG(rank < world_size)
-      << "rendezvous '" << url << "': rank " << rank << " is outside [0, " << world_size << ")";
-  bool rejoin = env_bool("GRADWIRE_RPC_REJOIN", false);
-  if (auto it = u.query.find("rejoin"); it != u.query.end()) {
-    rejoin = parse_bool("rendezvous parameter 'rejoin'", it->second);
+  const Entry entry = entry_of(u);
+  if (entry.join) {
+    GRADWIRE_CHECK_ARG(rank >= world_size)
+        << "rendezvous '" << url << "': a worker joining a running group (GRADWIRE_RPC_JOIN=1) "
+        << "takes a rank past the initial group's, but rank " << rank << " is inside [0, "
+        << world_size << ")";
+  } else {
+    GRADWIRE_CHECK_ARG(rank < world_size)
+        << "rendezvous '" << url << "': rank " << rank << " is outside [0, " << world_size << ")";
   }
 
   if (from_env) {
@@ -374,8 +409,7 @@ RendezvousResult rendezvous(const std::string& url, std::chrono::milliseconds ti
                 ? " (an MPI launcher does not say which host is the master: pass it, e.g. "
                   "mpirun -x MASTER_ADDR=<first host>)"
                 : "");
-    return tcp_rendezvous(launch.master_addr, launch.master_port, rank, world_size, rejoin,
-                          timeout);
+    return tcp_rendezvous(launch.master_addr, launch.master_port, rank, world_size, entry, timeout);
   }
   if (u.scheme == "tcp") {
     // host:port, host may be a bracketed IPv6 literal.
@@ -396,7 +430,7 @@ RendezvousResult rendezvous(const std::string& url, std::chrono::milliseconds ti
       port_text = u.rest.substr(colon + 1);
     }
     const auto port = static_cast<uint16_t>(parse_int("tcp:// port", port_text, 1, 65535));
-    return tcp_rendezvous(host, port, rank, world_size, rejoin, timeout);
+    return tcp_rendezvous(host, port, rank, world_size, entry, timeout);
   }
   if (u.scheme == "file") {
     GRADWIRE_CHECK_ARG(!u.rest.empty() && u.rest.front() == '/')
@@ -406,7 +440,7 @@ RendezvousResult rendezvous(const std::string& url, std::chrono::milliseconds ti
     options.num_workers = world_size;
     options.timeout = timeout;
     auto store = std::make_shared<FileStore>(options);
-    claim(*store, rank, world_size, rejoin, false, std::chrono::milliseconds(0));
+    claim(*store, rank, world_size, entry, false, std::chrono::milliseconds(0));
     return {store, rank, world_size};
   }
   GRADWIRE_THROW(InvalidArgument) << "rendezvous: unknown scheme '" << u.scheme << "' in '" << url

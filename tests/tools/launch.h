@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -146,6 +147,23 @@ inline std::vector<std::string> lines(const std::string& text) {
   for (std::string line; std::getline(in, line);)
     out.push_back(line);
   return out;
+}
+
+// "key=value" words of every output line that has `tag`, one map per line.
+inline std::vector<std::map<std::string, std::string>> records(const std::string& out,
+                                                               const std::string& tag) {
+  std::vector<std::map<std::string, std::string>> all;
+  for (const std::string& line : lines(out)) {
+    if (line.rfind(tag + " ", 0) != 0) continue;
+    std::map<std::string, std::string> r;
+    std::istringstream in(line.substr(tag.size() + 1));
+    for (std::string word; in >> word;) {
+      const size_t eq = word.find('=');
+      if (eq != std::string::npos) r[word.substr(0, eq)] = word.substr(eq + 1);
+    }
+    all.push_back(std::move(r));
+  }
+  return all;
 }
 
 inline size_t count(const std::string& text, const std::string& part) {

@@ -28,10 +28,10 @@ const auto& kTable = Lifecycle::kTable;
 
 const S kStates[] = {S::kJoining,  S::kGathering, S::kLate,      S::kPlanning,  S::kRunning,
                      S::kFinished, S::kEnding,    S::kCompleted, S::kAbandoned, S::kInterrupted};
-const E kEvents[] = {E::kArrived,        E::kTooLate,  E::kClosed,    E::kNextOpened,
-                     E::kDetailsMissing, E::kPlanned,  E::kSucceeded, E::kAllSucceeded,
-                     E::kStopped,        E::kAdvanced, E::kAbandon,   E::kComplete,
-                     E::kSignal};
+const E kEvents[] = {E::kArrived,      E::kTooLate,        E::kClosed,   E::kNextOpened,
+                     E::kJoinRunning,  E::kDetailsMissing, E::kPlanned,  E::kSucceeded,
+                     E::kAllSucceeded, E::kStopped,        E::kAdvanced, E::kAbandon,
+                     E::kComplete,     E::kSignal};
 
 // The events that lead from kJoining to `state` (every state is reachable from there).
 std::vector<E> path_to(S state) {
@@ -120,6 +120,15 @@ TEST(LauncherLifecycle, AJobAcrossGenerations) {
   for (E e :
        {E::kArrived, E::kClosed, E::kPlanned, E::kStopped, E::kAdvanced, E::kTooLate,
         E::kNextOpened, E::kArrived, E::kClosed, E::kPlanned, E::kSucceeded, E::kAllSucceeded})
+    life.apply(e);
+  EXPECT_EQ(life.state(), S::kCompleted);
+}
+
+// A node of an elastic role job that arrives after the group formed joins it as it runs,
+// and ends with the job.
+TEST(LauncherLifecycle, ALateNodeOfARoleJobJoinsTheRunningGeneration) {
+  Lifecycle life;
+  for (E e : {E::kTooLate, E::kJoinRunning, E::kPlanned, E::kSucceeded, E::kAllSucceeded})
     life.apply(e);
   EXPECT_EQ(life.state(), S::kCompleted);
 }

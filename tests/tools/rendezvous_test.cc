@@ -45,23 +45,6 @@ std::string endpoint() {
   return "127.0.0.1:" + std::to_string(free_port());
 }
 
-// "key=value" words of every output line that has `tag`, one map per line.
-std::vector<std::map<std::string, std::string>> records(const std::string& out,
-                                                        const std::string& tag) {
-  std::vector<std::map<std::string, std::string>> all;
-  for (const std::string& line : lines(out)) {
-    if (line.rfind(tag + " ", 0) != 0) continue;
-    std::map<std::string, std::string> r;
-    std::istringstream in(line.substr(tag.size() + 1));
-    for (std::string word; in >> word;) {
-      const size_t eq = word.find('=');
-      if (eq != std::string::npos) r[word.substr(0, eq)] = word.substr(eq + 1);
-    }
-    all.push_back(std::move(r));
-  }
-  return all;
-}
-
 const char* const kReport =
     "echo w rank=$RANK world=$WORLD_SIZE node=$GROUP_RANK nodes=$GROUP_WORLD_SIZE "
     "local=$LOCAL_RANK lw=$LOCAL_WORLD_SIZE addr=$MASTER_ADDR port=$MASTER_PORT "

@@ -22,7 +22,10 @@
 //
 // For env:// and tcp://, rank 0 hosts the TCPStore server (listening on every interface
 // at the given port), and every worker waits until all world_size workers have connected
-// and claimed their ranks (at most `timeout`). Query parameters override the environment for
+// and claimed their ranks (at most `timeout`). With GRADWIRE_STORE_HOSTED=1 (query
+// parameter store_hosted=1; gradwire-run sets it in elastic role jobs) the server is
+// hosted outside the workers (by their launcher): no worker hosts it, every one is a client,
+// and the store outlives any worker. Query parameters override the environment for
 // env:// ("env://?rank=1"). The file:// store is removed when all world_size workers have
 // destroyed theirs.
 //
@@ -33,13 +36,17 @@
 // fails that worker with InvalidArgument naming both claims (rank 0, waiting for the
 // others, fails with the same message). A worker restarted alone to replace a lost one
 // (query parameter rejoin=1, or GRADWIRE_RPC_REJOIN=1 as gradwire-run --restart-workers
-// sets) takes its rank over instead, and returns without waiting for the others.
+// sets) takes its rank over instead, and returns without waiting for the others. A worker
+// joining a running elastic group (query parameter join=1, or GRADWIRE_RPC_JOIN=1 as
+// gradwire-run sets for a node that arrives after the group formed) has a rank at or past
+// world_size (the initial group's size), claims it (a rank already held is refused, to this
+// worker alone), and returns without counting in or waiting.
 //
 // Thread-safety: safe to call concurrently (it reads the environment, see env.h).
 // Errors: InvalidArgument naming the variable or parameter that is missing or malformed
-// (a rank outside [0, world_size), a port outside [1, 65535], an unknown scheme, a Slurm
-// node list that does not parse), or naming two claims of one rank or two world sizes;
-// NetworkError / TimeoutError from connecting and waiting for the other workers.
+// (a rank outside [0, world_size), or inside it for a joining worker, a port outside [1, 65535], an
+// unknown scheme, a Slurm node list that does not parse), or naming two claims of one rank or two
+// world sizes; NetworkError / TimeoutError from connecting and waiting for the other workers.
 //
 // Example:
 //   auto [store, rank, world_size] = rendezvous("env://");
