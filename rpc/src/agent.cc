@@ -36,6 +36,10 @@ void RpcAgent::release_unsent(const Request&) const {}
 
 void AgentListener::on_worker_lost(const WorkerInfo&, const std::string&) {}
 void AgentListener::on_worker_rejoined(const WorkerInfo&, int) {}
+void AgentListener::on_worker_joined(const WorkerInfo&) {}
+void AgentListener::on_worker_left(const WorkerInfo& worker) {
+  on_worker_lost(worker, "it left the group");
+}
 void AgentListener::on_graceful_shutdown(Clock::time_point) {}
 void AgentListener::on_closed() {}
 
@@ -68,6 +72,34 @@ void RpcAgent::notify_worker_rejoined(const WorkerInfo& worker, int incarnation)
     } catch (const std::exception& e) {
       GRADWIRE_LOG(kError) << "rpc worker " << worker_info().describe()
                            << ": a listener's on_worker_rejoined threw: " << e.what();
+    }
+  }
+}
+
+void RpcAgent::leave() {
+  throw InvalidArgument("rpc agent " + worker_info().describe() +
+                        " cannot leave its group: it is not elastic (AgentOptions::elastic); "
+                        "use shutdown()");
+}
+
+void RpcAgent::notify_worker_joined(const WorkerInfo& worker) const {
+  for (const auto& listener : listeners()) {
+    try {
+      listener->on_worker_joined(worker);
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "rpc worker " << worker_info().describe()
+                           << ": a listener's on_worker_joined threw: " << e.what();
+    }
+  }
+}
+
+void RpcAgent::notify_worker_left(const WorkerInfo& worker) const {
+  for (const auto& listener : listeners()) {
+    try {
+      listener->on_worker_left(worker);
+    } catch (const std::exception& e) {
+      GRADWIRE_LOG(kError) << "rpc worker " << worker_info().describe()
+                           << ": a listener's on_worker_left threw: " << e.what();
     }
   }
 }

@@ -177,11 +177,27 @@ DeviceMapper device_mapper(const DeviceRoute* route) {
 // ---- the directory
 
 GroupDirectory::GroupDirectory(WorkerInfo self, int world_size, std::shared_ptr<c10d::Store> store,
-                               std::chrono::milliseconds join_timeout)
+                               std::chrono::milliseconds join_timeout, int capacity)
     : self_(std::move(self)),
       world_size_(world_size),
       store_(std::move(store)),
-      join_timeout_(join_timeout) {}
+      join_timeout_(join_timeout),
+      capacity_(std::max(capacity, 0)),
+      slots_(capacity > 0 ? capacity : world_size) {
+  const auto n = static_cast<size_t>(slots_);
+  workers_.reserve(n);
+  for (int id = 0; id < slots_; ++id)
+    workers_.push_back(WorkerInfo{"", id});
+  cuda_devices_.assign(n, 0);
+  readable_.resize(n);
+  lend_to_.assign(n, false);
+  MutexLock lock(mutable_mutex_);
+  presence_.assign(n, Presence::kAbsent);
+  urls_.resize(n);
+  incarnations_.assign(n, 0);
+  transports_.resize(n);
+  same_namespace_.assign(n, false);
+}
 
 void GroupDirectory::validate_device_maps(const std::string& who,
                                           const std::map<std::string, DeviceMap>& device_maps) {
@@ -208,11 +224,21 @@ void GroupDirectory::validate_device_maps(const std::string& who,
   }
 }
 
-void GroupDirectory::join(const Announcement& me, bool direct_copies, bool rejoin) {
-  enter_generation(rejoin);
+void GroupDirectory::join(const Announcement& me, bool direct_copies, Entry entry) {
+  const bool joining = entry == Entry::kJoinRunning;
+  const bool rejoin = entry != Entry::kStart;  // a newcomer to a running group lends nothing
+  if (joining) {
+    enter_running_generation();
+  } else {
+    enter_generation(rejoin);
+  }
   claim_name_and_publish(me, rejoin);
+  if (joining) store_->append(key("roster"), std::to_string(self_.id) + " ");
   const std::vector<WorkerRecord> records = read_records(rejoin);
   adopt_records(me, records);
+  if (elastic()) adopt_roster();
+  // A joiner reads nobody's memory: the members agreed on who lends to whom without it.
+  if (joining) return;
   const std::string can_read = find_readable(me, records, direct_copies);
   if (rejoin) return;  // lends to nobody; the others' records stand
   agree_on_lenders(can_read, direct_copies);
@@ -237,10 +263,66 @@ void GroupDirectory::enter_generation(bool rejoin) {
                             " times already, the most a group allows");
     }
     incarnation_ = static_cast<int>(incarnation);
+    if (elastic()) world_size_ = formed_size();
   } else {
     // Each rank counts its own starts on this store; see the file comment.
     prefix_ = "rpc/" + std::to_string(store_->add("rpc/starts/" + rank_text, 1)) + "/";
+    // Joiners find the generation through rank 0, and learn from this mark that it is
+    // elastic and how many workers formed it.
+    if (elastic() && self_.id == 0) store_->set(key("elastic"), std::to_string(world_size_));
   }
+}
+
+int GroupDirectory::formed_size() const {
+  const std::string me = "rpc agent " + self_.describe();
+  // Rank 0 marks the generation right after entering it.
+  std::string formed;
+  try {
+    formed = c10d::to_string(store_->get(key("elastic"), std::chrono::milliseconds(2'000)));
+  } catch (const TimeoutError&) {
+    throw InvalidArgument(me +
+                          " was asked to join the running group, but that group is not "
+                          "elastic: start its workers with AgentOptions::elastic "
+                          "(GRADWIRE_RPC_ELASTIC=1)");
+  }
+  int size = 0;
+  try {
+    size = std::stoi(formed);
+  } catch (const std::exception&) {
+  }
+  if (size < 1 || size > capacity_) {
+    throw InvalidArgument(me + ": the store's mark of the running group's size is '" +
+                          printable(formed) + "', not a size in [1, " + std::to_string(capacity_) +
+                          "]; is another program using the same store?");
+  }
+  return size;
+}
+
+void GroupDirectory::enter_running_generation() {
+  const std::string me = "rpc agent " + self_.describe();
+  const int64_t started = store_->add("rpc/starts/0", 0);
+  if (started < 1) {
+    throw InvalidArgument(me +
+                          " was asked to join a running group (join_running), but no group "
+                          "has started on this store");
+  }
+  prefix_ = "rpc/" + std::to_string(started) + "/";
+  world_size_ = formed_size();
+  const std::string rank_text = std::to_string(self_.id);
+  if (self_.id < world_size_) {
+    throw InvalidArgument(me + " cannot join the running group under rank " + rank_text +
+                          ": the group formed with ranks 0.." + std::to_string(world_size_ - 1) +
+                          ", and a lost one is replaced with AgentOptions::rejoin");
+  }
+  // Ranks are never reused: a rank that a worker joined under stays its own.
+  const std::string held = c10d::to_string(
+      store_->compare_set(key("joined/" + rank_text), {}, c10d::to_bytes(self_.name)));
+  if (held != self_.name) {
+    throw InvalidArgument(me + " cannot join the running group under rank " + rank_text +
+                          ": worker '" + printable(held) + "' joined under it already");
+  }
+  // A later replacement of this rank (AgentOptions::rejoin) finds the generation here.
+  store_->set("rpc/starts/" + rank_text, std::to_string(started));
 }
 
 void GroupDirectory::claim_name_and_publish(const Announcement& me, bool rejoin) {
@@ -279,48 +361,205 @@ std::vector<WorkerRecord> GroupDirectory::read_records(bool rejoin) const {
 
 void GroupDirectory::adopt_records(const Announcement& me,
                                    const std::vector<WorkerRecord>& records) {
-  {
-    MutexLock lock(mutable_mutex_);
-    for (int r = 0; r < world_size_; ++r) {
-      const WorkerRecord& rec = records[static_cast<size_t>(r)];
-      cuda_devices_.push_back(rec.cuda_devices);
-      workers_.push_back(WorkerInfo{rec.name, r});
-      urls_.push_back(rec.url);
-      incarnations_.push_back(rec.incarnation);
-      ids_by_name_[rec.name] = r;
-    }
-  }
   host_id_ = record_word(me.host_id);
   netns_ = me.netns;
-  {
-    MutexLock lock(mutable_mutex_);
-    for (int r = 0; r < world_size_; ++r) {
-      const WorkerRecord& rec = records[static_cast<size_t>(r)];
-      transports_.push_back(transports_in(rec));
-      same_namespace_.push_back(r == self_.id || shares_namespace(rec, host_id_, netns_));
-    }
-  }
   cuda_devices_here_ = me.cuda_devices;
   device_maps_ = me.device_maps;
   // Without a CUDA device here every tensor is on the CPU and stays there: no routes, so
   // messages are encoded without a mapper.
   if (cuda_devices_here_ > 0) {
-    for (int r = 0; r < world_size_; ++r) {
-      auto mine = device_maps_.find(workers_[static_cast<size_t>(r)].name);
-      routes_to_.emplace_back(workers_[static_cast<size_t>(r)],
-                              mine == device_maps_.end() ? DeviceMap{} : mine->second,
-                              DeviceRoute::Direction::kRequest);
-      // What a caller maps to devices here comes back through the inverse pairs.
-      DeviceMap back;
-      auto theirs = records[static_cast<size_t>(r)].device_maps.find(self_.name);
-      if (theirs != records[static_cast<size_t>(r)].device_maps.end()) {
-        for (const auto& [there, here] : theirs->second)
-          back.emplace_back(here, there);
-      }
-      routes_back_.emplace_back(workers_[static_cast<size_t>(r)], std::move(back),
-                                DeviceRoute::Direction::kReply);
+    for (int r = 0; r < slots_; ++r) {
+      routes_to_.emplace_back(WorkerInfo{"", r}, DeviceMap{}, DeviceRoute::Direction::kRequest);
+      routes_back_.emplace_back(WorkerInfo{"", r}, DeviceMap{}, DeviceRoute::Direction::kReply);
     }
   }
+  MutexLock lock(mutable_mutex_);
+  for (int r = 0; r < world_size_; ++r)
+    adopt(r, records[static_cast<size_t>(r)]);
+}
+
+bool GroupDirectory::adopt(int rank, const WorkerRecord& rec) {
+  const auto i = static_cast<size_t>(rank);
+  if (presence_[i] != Presence::kAbsent) return false;
+  workers_[i] = WorkerInfo{rec.name, rank};
+  cuda_devices_[i] = rec.cuda_devices;
+  urls_[i] = rec.url;
+  incarnations_[i] = rec.incarnation;
+  transports_[i] = transports_in(rec);
+  same_namespace_[i] = rank == self_.id || shares_namespace(rec, host_id_, netns_);
+  if (cuda_devices_here_ > 0) {
+    auto mine = device_maps_.find(rec.name);
+    routes_to_[i] =
+        DeviceRoute(workers_[i], mine == device_maps_.end() ? DeviceMap{} : mine->second,
+                    DeviceRoute::Direction::kRequest);
+    // What a caller maps to devices here comes back through the inverse pairs.
+    DeviceMap back;
+    if (auto theirs = rec.device_maps.find(self_.name); theirs != rec.device_maps.end()) {
+      for (const auto& [there, here] : theirs->second)
+        back.emplace_back(here, there);
+    }
+    routes_back_[i] = DeviceRoute(workers_[i], std::move(back), DeviceRoute::Direction::kReply);
+  }
+  ids_by_name_[rec.name] = rank;
+  presence_[i] = next(presence_[i], PresenceEvent::kAdopt);
+  return true;
+}
+
+// ---- elastic membership
+
+std::vector<int> GroupDirectory::roster() const {
+  std::vector<int> ranks;
+  if (!store_->check({key("roster")})) return ranks;
+  std::istringstream in(c10d::to_string(store_->get(key("roster"), join_timeout_)));
+  for (std::string word; in >> word;) {
+    int rank = -1;
+    try {
+      rank = std::stoi(word);
+    } catch (const std::exception&) {
+    }
+    // Only a joiner's rank: anything else is not this group's writing.
+    if (rank >= world_size_ && rank < slots_ &&
+        std::find(ranks.begin(), ranks.end(), rank) == ranks.end())
+      ranks.push_back(rank);
+  }
+  return ranks;
+}
+
+std::vector<int> GroupDirectory::members_in_store() const {
+  std::vector<int> ranks;
+  for (int r = 0; r < world_size_; ++r)
+    ranks.push_back(r);
+  if (!elastic()) return ranks;
+  for (int r : roster())
+    ranks.push_back(r);
+  std::erase_if(ranks, [&](int r) {
+    return r != self_.id && store_->check({key("left/" + std::to_string(r))});
+  });
+  return ranks;
+}
+
+void GroupDirectory::adopt_roster() {
+  for (int r : roster()) {
+    const std::string rec_key = key("worker/" + std::to_string(r));
+    if (!store_->check({rec_key})) continue;  // it is publishing: met later
+    const WorkerRecord rec = parse_record(c10d::to_string(store_->get(rec_key, join_timeout_)), r);
+    {
+      MutexLock lock(mutable_mutex_);
+      adopt(r, rec);
+    }
+    // One that has left already is known by name, as gone.
+    if (store_->check({key("left/" + std::to_string(r))})) mark_left(r);
+  }
+}
+
+std::optional<WorkerInfo> GroupDirectory::discover(int rank, std::chrono::milliseconds timeout) {
+  if (!elastic() || rank < world_size_ || rank >= slots_) return std::nullopt;
+  const std::string rank_text = std::to_string(rank);
+  try {
+    const WorkerRecord rec =
+        parse_record(c10d::to_string(store_->get(key("worker/" + rank_text), timeout)), rank);
+    bool adopted = false;
+    {
+      MutexLock lock(mutable_mutex_);
+      adopted = adopt(rank, rec);
+    }
+    // A joiner that has left already is known by name, as gone, and is not met.
+    if (store_->check({key("left/" + rank_text)})) {
+      mark_left(rank);
+      return std::nullopt;
+    }
+    if (!adopted) return std::nullopt;
+    const WorkerInfo met = workers_[static_cast<size_t>(rank)];
+    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": " << met.describe()
+                        << " joined the group";
+    if (on_met_) on_met_(met);
+    return met;
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": no joiner of rank " << rank
+                        << " could be read from the store: " << e.what();
+    return std::nullopt;
+  }
+}
+
+std::optional<WorkerInfo> GroupDirectory::discover(const std::string& name,
+                                                   std::chrono::milliseconds timeout) {
+  if (!elastic() || !valid_worker_name(name)) return std::nullopt;
+  const std::string name_key = key("name/" + name);
+  try {
+    if (!store_->check({name_key})) return std::nullopt;
+    const int rank = std::stoi(c10d::to_string(store_->get(name_key, timeout)));
+    return discover(rank, timeout);
+  } catch (const std::exception& e) {
+    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": worker '" << name
+                        << "' could not be looked up in the store: " << e.what();
+    return std::nullopt;
+  }
+}
+
+bool GroupDirectory::mark_left(int id) {
+  if (id < 0 || id >= slots_) return false;
+  MutexLock lock(mutable_mutex_);
+  Presence& p = presence_[static_cast<size_t>(id)];
+  const bool was_in = p == Presence::kMember || p == Presence::kLost;
+  p = next(p, PresenceEvent::kLeave);
+  return was_in;
+}
+
+void GroupDirectory::mark_leaving() const {
+  store_->set(key("left/" + std::to_string(self_.id)), "1");
+}
+
+Presence GroupDirectory::apply(int id, PresenceEvent event) {
+  if (id < 0 || id >= slots_) return Presence::kAbsent;
+  MutexLock lock(mutable_mutex_);
+  Presence& p = presence_[static_cast<size_t>(id)];
+  p = next(p, event);
+  return p;
+}
+
+Presence GroupDirectory::presence(int id) const {
+  if (id < 0 || id >= slots_) return Presence::kAbsent;
+  MutexLock lock(mutable_mutex_);
+  return presence_[static_cast<size_t>(id)];
+}
+
+std::vector<WorkerInfo> GroupDirectory::workers() const {
+  std::vector<WorkerInfo> out;
+  MutexLock lock(mutable_mutex_);
+  for (int id = 0; id < slots_; ++id) {
+    const Presence p = presence_[static_cast<size_t>(id)];
+    if (p == Presence::kMember || p == Presence::kLost)
+      out.push_back(workers_[static_cast<size_t>(id)]);
+  }
+  return out;
+}
+
+Presence next(Presence presence, PresenceEvent event) {
+  switch (event) {
+    case PresenceEvent::kAdopt:
+      return presence == Presence::kAbsent ? Presence::kMember : presence;
+    case PresenceEvent::kLose:
+      return presence == Presence::kMember ? Presence::kLost : presence;
+    case PresenceEvent::kRejoin:
+      return presence == Presence::kLost ? Presence::kMember : presence;
+    case PresenceEvent::kLeave:
+      return Presence::kLeft;
+  }
+  return presence;
+}
+
+const char* presence_name(Presence presence) {
+  switch (presence) {
+    case Presence::kAbsent:
+      return "absent";
+    case Presence::kMember:
+      return "member";
+    case Presence::kLost:
+      return "lost";
+    case Presence::kLeft:
+      return "left";
+  }
+  return "?";
 }
 
 std::string GroupDirectory::find_readable(const Announcement& me,
@@ -328,8 +567,6 @@ std::string GroupDirectory::find_readable(const Announcement& me,
                                           bool direct_copies) {
   // Direct copies: each worker finds whose memory it can read and says so, so that every
   // worker knows to whom it may lend.
-  readable_.resize(static_cast<size_t>(world_size_));
-  lend_to_.assign(static_cast<size_t>(world_size_), false);
   std::string can_read = "readable";
   for (int r = 0; direct_copies && r < world_size_; ++r) {
     const WorkerRecord& rec = records[static_cast<size_t>(r)];
@@ -436,10 +673,7 @@ void GroupDirectory::wait_for_all(const std::string& prefix, std::chrono::millis
     std::string missing;
     for (int r = 0; r < world_size_; ++r) {
       if (store_->check({keys[static_cast<size_t>(r)]})) continue;
-      const bool known = static_cast<size_t>(r) < workers_.size();
-      missing +=
-          (missing.empty() ? "" : ", ") +
-          (known ? workers_[static_cast<size_t>(r)].describe() : "rank " + std::to_string(r));
+      missing += (missing.empty() ? "" : ", ") + describe_rank(r);
     }
     throw TimeoutError("rpc agent " + self_.describe() + " waited " + ms_text(join_timeout_) + " " +
                        what + "; workers that did not: [" + missing + "]");
@@ -452,6 +686,7 @@ void GroupDirectory::check_device_maps() const {
   const std::string me = "rpc agent " + self_.describe();
   const int here = cuda_devices_here_;
   for (const auto& [worker, pairs] : device_maps_) {
+    MutexLock lock(mutable_mutex_);
     auto it = ids_by_name_.find(worker);
     if (it == ids_by_name_.end()) {
       throw InvalidArgument(me + ": device_maps names worker '" + worker +
@@ -476,8 +711,57 @@ void GroupDirectory::check_device_maps() const {
 void GroupDirectory::barrier(const std::string& phase, Clock::time_point deadline) const {
   const std::string prefix = "shutdown/" + phase + "/";
   store_->set(key(prefix + std::to_string(self_.id)), "1");
+  if (elastic()) {
+    wait_for_members(prefix, deadline, "in graceful shutdown for every member to agree");
+    return;
+  }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   wait_for_all(prefix, left, "in graceful shutdown for every worker to agree");
+}
+
+std::string GroupDirectory::describe_rank(int rank) const {
+  if (rank >= 0 && rank < slots_) {
+    MutexLock lock(mutable_mutex_);
+    if (presence_[static_cast<size_t>(rank)] != Presence::kAbsent)
+      return workers_[static_cast<size_t>(rank)].describe();
+  }
+  return "rank " + std::to_string(rank);
+}
+
+void GroupDirectory::wait_for_members(const std::string& prefix, Clock::time_point deadline,
+                                      const std::string& what) const {
+  constexpr std::chrono::milliseconds kLook{200};
+  for (;;) {
+    // Who the members are changes while this waits: a joiner counts from when it joined, a
+    // worker that left stops counting.
+    const std::vector<int> members = members_in_store();
+    std::vector<std::string> keys;
+    for (int r : members)
+      keys.push_back(key(prefix + std::to_string(r)));
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      store_->wait(keys, std::clamp(left, std::chrono::milliseconds(1), kLook));
+      if (members_in_store() == members) return;
+    } catch (const TimeoutError&) {
+      if (left > kLook) continue;
+      std::string missing;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (!store_->check({keys[i]}))
+          missing += (missing.empty() ? "" : ", ") + describe_rank(members[i]);
+      }
+      throw TimeoutError("rpc agent " + self_.describe() + " waited " + ms_text(join_timeout_) +
+                         " " + what + "; members that did not: [" + missing + "]");
+    }
+  }
+}
+
+bool GroupDirectory::hosts_store() const {
+  const c10d::Store* store = store_.get();
+  while (const auto* prefixed = dynamic_cast<const c10d::PrefixStore*>(store))
+    store = prefixed->underlying_store().get();
+  const auto* tcp = dynamic_cast<const c10d::TCPStore*>(store);
+  return tcp != nullptr && tcp->is_master();
 }
 
 void GroupDirectory::depart(Clock::time_point deadline) const {
@@ -489,15 +773,15 @@ void GroupDirectory::depart(Clock::time_point deadline) const {
                            << ": could not mark its departure in the store: " << e.what();
     return;
   }
-  const c10d::Store* store = store_.get();
-  while (const auto* prefixed = dynamic_cast<const c10d::PrefixStore*>(store))
-    store = prefixed->underlying_store().get();
-  const auto* tcp = dynamic_cast<const c10d::TCPStore*>(store);
-  if (tcp == nullptr || !tcp->is_master()) return;
+  if (!hosts_store()) return;
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  const std::string what = "to pass the end of graceful shutdown before the store's host leaves";
   try {
-    wait_for_all(prefix, std::max(left, std::chrono::milliseconds(1)),
-                 "to pass the end of graceful shutdown before the store's host leaves");
+    if (elastic()) {
+      wait_for_members(prefix, deadline, what);
+    } else {
+      wait_for_all(prefix, std::max(left, std::chrono::milliseconds(1)), what);
+    }
   } catch (const std::exception& e) {
     GRADWIRE_LOG(kWarning) << "rpc worker " << self_.describe()
                            << " (hosting the store) leaves without them: " << e.what();
@@ -506,38 +790,68 @@ void GroupDirectory::depart(Clock::time_point deadline) const {
 
 // ---- lookups
 
-WorkerInfo GroupDirectory::find(const Destination& destination) const {
-  auto known = [&] {
-    std::string list;
-    for (const WorkerInfo& w : workers_)
-      list += (list.empty() ? "" : ", ") + w.name;
-    return "known workers: [" + list + "]";
-  };
+std::optional<int> GroupDirectory::lookup(const Destination& destination, std::string* left) const {
   const auto& target = destination.target();
+  MutexLock lock(mutable_mutex_);
+  int id = -1;
   if (const auto* name = std::get_if<std::string>(&target)) {
     auto it = ids_by_name_.find(*name);
-    if (it == ids_by_name_.end()) {
-      throw InvalidArgument("rpc: unknown worker '" + *name + "'; " + known());
+    if (it != ids_by_name_.end()) id = it->second;
+  } else if (const auto* given = std::get_if<int>(&target)) {
+    id = *given;
+  } else {
+    const WorkerInfo& info = std::get<WorkerInfo>(target);
+    if (info.id >= 0 && info.id < slots_ && workers_[static_cast<size_t>(info.id)] == info)
+      id = info.id;
+  }
+  if (id < 0 || id >= slots_) return std::nullopt;
+  const Presence p = presence_[static_cast<size_t>(id)];
+  if (p == Presence::kMember || p == Presence::kLost) return id;
+  if (p == Presence::kLeft && left != nullptr) *left = workers_[static_cast<size_t>(id)].describe();
+  return std::nullopt;
+}
+
+WorkerInfo GroupDirectory::find(const Destination& destination) const {
+  std::string left;
+  std::optional<int> id = lookup(destination, &left);
+  if (!id && left.empty() && elastic()) {
+    // A joiner this worker has not met yet: the store knows it.
+    const auto& target = destination.target();
+    // Adopting a joiner's record writes its entries once, under the lock (see the class
+    // comment), which a lookup may do.
+    auto& self = const_cast<GroupDirectory&>(*this);
+    constexpr std::chrono::milliseconds kLookup{2'000};
+    if (const auto* name = std::get_if<std::string>(&target)) {
+      self.discover(*name, kLookup);
+    } else {
+      self.discover(std::holds_alternative<int>(target) ? std::get<int>(target)
+                                                        : std::get<WorkerInfo>(target).id,
+                    kLookup);
     }
-    return workers_[static_cast<size_t>(it->second)];
+    id = lookup(destination, &left);
   }
-  if (const auto* id = std::get_if<int>(&target)) {
-    if (*id < 0 || *id >= world_size_) {
-      throw InvalidArgument("rpc: unknown worker id " + std::to_string(*id) + "; ids are 0.." +
-                            std::to_string(world_size_ - 1) + ", " + known());
-    }
-    return workers_[static_cast<size_t>(*id)];
+  if (id) return worker(*id);
+  if (!left.empty()) {
+    throw InvalidArgument("rpc: worker " + left +
+                          " left the group; nothing is sent to it any more");
   }
-  const WorkerInfo& info = std::get<WorkerInfo>(target);
-  if (info.id < 0 || info.id >= world_size_ || workers_[static_cast<size_t>(info.id)] != info) {
-    throw InvalidArgument("rpc: unknown worker " + info.describe() + "; " + known());
+  std::string list;
+  for (const WorkerInfo& w : workers())
+    list += (list.empty() ? "" : ", ") + w.name;
+  const auto& target = destination.target();
+  std::string what;
+  if (const auto* name = std::get_if<std::string>(&target)) {
+    what = "'" + printable(*name) + "'";
+  } else if (const auto* given = std::get_if<int>(&target)) {
+    what = "id " + std::to_string(*given);
+  } else {
+    what = std::get<WorkerInfo>(target).describe();
   }
-  return info;
+  throw InvalidArgument("rpc: unknown worker " + what + "; known workers: [" + list + "]");
 }
 
 int GroupDirectory::id_of(const std::string& name) const {
-  auto it = ids_by_name_.find(name);
-  return it == ids_by_name_.end() ? -1 : it->second;
+  return lookup(Destination(name), nullptr).value_or(-1);
 }
 
 const DeviceRoute* GroupDirectory::route_to(int id) const {
@@ -607,6 +921,13 @@ PeerAdmission::Finding PeerAdmission::check(const Claim& claim) const {
   if (id < 0) {
     // Not a worker of this group: served as an outsider (rank -1), which speaks for nobody.
     if (claim.rank == -1) return {Verdict::kAdmit, ""};
+    // An elastic group's joiner that this worker has not met: its record is read first.
+    if (group_.elastic() && claim.rank >= group_.world_size() && claim.rank < group_.slots() &&
+        group_.presence(claim.rank) == Presence::kAbsent)
+      return {Verdict::kNewer, ""};
+    if (group_.presence(claim.rank) == Presence::kLeft &&
+        group_.worker(claim.rank).name == claim.name)
+      return {Verdict::kRefuse, "it claims to be " + who + ", which has left the group"};
     return {Verdict::kRefuse,
             "it claims to be " + who + ", but no worker of this group has that name"};
   }
@@ -683,7 +1004,11 @@ void PeerAdmission::decide(Claim claim, Done done, const Runner& runner) {
 }
 
 void PeerAdmission::reread(int rank) {
-  group_.refresh(rank, refresh_timeout_);
+  if (group_.presence(rank) == Presence::kAbsent) {
+    group_.discover(rank, refresh_timeout_);
+  } else {
+    group_.refresh(rank, refresh_timeout_);
+  }
   std::vector<std::pair<Claim, Done>> decided;
   {
     MutexLock lock(mutex_);
@@ -694,12 +1019,14 @@ void PeerAdmission::reread(int rank) {
   }
   for (auto& [c, d] : decided) {
     const Finding after = check(c);
-    d(after.verdict != Finding::Verdict::kNewer
-          ? after.why
-          : "it claims to be worker '" + printable(c.name) + "' of rank " + std::to_string(c.rank) +
-                " in incarnation " + std::to_string(c.incarnation) +
-                ", but the store's record of that rank holds incarnation " +
-                std::to_string(group_.incarnation(c.rank)));
+    const bool unmet = group_.presence(c.rank) == Presence::kAbsent;
+    d(after.verdict != Finding::Verdict::kNewer ? after.why
+      : unmet ? "it claims to be worker '" + printable(c.name) + "' of rank " +
+                    std::to_string(c.rank) + ", which has not joined this group"
+              : "it claims to be worker '" + printable(c.name) + "' of rank " +
+                    std::to_string(c.rank) + " in incarnation " + std::to_string(c.incarnation) +
+                    ", but the store's record of that rank holds incarnation " +
+                    std::to_string(group_.incarnation(c.rank)));
   }
 }
 

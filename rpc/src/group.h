@@ -15,6 +15,16 @@
 // read the new record when they next connect to the rank (refresh). A rejoined worker lends
 // nothing: the others learnt who can read whose memory from its predecessor.
 //
+// Elastic groups (AgentOptions::elastic): the group is made with a capacity, the most worker
+// ids it can hold, and every per-worker table is sized to it. The workers that start it form
+// it as above, and rank 0 marks the generation elastic ("elastic" holds the world size it
+// formed with). A worker that joins later (Entry::kJoinRunning) claims its unused rank in the
+// running generation, publishes its record, and appends its rank to the generation's
+// "roster"; the members adopt its record when they first meet it (discover). A worker that
+// leaves marks "left/<rank>" and tells the members (mark_left). The shutdown barriers wait
+// for the members of the moment: the starting ranks and the roster, less those that left.
+// Each worker's presence moves through next(Presence, PresenceEvent).
+//
 // Nothing here knows the transport: an address is an opaque string, a loan table a
 // LoanTableAddress.
 #pragma once
@@ -69,13 +79,38 @@ class DeviceRoute {
 // the encoding.
 DeviceMapper device_mapper(const DeviceRoute* route);
 
+// The presence of one worker id in this worker's directory (docs/elastic.md has the table).
+enum class Presence {
+  kAbsent,  // no record adopted: not (yet) met, or no worker has the id
+  kMember,  // a member: calls go to its record's address
+  kLost,    // its connection was lost; a replacement may rejoin (AgentOptions::rejoin)
+  kLeft,    // it left gracefully (or its store mark says so): never a member again
+};
+enum class PresenceEvent {
+  kAdopt,   // its record was read and adopted (at start, or when a joiner is met)
+  kLose,    // a connection to or from it was lost while both ran
+  kRejoin,  // a newer incarnation's record replaced the lost one's
+  kLeave,   // it announced that it left, or the store marks it gone
+};
+// The presence `event` moves `presence` to; events that do not apply leave it as it is.
+Presence next(Presence presence, PresenceEvent event);
+const char* presence_name(Presence presence);
+
 // Thread-safety: join() and check_device_maps() run once, on the starting thread, before any
-// other method; from then on the directory is immutable and every const method may be called
-// from any thread (the owner publishes the joined directory to other threads itself).
-// barrier() only talks to the store and may run on any thread.
+// other method. What a static group holds is then immutable; what an elastic group adds or
+// marks (discover, mark_left, apply) is written under mutable_mutex_, and a worker's
+// WorkerInfo, routes and loan entries are written once, before its id is published. Every
+// const method may be called from any thread (the owner publishes the joined directory to
+// other threads itself). barrier() only talks to the store and may run on any thread.
 class GroupDirectory {
  public:
   using Clock = std::chrono::steady_clock;
+  // How this worker enters the group.
+  enum class Entry {
+    kStart,        // it forms a new group with the other world_size workers
+    kRejoin,       // it replaces a lost worker of the running group (AgentOptions::rejoin)
+    kJoinRunning,  // it joins a running elastic group (AgentOptions::join_running)
+  };
 
   // What this worker tells the others.
   struct Announcement {
@@ -94,8 +129,10 @@ class GroupDirectory {
   };
 
   // `join_timeout` bounds every wait for the other workers (join_timeout of AgentOptions).
+  // `capacity` > 0 makes the group elastic, with ids below it; 0 a static group of
+  // world_size.
   GroupDirectory(WorkerInfo self, int world_size, std::shared_ptr<c10d::Store> store,
-                 std::chrono::milliseconds join_timeout);
+                 std::chrono::milliseconds join_timeout, int capacity = 0);
 
   // Throws InvalidArgument ("<who>device_maps[...] ...") for a map that names an invalid
   // worker, maps a CPU device, or is not one-to-one, so replies can always find their way.
@@ -109,7 +146,31 @@ class GroupDirectory {
   // With `rejoin`, replaces a lost worker of the running group instead (see the file
   // comment): InvalidArgument when no group has started on the store for this rank, or
   // the name is another rank's.
-  void join(const Announcement& me, bool direct_copies, bool rejoin = false);
+  void join(const Announcement& me, bool direct_copies, bool rejoin = false) {
+    join(me, direct_copies, rejoin ? Entry::kRejoin : Entry::kStart);
+  }
+  // With Entry::kJoinRunning: joins the running elastic group under this worker's rank
+  // (InvalidArgument when no group runs on the store, when it is not elastic, or when the
+  // rank was used in it already) and reads every member's record.
+  void join(const Announcement& me, bool direct_copies, Entry entry);
+
+  // Elastic groups. Reads the record of the worker that joined under `rank` (or claimed
+  // `name`) and adopts it; returns it when it became a member here now, nullopt when it was
+  // one already, has no record (within `timeout`), has left, or the group is static.
+  std::optional<WorkerInfo> discover(int rank, std::chrono::milliseconds timeout);
+  std::optional<WorkerInfo> discover(const std::string& name, std::chrono::milliseconds timeout);
+  // Worker `id` left: returns true when it was a member or lost until now.
+  bool mark_left(int id);
+  // This worker leaves: marks it in the store, so that the others' barriers stop counting it.
+  void mark_leaving() const;
+  // Moves worker `id`'s presence (kLose, kRejoin: the agent's connections); returns it.
+  Presence apply(int id, PresenceEvent event);
+  Presence presence(int id) const;
+  bool elastic() const { return capacity_ > 0; }
+  // Told of every joiner this worker meets (discover), outside the lock; set before join().
+  void set_on_met(std::function<void(const WorkerInfo&)> on_met) { on_met_ = std::move(on_met); }
+  // The number of ids the tables hold: the capacity, or the world size.
+  int slots() const { return slots_; }
   // Re-reads worker `id`'s record: its address and incarnation now. Returns the incarnation;
   // keeps what it knew when the store cannot be read within `timeout`.
   int refresh(int id, std::chrono::milliseconds timeout);
@@ -125,14 +186,21 @@ class GroupDirectory {
   // so that its process does not take the store away while another worker still waits
   // for the barrier's answer from it. Never throws: a late worker is logged.
   void depart(Clock::time_point deadline) const;
+  // Whether this process hosts the store's server (a TCPStore master, through any
+  // PrefixStores): it goes away with this worker.
+  bool hosts_store() const;
 
-  // After join.
+  // After join. world_size: the workers the group formed with.
   int world_size() const { return world_size_; }
-  const std::vector<WorkerInfo>& workers() const { return workers_; }
-  // The worker `destination` names; InvalidArgument listing the known workers if none.
+  // The members now (every worker of a static group), by id.
+  std::vector<WorkerInfo> workers() const;
+  // The worker `destination` names; InvalidArgument listing the known workers if none, or
+  // saying that it left. An elastic group looks a name or id it has not met up in the store
+  // (discover) before it refuses.
   WorkerInfo find(const Destination& destination) const;
-  // The worker named `name`, or -1.
+  // The worker named `name` if it is a member (or lost), or -1.
   int id_of(const std::string& name) const;
+  // Any id below slots() that has had a record (a member, lost or left).
   const WorkerInfo& worker(int id) const { return workers_[static_cast<size_t>(id)]; }
   std::string url(int id) const {
     MutexLock lock(mutable_mutex_);
@@ -166,13 +234,37 @@ class GroupDirectory {
   // join()'s steps. The generation this worker joins (prefix_; a rejoining worker's
   // incarnation_).
   void enter_generation(bool rejoin);
+  // Entry::kJoinRunning's: the running generation, checked elastic, and this rank claimed.
+  void enter_running_generation();
+  // The size the running elastic group formed with (its "elastic" mark); InvalidArgument
+  // when the group is not elastic or the mark is not a size.
+  int formed_size() const;
   // Claims this worker's name (names are unique: the first rank to claim one keeps it) and
   // publishes its record.
   void claim_name_and_publish(const Announcement& me, bool rejoin);
-  // Every worker's record, by rank, once all are published.
+  // Every starting worker's record, by rank, once all are published.
   std::vector<WorkerRecord> read_records(bool rejoin) const;
-  // Who is in the group, where each is, what it registered, and the device routes.
+  // This worker's own view of itself, and every starting worker's record.
   void adopt_records(const Announcement& me, const std::vector<WorkerRecord>& records);
+  // Adopts `record` as the member of rank `rank` (its name, address, transports, routes);
+  // false when the rank was met before or has left.
+  bool adopt(int rank, const WorkerRecord& record) GRADWIRE_REQUIRES(mutable_mutex_);
+  // An elastic group's joiners and leavers, from the store: ranks in the roster, and of those
+  // and the starting ranks the ones marked left.
+  std::vector<int> roster() const;
+  std::vector<int> members_in_store() const;
+  // Reads and adopts the records of the joiners in the roster (Entry::kJoinRunning, and a
+  // starting worker of an elastic group before its barriers); marks those that left.
+  void adopt_roster();
+  // The member at `destination` (or lost), without asking the store; `left` gets the
+  // description of a worker that left.
+  std::optional<int> lookup(const Destination& destination, std::string* left) const;
+  // "name (rank r)" of a worker met, else "rank r".
+  std::string describe_rank(int rank) const;
+  // Waits until every member of the moment has set `<prefix><rank>`, re-reading who the
+  // members are between short waits (elastic groups; static ones wait_for_all).
+  void wait_for_members(const std::string& prefix, Clock::time_point deadline,
+                        const std::string& what) const;
   // Whose memory this worker can read (readable_); returns the direct-copy record saying so.
   std::string find_readable(const Announcement& me, const std::vector<WorkerRecord>& records,
                             bool direct_copies);
@@ -192,17 +284,22 @@ class GroupDirectory {
   std::vector<std::string> gather(const std::string& prefix, const std::string& step) const;
 
   const WorkerInfo self_;
-  const int world_size_;
+  int world_size_;  // a joiner learns it from the running group's "elastic" mark
   const std::shared_ptr<c10d::Store> store_;
   const std::chrono::milliseconds join_timeout_;
+  const int capacity_;  // 0: static
+  const int slots_;     // capacity_, or world_size_
+  std::function<void(const WorkerInfo&)> on_met_;
 
-  // Set by join, then constant.
-  std::string prefix_;  // "rpc/<generation>/"
-  std::vector<WorkerInfo> workers_;
-  std::map<std::string, int, std::less<>> ids_by_name_;
+  // Set by join, then constant (an elastic group's joiners: written once, under the lock,
+  // before their id is published through ids_by_name_ or presence_).
+  std::string prefix_;               // "rpc/<generation>/"
+  std::vector<WorkerInfo> workers_;  // per id below slots_
   int incarnation_{0};
-  // What a rejoining worker changes: read under the lock.
+  // What a rejoining, joining or leaving worker changes: read under the lock.
   mutable Mutex mutable_mutex_;
+  std::map<std::string, int, std::less<>> ids_by_name_ GRADWIRE_GUARDED_BY(mutable_mutex_);
+  std::vector<Presence> presence_ GRADWIRE_GUARDED_BY(mutable_mutex_);
   std::vector<std::string> urls_ GRADWIRE_GUARDED_BY(mutable_mutex_);
   std::vector<int> incarnations_ GRADWIRE_GUARDED_BY(mutable_mutex_);
   std::vector<int> cuda_devices_;  // per worker id
@@ -273,7 +370,7 @@ class PeerAdmission {
   PeerAdmission(GroupDirectory& group, std::chrono::milliseconds refresh_timeout)
       : group_(group),
         refresh_timeout_(refresh_timeout),
-        members_(static_cast<size_t>(group.world_size()), MemberState::kUnjoined) {}
+        members_(static_cast<size_t>(group.slots()), MemberState::kUnjoined) {}
 
   // Runs a task off the caller's thread (which may be a transport's loop), keeping what the
   // task uses alive; throws when it cannot.

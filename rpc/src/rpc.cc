@@ -29,6 +29,10 @@ std::shared_ptr<RpcAgent> init_rpc(std::string name, int rank, int world_size,
   }
   // A worker that a launcher restarted alone replaces its lost predecessor.
   if (!options.rejoin) options.rejoin = env_bool("GRADWIRE_RPC_REJOIN", false);
+  // An elastic job's launcher (gradwire-run --role NAME:N) starts every worker elastic, and
+  // the workers of a node that arrives later as joiners.
+  if (!options.elastic) options.elastic = env_bool("GRADWIRE_RPC_ELASTIC", false);
+  if (!options.join_running) options.join_running = env_bool("GRADWIRE_RPC_JOIN", false);
   std::shared_ptr<c10d::Store> store = options.store;
   if (store == nullptr) {
     // The rendezvous URL may carry rank and world size; the explicit arguments win.
@@ -56,6 +60,29 @@ std::shared_ptr<RpcAgent> default_agent() {
     throw Error("rpc is not initialised: call init_rpc first (or it was shut down)");
   }
   return current;
+}
+
+void leave() {
+  std::lock_guard serial(lifecycle);
+  std::shared_ptr<RpcAgent> agent;
+  {
+    std::lock_guard lock(current_mutex);
+    agent = current;
+  }
+  if (agent == nullptr) throw Error("rpc: leave() called but rpc is not initialised");
+  auto release = [&] {
+    std::lock_guard lock(current_mutex);
+    current.reset();
+  };
+  try {
+    agent->leave();
+  } catch (const InvalidArgument&) {
+    throw;  // refused before anything happened: the agent still runs
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
 }
 
 void shutdown(bool graceful) {

@@ -31,7 +31,8 @@ int RRefContext::world_size() const {
   int n = world_size_.load(std::memory_order_acquire);
   if (n > 0) return n;
   std::shared_ptr<rpc::RpcAgent> agent = agent_.lock();
-  n = agent == nullptr ? 0 : static_cast<int>(agent->get_worker_infos().size());
+  // Ids are bounded by the group's size, or an elastic group's capacity.
+  n = agent == nullptr ? 0 : agent->id_limit();
   world_size_.store(n, std::memory_order_release);
   return n;
 }

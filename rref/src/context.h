@@ -170,6 +170,9 @@ class RRefContext : public rpc::Interceptor,
   void on_worker_lost(const rpc::WorkerInfo& worker, const std::string& why) override;
   // Its replacement is served like any worker: what was lost stays released.
   void on_worker_rejoined(const rpc::WorkerInfo& worker, int incarnation) override;
+  // A worker that left gave up its references first: what it still held is released as a
+  // lost worker's, without a loss notice to it (it has gone).
+  void on_worker_left(const rpc::WorkerInfo& worker) override;
   void on_graceful_shutdown(Clock::time_point deadline) override;
   void on_closed() override;
 

@@ -57,6 +57,10 @@ void RRefContext::lose(const WorkerInfo& worker, const std::string& why, bool te
   send_settlement(worker, message.SerializeAsString(), "loss notice", /*through_losses=*/true);
 }
 
+void RRefContext::on_worker_left(const WorkerInfo& worker) {
+  lose(worker, "it left the group", /*tell=*/false);
+}
+
 void RRefContext::on_worker_rejoined(const WorkerInfo& worker, int incarnation) {
   MutexLock lock(mutex_);
   // The lost incarnation stays lost: references made for it keep failing at once, and

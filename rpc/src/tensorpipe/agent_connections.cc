@@ -132,25 +132,31 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
       servers_.erase(conn->serial);
     }
   }
-  // In a graceful shutdown's last phase, peers close their connections as they leave.
+  // In a graceful shutdown's last phase, peers close their connections as they leave; so
+  // does a worker that left an elastic group.
   closing = closing || departing_.load(std::memory_order_acquire);
+  const bool left = group_.presence(conn->peer.id) == Presence::kLeft;
+  const std::string why = left ? "it left the group" : what;
   std::vector<PendingCall> lost;
   if (conn->outgoing) lost = calls_.take_connection(conn->serial);
-  if (!closing && conn->outgoing) {
+  if (!closing && !left && conn->outgoing) {
     GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": connection to "
                         << conn->peer.describe() << " lost: " << what;
   }
   // A peer of the group that went away while this agent runs: the modules above release
   // what it held (a connection from outside the group has id -1). They are told once per
   // loss, whichever of its connections goes first, until a replacement rejoins.
-  if (!closing && conn->peer.id >= 0 && conn->peer.id < world_size_ && conn->peer.id != self_.id &&
-      !lost_peers_[static_cast<size_t>(conn->peer.id)].exchange(true, std::memory_order_acq_rel))
+  if (!closing && !left && conn->peer.id >= 0 && conn->peer.id < group_.slots() &&
+      conn->peer.id != self_.id &&
+      !lost_peers_[static_cast<size_t>(conn->peer.id)].exchange(true, std::memory_order_acq_rel)) {
+    group_.apply(conn->peer.id, PresenceEvent::kLose);
     notify_worker_lost(conn->peer, what);
+  }
   for (PendingCall& call : lost) {
     calls_.finish(call, Value(),
                   std::make_exception_ptr(
                       NetworkError("rpc: " + call.what() + " to worker " + call.to.describe() +
-                                   " failed: the connection to it was lost (" + what + ")")),
+                                   " failed: the connection to it was lost (" + why + ")")),
                   CallOutcome::kConnectionLost);
   }
 }
@@ -163,6 +169,7 @@ void TensorPipeAgent::check_rejoined(int id) {
   while (incarnation > before) {
     if (told.compare_exchange_weak(before, incarnation, std::memory_order_acq_rel)) {
       lost_peers_[static_cast<size_t>(id)].store(false, std::memory_order_release);
+      group_.apply(id, PresenceEvent::kRejoin);
       GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": worker "
                           << group_.worker(id).describe() << " rejoined as incarnation "
                           << incarnation;

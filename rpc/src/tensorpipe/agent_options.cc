@@ -104,6 +104,27 @@ void check_spin_and_limits(const std::string& who, const AgentOptions& o) {
   }
 }
 
+// Elastic membership: join_running needs an elastic group and excludes rejoin; the
+// capacity holds the group it forms.
+void check_membership(const std::string& who, const AgentOptions& o, int world_size) {
+  if (o.max_workers < 1 || o.max_workers > 65536) {
+    throw InvalidArgument(who + "max_workers must be in [1, 65536], got " +
+                          std::to_string(o.max_workers));
+  }
+  if (o.join_running && !o.elastic) {
+    throw InvalidArgument(who + "join_running joins an elastic group: set elastic as well " +
+                          "(GRADWIRE_RPC_ELASTIC=1)");
+  }
+  if (o.join_running && o.rejoin) {
+    throw InvalidArgument(who + "join_running (a new worker) and rejoin (a lost worker's " +
+                          "replacement) exclude each other");
+  }
+  if (o.elastic && !o.join_running && world_size > o.max_workers) {
+    throw InvalidArgument(who + "an elastic group of world size " + std::to_string(world_size) +
+                          " does not fit max_workers = " + std::to_string(o.max_workers));
+  }
+}
+
 }  // namespace
 
 void TensorPipeAgent::validate_options() const {
@@ -112,6 +133,7 @@ void TensorPipeAgent::validate_options() const {
   check_transports_and_channels(who, options_);
   check_spin_and_limits(who, options_);
   GroupDirectory::validate_device_maps(who, options_.device_maps);
+  check_membership(who, options_, world_size_);
 }
 
 std::string TensorPipeAgent::resolve_host() const {

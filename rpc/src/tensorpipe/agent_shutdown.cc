@@ -115,7 +115,7 @@ void TensorPipeAgent::close() {
     MutexLock lock(mutex_);
     state_ = State::kClosed;
     spare.swap(spare_pipes_);
-    for (int r = 0; r < world_size_; ++r)
+    for (int r = 0; r < group_.slots(); ++r)
       clients.push_back(clients_[static_cast<size_t>(r)].exchange(nullptr));
     servers.swap(servers_);
   }

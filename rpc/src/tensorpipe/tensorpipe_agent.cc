@@ -52,6 +52,13 @@ void TensorPipeAgent::start_serving() {
         ThreadPoolOptions{.num_threads = options_.num_worker_threads, .name = "rpc"});
   }
   dispatcher_.start(pool_);
+  if (options_.elastic) {
+    register_membership_handler();
+    // A joiner met here (its claim, its announcement, a lookup by name) is told of once.
+    group_.set_on_met([weak = weak_from_this()](const WorkerInfo& worker) {
+      if (auto self = weak.lock()) self->notify_worker_joined(worker);
+    });
+  }
   if (options_.direct_copy_threads > 0) loans_ = std::make_unique<LoanTable>(kLoanSlots);
   const std::string host = resolve_host();
   context_ = std::make_shared<tp::Context>(tp::ContextOptions().name(self_.name));
@@ -76,7 +83,11 @@ void TensorPipeAgent::start_serving() {
                                   netns_,       transports_};
   if (loans_) me.boot_id = boot_id();
   if (loans_ && !me.boot_id.empty()) me.loans = loans_->address();
-  group_.join(me, /*direct_copies=*/loans_ != nullptr, options_.rejoin);
+  using Entry = GroupDirectory::Entry;
+  group_.join(me, /*direct_copies=*/loans_ != nullptr,
+              options_.join_running ? Entry::kJoinRunning
+              : options_.rejoin     ? Entry::kRejoin
+                                    : Entry::kStart);
   if (options_.rejoin) {
     GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe()
                         << " rejoined its group as incarnation " << group_.incarnation();
@@ -96,6 +107,7 @@ void TensorPipeAgent::start_serving() {
   }
   accept_next();
   GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << " listening on " << my_url;
+  if (options_.join_running) announce_joined();
 }
 
 // ---- lookups
@@ -158,7 +170,16 @@ std::shared_ptr<RpcAgent> create_tensorpipe_agent(std::string name, int rank, in
   if (world_size < 1) {
     throw InvalidArgument("rpc: world_size must be >= 1, got " + std::to_string(world_size));
   }
-  if (rank < 0 || rank >= world_size) {
+  if (options.join_running || (options.rejoin && options.elastic)) {
+    // A joiner's rank is any unused one below the group's capacity (checked at start()), and
+    // so is the rank of a lost joiner's replacement.
+    if (rank < 0 || rank >= options.max_workers) {
+      throw InvalidArgument("rpc: rank " + std::to_string(rank) +
+                            " of a worker joining a running elastic group is outside [0, "
+                            "max_workers = " +
+                            std::to_string(options.max_workers) + ")");
+    }
+  } else if (rank < 0 || rank >= world_size) {
     throw InvalidArgument("rpc: rank " + std::to_string(rank) + " is outside [0, " +
                           std::to_string(world_size) + ")");
   }

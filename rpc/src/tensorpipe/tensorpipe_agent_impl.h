@@ -102,13 +102,14 @@ class TensorPipeAgent final : public RpcAgent,
         world_size_(world_size),
         store_(std::move(store)),
         options_(std::move(options)),
-        group_(self_, world_size_, store_, options_.join_timeout),
+        group_(self_, world_size_, store_, options_.join_timeout,
+               options_.elastic ? options_.max_workers : 0),
         calls_(self_.describe()),
         dispatcher_(self_, *this),
-        clients_(new std::atomic<std::shared_ptr<Connection>>[static_cast<size_t>(world_size_)]),
-        lost_peers_(new std::atomic<bool>[static_cast<size_t>(world_size_)]),
-        rejoined_(new std::atomic<int>[static_cast<size_t>(world_size_)]) {
-    for (int i = 0; i < world_size_; ++i) {
+        clients_(new std::atomic<std::shared_ptr<Connection>>[static_cast<size_t>(group_.slots())]),
+        lost_peers_(new std::atomic<bool>[static_cast<size_t>(group_.slots())]),
+        rejoined_(new std::atomic<int>[static_cast<size_t>(group_.slots())]) {
+    for (int i = 0; i < group_.slots(); ++i) {
       lost_peers_[static_cast<size_t>(i)].store(false);
       rejoined_[static_cast<size_t>(i)].store(0);
     }
@@ -162,6 +163,8 @@ class TensorPipeAgent final : public RpcAgent,
     return RpcStats{call_stats_.snapshot(), dispatcher_.served_stats().snapshot()};
   }
   int incarnation() const override { return group_.incarnation(); }
+  int id_limit() const override { return group_.slots(); }
+  void leave() override;
 
   // Forced close: fails what is pending, closes TensorPipe, stops the threads. Idempotent.
   void close();
@@ -306,6 +309,15 @@ class TensorPipeAgent final : public RpcAgent,
   // A peer whose connection was lost may have been replaced (AgentOptions::rejoin): re-reads
   // its record, and tells the listeners when a new incarnation has taken over.
   void check_rejoined(int id);
+  // Elastic groups (agent_membership.cc): the handler of membership notices, a joiner's
+  // announcement to every member, and a leaver's.
+  void register_membership_handler();
+  Future<Value> on_membership_notice(const CallContext& context, const Request& request);
+  // Sends notice `what` to every member but this worker and waits for their replies until
+  // `deadline`; a member that does not answer is logged.
+  void tell_members(const std::string& what, Clock::time_point deadline);
+  // A joiner (AgentOptions::join_running), once it serves: tells every member it is here.
+  void announce_joined();
   void wait_until_idle(Clock::time_point deadline);
 
   const WorkerInfo self_;

@@ -225,6 +225,20 @@ struct AgentOptions {
   // rejoined worker lends no tensor (direct copies) to its peers; they may lend to it.
   // init_rpc turns it on when GRADWIRE_RPC_REJOIN=1 (gradwire-run --restart-workers).
   bool rejoin{false};
+  // Elastic membership (docs/elastic.md). With `elastic`, the group accepts workers that were
+  // not there when it formed (join_running below) and lets a worker leave it (leave()); the
+  // graceful shutdown's barriers then count the members of the moment. Every worker that
+  // starts the group sets it (GRADWIRE_RPC_ELASTIC=1 turns it on in init_rpc). Worker ids
+  // stay below max_workers: ranks are never reused in a job, so it bounds every worker that
+  // ever joins. In [1, 65536], and at least the world size.
+  bool elastic{false};
+  int max_workers{1024};
+  // This worker joins an elastic group that is already running, under its own (unused)
+  // rank and a name no worker has had: it waits for nobody, the members learn of it as it
+  // announces itself (AgentListener::on_worker_joined), and it lends no tensor (direct
+  // copies), as a rejoined worker. The world_size given to the factory is not used; the
+  // rank must be below max_workers. init_rpc turns it on when GRADWIRE_RPC_JOIN=1.
+  bool join_running{false};
   // For tests: drops, delays or cuts the messages this agent sends, on command
   // (fault_injection.h). Null: none.
   std::shared_ptr<FaultInjector> faults;
@@ -360,6 +374,7 @@ class CapturedState {
 //   worker died, or closed without a graceful shutdown). Runs on an I/O thread: must not
 //   block. `why` is the transport's reason.
 // on_worker_rejoined: a lost worker's replacement has connected (see the method).
+// on_worker_joined / on_worker_left: an elastic group's membership changed (see the methods).
 // on_graceful_shutdown: a graceful shutdown has begun and the agent still serves and
 //   sends; the listener may finish its module's work (send its last messages, wait for
 //   their replies) until `deadline`. Runs on the thread calling shutdown(); a throw fails
@@ -375,6 +390,17 @@ class AgentListener {
   // (AgentOptions::rejoin), of incarnation `incarnation`. Runs on an I/O thread before
   // any message of the new process is served; must not block.
   virtual void on_worker_rejoined(const WorkerInfo& worker, int incarnation);
+  // Elastic groups (AgentOptions::elastic): a worker that was not in the group when it
+  // formed has joined it, and this agent has met it (it announced itself, connected, or was
+  // looked up by name). Told once per worker, on whichever agent thread met it; must not
+  // block.
+  virtual void on_worker_joined(const WorkerInfo& worker);
+  // Elastic groups: `worker` has left the group gracefully (RpcAgent::leave): it settled its
+  // references and contexts first, and it will not come back (its name and rank stay
+  // taken). Nothing waits for it from now on: calls to it fail at once. The default treats
+  // it as lost (on_worker_lost with the reason "it left the group"), which releases what
+  // the modules above held for it. Runs on the agent's pool; must not block for long.
+  virtual void on_worker_left(const WorkerInfo& worker);
   virtual void on_graceful_shutdown(Clock::time_point deadline);
   virtual void on_closed();
 };
@@ -521,6 +547,16 @@ class RpcAgent {
   // graceful shutdown would wait for the caller itself.
   virtual void shutdown(bool graceful = true) = 0;
   virtual bool is_shut_down() const = 0;
+  // Elastic groups (AgentOptions::elastic): this worker leaves the group while the others
+  // go on. Its listeners settle what it holds first (rref/ gives up its references and
+  // waits for its forks to be accepted, dist_autograd/ releases the contexts it created),
+  // its own calls and handlers finish, the store marks it gone (the others' shutdown
+  // barriers stop counting it), every member is told (AgentListener::on_worker_left), and
+  // the agent closes. Everything within join_timeout: TimeoutError otherwise (the agent is
+  // then closed anyway). InvalidArgument when the group is not elastic, when called from a
+  // handler of this agent, or when this process hosts the group's store (the others would
+  // lose it). Returns at once when the agent is already shut down or shutting down.
+  virtual void leave();
 
   virtual AgentMetrics metrics() const = 0;
   // Per-function statistics: calls made and served, per registered function and peer, with
@@ -533,6 +569,9 @@ class RpcAgent {
   // (AgentOptions::rejoin); at most kMaxIncarnation. Modules that mint ids (rref/,
   // dist_autograd/) keep the ids of successive incarnations apart with it. Valid after start().
   virtual int incarnation() const { return 0; }
+  // Every worker id of the group is below this: the world size, or for an elastic group
+  // AgentOptions::max_workers. Modules that check ids read from the wire bound them by it.
+  virtual int id_limit() const { return static_cast<int>(get_worker_infos().size()); }
 
   // The deadline a call with these options gets.
   std::chrono::milliseconds effective_timeout(const CallOptions& options) const;
@@ -550,6 +589,8 @@ class RpcAgent {
   // notify_closed log what a listener throws; notify_graceful_shutdown lets it through.
   void notify_worker_lost(const WorkerInfo& worker, const std::string& why) const;
   void notify_worker_rejoined(const WorkerInfo& worker, int incarnation) const;
+  void notify_worker_joined(const WorkerInfo& worker) const;
+  void notify_worker_left(const WorkerInfo& worker) const;
   void notify_graceful_shutdown(AgentListener::Clock::time_point deadline) const;
   void notify_closed() const;
 

@@ -42,6 +42,9 @@ inline constexpr uint32_t kEnvelopeVersion = 2;
 // Handler ids: who on the receiving worker handles a request. rpc/ owns kCall; the modules
 // above register their own (see the agent's handler registry).
 inline constexpr uint32_t kCallHandler = 1;
+// An elastic group's membership notices (a joiner announcing itself, a worker leaving);
+// served by the agent itself, only for workers of the group.
+inline constexpr uint32_t kMembershipHandler = 6;
 
 // What a received message may hold; everything is checked before anything is built from
 // it. The defaults suit training traffic; AgentOptions::limits sets an agent's.

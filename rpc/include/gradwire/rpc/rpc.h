@@ -9,6 +9,9 @@
 // else through options.init_method (env:// by default: MASTER_ADDR and MASTER_PORT).
 // GRADWIRE_RPC_REJOIN=1 sets options.rejoin: the worker replaces a lost one of the running
 // group under the same name and rank (gradwire-run --restart-workers sets it).
+// GRADWIRE_RPC_ELASTIC=1 sets options.elastic and GRADWIRE_RPC_JOIN=1 options.join_running
+// (docs/elastic.md; gradwire-run sets them for --role jobs). leave() is the default agent's
+// RpcAgent::leave().
 //
 // Thread-safety: every function may be called from any thread; init_rpc and shutdown are
 // serialised with each other.
@@ -38,6 +41,8 @@ std::shared_ptr<RpcAgent> init_rpc(std::string name, int rank, int world_size,
 std::shared_ptr<RpcAgent> default_agent();
 // Shuts the default agent down (see RpcAgent::shutdown) and releases it.
 void shutdown(bool graceful = true);
+// The default agent leaves its elastic group (RpcAgent::leave) and is released.
+void leave();
 
 inline WorkerInfo get_worker_info() {
   return default_agent()->worker_info();
