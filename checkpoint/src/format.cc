@@ -294,6 +294,10 @@ uint32_t crc32_of(std::string_view bytes) {
       crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
 }
 
+uint32_t data_file_crc(std::string_view bytes) {
+  return crc32_of(bytes.substr(0, bytes.size() >= 4 ? bytes.size() - 4 : 0));
+}
+
 std::string snapshot_name(int64_t seq) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%012lld", static_cast<long long>(seq));

@@ -65,6 +65,10 @@ PieceEntry describe_piece(const Piece& piece);
 
 // zlib's crc32 of `bytes`.
 uint32_t crc32_of(std::string_view bytes);
+// The crc32 a manifest lists for a data file: of its bytes before the 4-byte crc32 that
+// nn::serialize ends every state file with. (The crc32 of a whole state file is the same
+// constant for every file -- a CRC's residue -- so it could not tell two files apart.)
+uint32_t data_file_crc(std::string_view bytes);
 
 // "000000000042".
 std::string snapshot_name(int64_t seq);

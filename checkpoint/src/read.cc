@@ -30,12 +30,12 @@ StateDict read_part(const fs::path& snap, const detail::Manifest& m, std::string
   GRADWIRE_CHECK_ARG(bytes.size() == entry->size)
       << "checkpoint: " << path << ": " << bytes.size() << " bytes, the manifest lists "
       << entry->size << " (the file is truncated)";
-  const uint32_t crc = detail::crc32_of(bytes);
+  const uint32_t crc = detail::data_file_crc(bytes);
   if (crc != entry->crc) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "crc32 %08x, the manifest lists %08x", crc, entry->crc);
     GRADWIRE_THROW(InvalidArgument)
-        << "checkpoint: " << path << ": " << buf << " (the file is corrupt)";
+        << "checkpoint: " << path << ": " << buf << " (the file is corrupt, or another snapshot's)";
   }
   return nn::deserialize(bytes, path);
 }

@@ -58,7 +58,7 @@ void write_parts(const fs::path& snap, const std::string& shard, int64_t seq,
   for (const auto& [name, dict] : parts) {
     const std::string bytes = nn::serialize(dict);
     detail::write_file_durably((snap / name).string(), bytes);
-    m.files.push_back({std::string(name), bytes.size(), detail::crc32_of(bytes)});
+    m.files.push_back({std::string(name), bytes.size(), detail::data_file_crc(bytes)});
   }
   for (const Piece& p : state.params)
     m.params.push_back(detail::describe_piece(p));

@@ -162,6 +162,26 @@ TEST_F(CheckpointWriteRead, CorruptedByteInADataFileIsRefusedNamingTheFile) {
             std::string::npos);
 }
 
+TEST_F(CheckpointWriteRead, DataFileOfAnotherSnapshotIsRefused) {
+  ShardState s;
+  s.params.push_back({"w", values({2, 3}, 1)});
+  write_shard(dir(), "w0", 1, s);
+  s.params[0].value = values({2, 3}, 2);  // same name, dtype and sizes; other values
+  write_shard(dir(), "w0", 2, s);
+  const fs::path file = snap("w0", 2) / "params.gw";
+  std::string own = read_bytes(file);
+  write_bytes(file, read_bytes(snap("w0", 1) / "params.gw"));
+  const std::string text = error_text<InvalidArgument>([&] { read_latest(dir(), "w0"); });
+  EXPECT_NE(text.find(file.string() + ": crc32 "), std::string::npos) << text;
+  EXPECT_NE(text.find("another snapshot's"), std::string::npos) << text;
+  // A byte of the file's own trailing checksum: the state file's parser names the file.
+  own.back() ^= 0x01;
+  write_bytes(file, own);
+  const std::string tail = error_text<InvalidArgument>([&] { read_latest(dir(), "w0"); });
+  EXPECT_NE(tail.find(file.string()), std::string::npos) << tail;
+  EXPECT_NE(tail.find("checksum mismatch"), std::string::npos) << tail;
+}
+
 TEST_F(CheckpointWriteRead, TruncatedFilesAreRefusedNamingThem) {
   write_shard(dir(), "w0", 1, every_part());
   const fs::path data = snap("w0", 1) / "optimizer.gw";
