@@ -432,10 +432,47 @@ std::vector<int> GroupDirectory::members_in_store() const {
   if (!elastic()) return ranks;
   for (int r : roster())
     ranks.push_back(r);
-  std::erase_if(ranks, [&](int r) {
-    return r != self_.id && store_->check({key("left/" + std::to_string(r))});
-  });
+  std::erase_if(ranks, [&](int r) { return r != self_.id && gone_in_store(r); });
   return ranks;
+}
+
+bool GroupDirectory::gone_in_store(int rank) const {
+  const std::string rank_text = std::to_string(rank);
+  if (store_->check({key("left/" + rank_text)})) return true;
+  if (!store_->check({key("lost/" + rank_text)})) return false;
+  // Lost in the incarnation that holds the rank now: a replacement counts again.
+  const std::string lost = c10d::to_string(store_->get(key("lost/" + rank_text), join_timeout_));
+  const int64_t current = store_->add(key("incarnation/" + rank_text), 0);
+  try {
+    return std::stoll(lost) >= current;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void GroupDirectory::mark_lost(int rank) const {
+  if (!elastic() || rank < 0 || rank >= slots_) return;
+  int incarnation = 0;
+  {
+    MutexLock lock(mutable_mutex_);
+    incarnation = incarnations_[static_cast<size_t>(rank)];
+  }
+  const std::string lost_key = key("lost/" + std::to_string(rank));
+  // The newest incarnation anyone saw lost stays: a slower worker's older news never
+  // overwrites it.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const c10d::Bytes before =
+        store_->check({lost_key}) ? store_->get(lost_key, join_timeout_) : c10d::Bytes{};
+    if (!before.empty()) {
+      try {
+        if (std::stoll(c10d::to_string(before)) >= incarnation) return;
+      } catch (const std::exception&) {
+      }
+    }
+    const c10d::Bytes held =
+        store_->compare_set(lost_key, before, c10d::to_bytes(std::to_string(incarnation)));
+    if (c10d::to_string(held) == std::to_string(incarnation)) return;
+  }
 }
 
 void GroupDirectory::adopt_roster() {

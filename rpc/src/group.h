@@ -21,8 +21,10 @@
 // formed with). A worker that joins later (Entry::kJoinRunning) claims its unused rank in the
 // running generation, publishes its record, and appends its rank to the generation's
 // "roster"; the members adopt its record when they first meet it (discover). A worker that
-// leaves marks "left/<rank>" and tells the members (mark_left). The shutdown barriers wait
-// for the members of the moment: the starting ranks and the roster, less those that left.
+// leaves marks "left/<rank>" and tells the members (mark_left); a worker lost in its current
+// incarnation is marked "lost/<rank>" by those that saw it go (mark_lost). The shutdown
+// barriers wait for the members of the moment: the starting ranks and the roster, less those
+// that left or were lost and not replaced.
 // Each worker's presence moves through next(Presence, PresenceEvent).
 //
 // Nothing here knows the transport: an address is an opaque string, a loan table a
@@ -163,6 +165,10 @@ class GroupDirectory {
   bool mark_left(int id);
   // This worker leaves: marks it in the store, so that the others' barriers stop counting it.
   void mark_leaving() const;
+  // Elastic groups: worker `rank` was lost in its current incarnation; the store says so, and
+  // the shutdown barriers stop counting it until a replacement rejoins. Talks to the store:
+  // never on a transport's thread.
+  void mark_lost(int rank) const;
   // Moves worker `id`'s presence (kLose, kRejoin: the agent's connections); returns it.
   Presence apply(int id, PresenceEvent event);
   Presence presence(int id) const;
@@ -253,6 +259,8 @@ class GroupDirectory {
   // and the starting ranks the ones marked left.
   std::vector<int> roster() const;
   std::vector<int> members_in_store() const;
+  // Whether the store marks `rank` gone: it left, or was lost in the incarnation holding it.
+  bool gone_in_store(int rank) const;
   // Reads and adopts the records of the joiners in the roster (Entry::kJoinRunning, and a
   // starting worker of an elastic group before its barriers); marks those that left.
   void adopt_roster();

@@ -212,8 +212,8 @@ TEST_F(Elastic, AWorkerThatLeavesIsToldToEveryMemberAndNothingWaitsForIt) {
   EXPECT_LT(Clock::now() - begun, 10s);
 }
 
-TEST_F(Elastic, AJoinerWhoseProcessDiesIsLostAndNamedByTheBarrier) {
-  options_.join_timeout = 3s;
+TEST_F(Elastic, AWorkerWhoseProcessDiesIsLostAndNoLongerCountedUntilReplaced) {
+  options_.join_timeout = 5s;
   start(2);
   auto late = join("late", 4);
   rosters_[0]->wait_for(1, 10s);
@@ -221,10 +221,38 @@ TEST_F(Elastic, AJoinerWhoseProcessDiesIsLostAndNamedByTheBarrier) {
   late->shutdown(false);  // as if its process died
   EXPECT_EQ(rosters_[0]->wait_for(2, 10s), (std::vector<std::string>{"joined late", "lost late"}));
   EXPECT_THROW(agents_[0]->rpc_sync<std::string>("late", "whoami"), NetworkError);
-  // A lost member still counts (it may be replaced): the barrier names it.
-  const std::vector<std::string> errors = test::shutdown_all(agents_);
+  // The store marks it lost; a replacement under its rank makes it count again.
+  EXPECT_TRUE(testing::eventually([&] { return store_->check({"rpc/1/lost/4"}); }, 10s));
+  AgentOptions rejoining = options_;
+  rejoining.rejoin = true;
+  auto again = make_tensorpipe_agent("late", 4, 2, store_, rejoining);
+  EXPECT_TRUE(testing::eventually(
+      [&] {
+        try {
+          return agents_[1]->rpc_sync<std::string>("late", "whoami") == "late";
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      10s));
+  // Killed again and not replaced: the others shut down without it, at once.
+  again->shutdown(false);
+  EXPECT_TRUE(testing::eventually(
+      [&] { return c10d::to_string(store_->get("rpc/1/lost/4")) == "1"; }, 10s));
+  const auto begun = Clock::now();
+  test::shutdown_agents(agents_);
+  EXPECT_LT(Clock::now() - begun, 4s);
+}
+
+TEST_F(Elastic, AStaticGroupStillWaitsForALostWorkerAndNamesIt) {
+  options_.elastic = false;
+  options_.join_timeout = 2s;
+  start(3);
+  agents_[2]->shutdown(false);
+  rosters_[0]->wait_for(1, 10s);
+  const std::vector<std::string> errors = test::shutdown_all({agents_[0], agents_[1]});
   for (const std::string& e : errors)
-    EXPECT_NE(e.find("late"), std::string::npos) << e;
+    EXPECT_NE(e.find("w2"), std::string::npos) << e;
 }
 
 TEST_F(Elastic, AJoinerThatLeavesBeforeAMemberMetItIsNeverAdopted) {

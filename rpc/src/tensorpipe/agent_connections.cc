@@ -151,6 +151,18 @@ void TensorPipeAgent::on_connection_error(const std::shared_ptr<Connection>& con
       !lost_peers_[static_cast<size_t>(conn->peer.id)].exchange(true, std::memory_order_acq_rel)) {
     group_.apply(conn->peer.id, PresenceEvent::kLose);
     notify_worker_lost(conn->peer, what);
+    // In an elastic group a lost worker stops counting in the shutdown barriers; the store
+    // is written on the pool, off this transport thread.
+    if (group_.elastic()) {
+      try {
+        pool_->execute([weak = weak_from_this(), id = conn->peer.id] {
+          if (auto self = weak.lock()) self->group_.mark_lost(id);
+        });
+      } catch (const std::exception& e) {
+        GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << " could not mark "
+                            << conn->peer.describe() << " lost in the store: " << e.what();
+      }
+    }
   }
   for (PendingCall& call : lost) {
     calls_.finish(call, Value(),
