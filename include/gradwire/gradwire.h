@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gradwire/autograd/autograd.h"
+#include "gradwire/checkpoint/checkpoint.h"
 #include "gradwire/c10d/file_store.h"
 #include "gradwire/c10d/hash_store.h"
 #include "gradwire/c10d/prefix_store.h"
