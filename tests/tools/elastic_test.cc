@@ -174,7 +174,9 @@ TEST(LauncherElastic, BadRoleCommandLinesAreRefusedWithTheReason) {
 }
 
 // A launcher that arrives after the job formed takes fresh RANKs and ROLE_RANKs and joins
-// the running generation: the first node's workers run on, untouched.
+// the running generation: the first node's workers run on, untouched. Its workers, failing
+// once, are restarted alone under their ranks, still joiners (GRADWIRE_RPC_JOIN and
+// GRADWIRE_RPC_REJOIN).
 TEST(LauncherElastic, ALateLauncherJoinsWithoutRestartingTheFirst) {
   const std::string ep = "127.0.0.1:" + std::to_string(free_port());
   Launch first(node(ep, {"--role", "server:1:critical", "--role", "trainer:1", kWorker,
@@ -182,20 +184,24 @@ TEST(LauncherElastic, ALateLauncherJoinsWithoutRestartingTheFirst) {
   ASSERT_TRUE(lines_at_least(first, "met rank=", 2)) << first.out() << first.err();
   const std::set<std::string> first_pids = pids(workers(first.out()));
 
-  Launch late(node(ep, {"--role", "trainer:2", kWorker, "--rendezvous", "--set", "end"}));
+  Launch late(node(ep, {"--role", "trainer:2", "--restart-workers", "2", kWorker, "--rendezvous",
+                        "--fail-first-life", "3", "--set", "end"}));
   ASSERT_EQ(late.wait(), 0) << late.err();
   ASSERT_EQ(first.wait(), 0) << first.err();
 
   const std::vector<Record> joined = workers(late.out());
-  ASSERT_EQ(joined.size(), 2u) << late.out();
-  for (size_t i = 0; i < 2; ++i) {
-    expect_worker(joined[i], std::to_string(2 + i), "trainer", std::to_string(1 + i), "1");
-    EXPECT_EQ(joined[i].at("join"), "1");
-    EXPECT_EQ(joined[i].at("world"), "2") << "WORLD_SIZE stays the initial group's";
-    EXPECT_EQ(joined[i].at("group"), "1");
-    EXPECT_EQ(joined[i].at("master"), workers(first.out())[0].at("master"));
+  ASSERT_EQ(joined.size(), 4u) << "two lives of each joiner:\n" << late.out();
+  for (size_t i = 0; i < 4; ++i) {
+    const Record& r = joined[i];
+    expect_worker(r, std::to_string(2 + i / 2), "trainer", std::to_string(1 + i / 2), "1");
+    EXPECT_EQ(r.at("join"), "1");
+    EXPECT_EQ(r.at("rejoin"), r.at("restart")) << "a restarted joiner rejoins";
+    EXPECT_EQ(r.at("world"), "2") << "WORLD_SIZE stays the initial group's";
+    EXPECT_EQ(r.at("group"), "1");
+    EXPECT_EQ(r.at("master"), workers(first.out())[0].at("master"));
   }
-  EXPECT_EQ(count(late.out(), "met rank="), 2u) << late.out();
+  EXPECT_EQ(count(late.out(), "met rank=2 world=2"), 2u) << late.out();
+  EXPECT_EQ(count(late.out(), "met rank=3 world=2"), 2u) << late.out();
   EXPECT_TRUE(has(late.err(), "joining the running generation 0 of 'elastic' as node 1"))
       << late.err();
 
