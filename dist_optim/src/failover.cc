@@ -138,7 +138,10 @@ Recovery ServerFailover::recover(std::exception_ptr error) {
     if (recovery.replaced.empty()) std::rethrow_exception(error);
     try {
       std::vector<rref::RRef<Tensor>> params = resolve_();
-      optimizer_.reset();  // its shards were the lost incarnation's
+      // Its shards on the lost incarnation are gone; on the others, the optimizer made next
+      // is the same member of the same groups, so this one leaves none of them.
+      if (optimizer_ != nullptr) optimizer_->left_ = true;
+      optimizer_.reset();
       optimizer_ = make_(params);
       params_ = std::move(params);
       if (lr_.has_value()) optimizer_->set_lr(*lr_);
@@ -196,8 +199,19 @@ double ServerFailover::group_lr(size_t group) const {
 }
 
 void ServerFailover::set_group_lrs(const std::vector<double>& lrs) {
-  optimizer().set_group_lrs(lrs);
+  if (lrs.size() != 1) {
+    throw InvalidArgument("dist_optim: " + std::to_string(lrs.size()) +
+                          " learning rates for 1 group (a ServerFailover's optimizer has one)");
+  }
+  // Kept when a server's loss fails the call: the recovery sets it on the new optimizer.
+  const std::optional<double> before = lr_;
   lr_ = lrs[0];
+  try {
+    optimizer().set_lr(lrs[0]);
+  } catch (...) {
+    if (!is_worker_loss(std::current_exception())) lr_ = before;
+    throw;
+  }
 }
 
 }  // namespace gradwire::dist_optim

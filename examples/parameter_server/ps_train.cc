@@ -54,15 +54,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <gradwire/core/trace.h>
+#include <gradwire/dist_optim/failover.h>
+#include <gradwire/dist_optim/shard_checkpoint.h>
 #include <gradwire/tensor/parallel.h>
 
 #include "../common/args.h"
@@ -87,7 +92,13 @@ struct Options {
   std::string checkpoint;  // --checkpoint DIR: saved after every epoch
   bool resume = false;     // --resume: continue from --checkpoint DIR
   int64_t kill_after = 0;  // --kill-trainer-after B: trainer1's first life ends after B batches
-  std::string trace;       // --trace DIR: trace files written there at exit
+  // Server failover: every server snapshots its shard into --checkpoint DIR every S seconds
+  // (--checkpoint-every S), keeping K (--keep-checkpoints K); a restarted server restores
+  // the newest. --kill-server-after B: the last server's first life ends in its B-th forward.
+  double checkpoint_every = 0;
+  int keep_checkpoints = 3;
+  int64_t kill_server_after = 0;
+  std::string trace;  // --trace DIR: trace files written there at exit
   // The click-through task (--embedding-rows N): a table of N rows on ps0, a linear head on
   // the last server.
   int64_t embedding_rows = 0;
@@ -140,6 +151,20 @@ bool parse_scale_flag(examples::Args& args, Options& o) {
   return true;
 }
 
+// The flags of server failover; false for any other.
+bool parse_failover_flag(examples::Args& args, Options& o) {
+  if (args.is("--checkpoint-every")) {
+    o.checkpoint_every = args.number(1e-3, 1e6);
+  } else if (args.is("--keep-checkpoints")) {
+    o.keep_checkpoints = static_cast<int>(args.integer(1, 1000));
+  } else if (args.is("--kill-server-after")) {
+    o.kill_server_after = args.integer(1, int64_t{1} << 40);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 Options parse_args(int argc, char** argv) {
   Options o;
   examples::Args args(argc, argv,
@@ -148,7 +173,8 @@ Options parse_args(int argc, char** argv) {
                       "--kill-trainer-after B, --trace DIR, --embedding-rows N, "
                       "--embedding-dim D, --hot-rows H, --sparse, --lr-schedule SPEC, "
                       "--max-staleness S, --aggregate K, --lr-scaling none|linear|inverse, "
-                      "--private-optimizers");
+                      "--private-optimizers, --checkpoint-every S, --keep-checkpoints K, "
+                      "--kill-server-after B");
   while (args.next()) {
     if (args.is("--epochs")) {
       o.epochs = static_cast<int>(args.integer(1, 100000));
@@ -175,13 +201,24 @@ Options parse_args(int argc, char** argv) {
       o.kill_after = args.integer(1, int64_t{1} << 40);
     } else if (args.is("--trace")) {
       o.trace = args.non_empty("a directory");
-    } else if (parse_scale_flag(args, o)) {
+    } else if (parse_scale_flag(args, o) || parse_failover_flag(args, o)) {
     } else {
       args.unknown();
     }
   }
   if (!o.csv.empty() && !o.mnist.empty()) throw InvalidArgument("give --data or --mnist, not both");
   if (o.resume && o.checkpoint.empty()) throw InvalidArgument("--resume needs --checkpoint DIR");
+  if (o.checkpoint_every > 0 && o.checkpoint.empty()) {
+    throw InvalidArgument("--checkpoint-every needs --checkpoint DIR (where the snapshots go)");
+  }
+  if (o.kill_server_after > 0 && o.checkpoint_every == 0) {
+    throw InvalidArgument(
+        "--kill-server-after needs --checkpoint-every S: the restarted server restores a "
+        "snapshot");
+  }
+  if (o.kill_server_after > 0 && o.embedding_rows > 0) {
+    throw InvalidArgument("--kill-server-after applies to the MLP's servers, not the click task");
+  }
   if (o.embedding_rows > 0 && (!o.csv.empty() || !o.mnist.empty())) {
     throw InvalidArgument(
         "--embedding-rows trains the click-through task: not with --data or --mnist");
@@ -240,6 +277,22 @@ int env_int(const char* name) {
   return static_cast<int>(parse_int(name, v, 0, 1 << 20));
 }
 
+// --kill-server-after B: the last server's first life ends (SIGKILL, as a crash would) in
+// its B-th forward, once a snapshot of its shard exists to be restored. Set before serving.
+struct ServerCrash {
+  int64_t at = 0;  // 0: never
+  std::atomic<int64_t> forwards{0};
+  std::atomic<bool> snapshot_written{false};
+  void on_forward() {
+    if (at == 0 || ++forwards < at || !snapshot_written.load()) return;
+    std::printf("killing this server in forward %lld (--kill-server-after)\n",
+                static_cast<long long>(forwards.load()));
+    std::fflush(stdout);
+    ::kill(::getpid(), SIGKILL);
+  }
+};
+ServerCrash server_crash;
+
 // The model is an F-64-64-C ReLU MLP; with --servers P its three layers are split over P
 // servers, each shard a RemoteModule on its server. Forward passes from many trainers run
 // concurrently while the DistributedOptimizer updates the parameters in place; a
@@ -256,6 +309,7 @@ class Shard : public nn::UnaryModule {
                                       .sizes = std::move(sizes), .generator = &gen_}));
   }
   Tensor forward(const Tensor& x) override {
+    server_crash.on_forward();
     const Tensor h = net_->forward(x);
     return relu_last_ ? relu(h) : h;
   }
@@ -459,6 +513,51 @@ int report_done(rpc::RpcAgent& agent, const std::vector<RRef<Tensor>>& params, d
   return 0;
 }
 
+// What a trainer's batches add up to over one epoch.
+struct EpochStats {
+  double loss_sum = 0;
+  double train_correct = 0;
+  int64_t seen = 0;
+};
+
+// One batch, in one dist_autograd context: the forward through the servers, backward, the
+// optimizer's step. Run again after a server's failover (ServerFailover::run): the step that
+// failed is computed again against the restored server.
+void train_batch(rpc::RpcAgent& agent, const Model& model, dist_optim::ServerFailover& failover,
+                 const Tensor& xb, const Tensor& yb, EpochStats& stats) {
+  Tensor logits, loss;
+  const size_t recovered = failover.recoveries().size();
+  failover.run([&] {
+    dist_autograd::Context ctx(agent);
+    {
+      const trace::Span phase("train.forward", "train");
+      logits = model.forward(xb);
+      loss = nn::cross_entropy(logits, yb);
+    }
+    {
+      const trace::Span phase("train.backward", "train");
+      dist_autograd::backward(agent, ctx.id(), {loss});
+    }
+    {
+      const trace::Span phase("train.optimizer", "train");
+      failover.optimizer().step(ctx.id());
+    }
+  });
+  for (size_t k = recovered; k < failover.recoveries().size(); ++k) {
+    const dist_optim::Recovery& r = failover.recoveries()[k];
+    for (size_t i = 0; i < r.replaced.size(); ++i) {
+      std::printf("%s recovered from the loss of %s (now incarnation %d) in %.3f s; training on\n",
+                  agent.worker_info().name.c_str(), r.replaced[i].name.c_str(), r.incarnations[i],
+                  r.took.count());
+    }
+    std::fflush(stdout);
+  }
+  stats.loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
+  stats.train_correct +=
+      examples::accuracy_of(logits.detach(), yb) * static_cast<double>(xb.size(0));
+  stats.seen += xb.size(0);
+}
+
 int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& opt,
                 const examples::Dataset& train, const examples::Dataset& test) {
   const std::string me = agent.worker_info().name;
@@ -474,24 +573,32 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
   // for two trainers): as trainers are added each steps on fewer samples, so the updates per
   // epoch, and how stale a gradient can get, stay what two trainers see.
   const int64_t batch = opt.batch > 0 ? opt.batch : std::clamp<int64_t>(64 / trainers, 1, 32);
-  Model model = opt.embedding_rows > 0 ? click_model(agent, opt) : spiral_model(agent, opt);
-  const std::vector<RRef<Tensor>>& params = model.params;
-  const auto& forward = model.forward;
-  std::unique_ptr<dist_optim::DistributedOptimizer> optimizer =
-      make_optimizer(agent, opt, trainers, params);
+  // The model's references and the optimizer over them, made again when a server is lost
+  // and its replacement has restored its snapshot.
+  Model model;
+  dist_optim::ServerFailover failover(
+      agent,
+      [&] {
+        model = opt.embedding_rows > 0 ? click_model(agent, opt) : spiral_model(agent, opt);
+        return model.params;
+      },
+      [&](std::vector<RRef<Tensor>> params) {
+        return make_optimizer(agent, opt, trainers, std::move(params));
+      });
   // --lr-schedule: stepped once per epoch; with a shared optimizer trainer1 drives it.
   std::unique_ptr<optim::LrScheduler> schedule;
   const bool drives_schedule = opt.private_optimizers || trainer == 1;
   if (!opt.lr_schedule.empty() && drives_schedule)
-    schedule = optim::parse_lr_schedule(opt.lr_schedule, *optimizer);
+    schedule = optim::parse_lr_schedule(opt.lr_schedule, failover);
 
   Generator order_gen(static_cast<uint64_t>(100 + trainer));
   // A checkpoint: the server's model (saved by trainer1, loaded by the server at start),
   // each trainer's optimizer state and the epoch it finished.
   const std::string optimizer_file =
       opt.checkpoint + "/optimizer-" + std::to_string(trainer) + ".gw";
-  const int first_epoch =
-      opt.resume ? resume(opt, trainer, me, x.size(0), *optimizer, schedule.get(), order_gen) : 1;
+  const int first_epoch = opt.resume ? resume(opt, trainer, me, x.size(0), failover.optimizer(),
+                                              schedule.get(), order_gen)
+                                     : 1;
   if (agent.incarnation() > 0) {
     std::printf("%s rejoined the running job (incarnation %d); training again\n", me.c_str(),
                 agent.incarnation());
@@ -504,33 +611,13 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
   for (int epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     const Tensor order = randperm(x.size(0), &order_gen);
-    double loss_sum = 0;
-    int64_t seen = 0, correct_batches = 0;
-    double train_correct = 0;
+    EpochStats stats;
     for (int64_t b = 0; b < x.size(0); b += batch) {
       // The whole batch, the context's release at the end of the scope included.
       const trace::Span step("step", "train", trace::Arg("step", ++steps));
       const Tensor rows = order.slice(0, b, b + batch);
-      const Tensor xb = index_select(x, 0, rows), yb = index_select(y, 0, rows);
-      dist_autograd::Context ctx(agent);
-      Tensor logits, loss;
-      {
-        const trace::Span phase("train.forward", "train");
-        logits = forward(xb);
-        loss = nn::cross_entropy(logits, yb);
-      }
-      {
-        const trace::Span phase("train.backward", "train");
-        dist_autograd::backward(agent, ctx.id(), {loss});
-      }
-      {
-        const trace::Span phase("train.optimizer", "train");
-        optimizer->step(ctx.id());
-      }
-      loss_sum += loss.item<double>() * static_cast<double>(xb.size(0));
-      train_correct += examples::accuracy_of(logits.detach(), yb) * static_cast<double>(xb.size(0));
-      seen += xb.size(0);
-      ++correct_batches;
+      train_batch(agent, model, failover, index_select(x, 0, rows), index_select(y, 0, rows),
+                  stats);
       if (opt.kill_after > 0 && trainer == 1 && agent.incarnation() == 0 &&
           ++batches == opt.kill_after) {
         std::printf("%s: killing itself after %lld batches (--kill-trainer-after)\n", me.c_str(),
@@ -539,29 +626,154 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
         ::kill(::getpid(), SIGKILL);
       }
     }
-    test_accuracy = examples::accuracy_of(forward(test_x), test_y);
+    failover.run([&] { test_accuracy = examples::accuracy_of(model.forward(test_x), test_y); });
     const double epoch_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seen = static_cast<double>(stats.seen);
     std::printf(
         "%s epoch %2d/%d  loss %.4f  train accuracy %.3f  test accuracy %.3f  "
         "%.0f samples/s  %.2f s\n",
-        me.c_str(), epoch, opt.epochs, loss_sum / static_cast<double>(seen),
-        train_correct / static_cast<double>(seen), test_accuracy,
-        static_cast<double>(seen) / epoch_s, elapsed);
+        me.c_str(), epoch, opt.epochs, stats.loss_sum / seen, stats.train_correct / seen,
+        test_accuracy, seen / epoch_s, elapsed);
     std::fflush(stdout);
-    if (schedule) schedule->step();
+    if (schedule) {
+      try {
+        schedule->step();
+      } catch (...) {
+        // The rate was kept: set on the optimizer the recovery makes (a rerun would step twice).
+        failover.recover(std::current_exception());
+      }
+    }
     if (!opt.checkpoint.empty()) {
-      if (trainer == 1) model.save(opt.checkpoint);
-      nn::save(optimizer->state_dict(), optimizer_file);
+      failover.run([&] {
+        if (trainer == 1) model.save(opt.checkpoint);
+        nn::save(failover.optimizer().state_dict(), optimizer_file);
+      });
       nn::save(StateDict{{"epoch", tensor<int64_t>({epoch})}},
                opt.checkpoint + "/progress-" + std::to_string(trainer) + ".gw");
     }
   }
   // Done stepping: the other trainers no longer wait for this one.
-  optimizer->leave();
-  return report_done(agent, params, test_accuracy, opt);
+  failover.run([&] { failover.optimizer().leave(); });
+  if (opt.kill_server_after > 0 && failover.recoveries().empty()) {
+    std::fprintf(stderr,
+                 "%s: --kill-server-after %lld: no server was lost while this trainer trained "
+                 "(the last server runs fewer forwards than that)\n",
+                 me.c_str(), static_cast<long long>(opt.kill_server_after));
+    return 1;
+  }
+  return report_done(agent, failover.params(), test_accuracy, opt);
+}
+
+// --checkpoint-every: this server's snapshots of `params` (its modules' parameters) into
+// --checkpoint DIR, restored first when the server is a restarted one (or with --resume).
+std::unique_ptr<dist_optim::ShardCheckpointer> start_snapshots(rpc::RpcAgent& agent,
+                                                               const Options& opt,
+                                                               StateDict params) {
+  if (opt.checkpoint_every <= 0) return nullptr;
+  std::vector<std::string> shards;
+  for (int s = 0; s < opt.servers; ++s)
+    shards.push_back("ps" + std::to_string(s));
+  auto ckpt = std::make_unique<dist_optim::ShardCheckpointer>(
+      agent, std::move(params),
+      dist_optim::ShardCheckpointOptions{
+          .dir = opt.checkpoint,
+          .job_shards = shards,
+          .every = std::chrono::duration<double>(opt.checkpoint_every),
+          .keep_last = opt.keep_checkpoints,
+          .group = opt.private_optimizers ? "" : "ps_train",
+          .on_written = [](const dist_optim::SnapshotInfo&) {
+            server_crash.snapshot_written = true;
+          }});
+  const std::string me = agent.worker_info().name;
+  if (agent.incarnation() > 0 || opt.resume) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::optional<dist_optim::SnapshotInfo> restored = ckpt->restore();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (restored) {
+      std::printf(
+          "%s restored snapshot %lld (after %lld updates) from %s in %.3f s; the updates "
+          "applied after it are lost\n",
+          me.c_str(), static_cast<long long>(restored->seq),
+          static_cast<long long>(restored->updates), restored->path.c_str(), took);
+    } else {
+      std::printf("%s found no snapshot in %s: starting fresh\n", me.c_str(),
+                  opt.checkpoint.c_str());
+    }
+  }
+  ckpt->start();
+  return ckpt;
+}
+
+// The parameters of a module this server holds, by name, each name after `prefix`.
+template <typename M>
+void add_named(StateDict& out, const dist_nn::RemoteModule<M>& module, const std::string& prefix) {
+  for (const auto& [name, p] : module.module_rref().local_value()->module()->named_parameters())
+    out.emplace_back(prefix + name, p);
+}
+
+// A server's life: its modules made (loaded with --resume, then restored from its newest
+// snapshot when it was restarted), handed to every trainer that asks, and served until
+// every trainer has finished.
+int run_server(rpc::RpcAgent& agent, const Options& opt, int rank, int world,
+               const examples::Dataset& train, ServerSlot& slot) {
+  const std::string name = agent.worker_info().name;
+  agent.add_listener(std::make_shared<TrainerWatch>(agent));
+  if (agent.incarnation() > 0) {
+    std::printf("%s rejoined the running job (incarnation %d)\n", name.c_str(),
+                agent.incarnation());
+  }
+  StateDict params;
+  std::vector<std::function<void()>> publish;  // once restored
+  if (opt.embedding_rows > 0) {
+    // The click task: the table on ps0, the head on the last server.
+    if (rank == 0) {
+      dist_nn::RemoteModule<nn::EmbeddingBag> table(agent, name, "ClickTable", opt.embedding_rows,
+                                                    opt.embedding_dim, opt.sparse);
+      if (opt.resume) table.load(opt.checkpoint + "/table.gw");
+      add_named(params, table, "table.");
+      publish.push_back([&slot, ref = table.module_rref()] { slot.table.set_value(ref); });
+      std::printf("%s holds the %lld x %lld table (%s gradients); RSS %.2f GB\n", name.c_str(),
+                  static_cast<long long>(opt.embedding_rows),
+                  static_cast<long long>(opt.embedding_dim), opt.sparse ? "sparse" : "dense",
+                  static_cast<double>(peak_rss_bytes()) / 1e9);
+    }
+    if (rank == opt.servers - 1) {
+      dist_nn::RemoteModule<nn::Linear> head(agent, name, "ClickHead", opt.embedding_dim);
+      if (opt.resume) head.load(opt.checkpoint + "/head.gw");
+      add_named(params, head, "head.");
+      publish.push_back([&slot, ref = head.module_rref()] { slot.head.set_value(ref); });
+    }
+  } else {
+    auto shard = make_shard(agent, rank, opt.servers, train.features(), train.classes);
+    if (opt.resume) shard.load(opt.checkpoint + "/model-" + std::to_string(rank) + ".gw");
+    add_named(params, shard, "");
+    publish.push_back([&slot, ref = shard.module_rref()] { slot.shard.set_value(ref); });
+  }
+  if (opt.kill_server_after > 0 && rank == opt.servers - 1 && agent.incarnation() == 0)
+    server_crash.at = opt.kill_server_after;
+  std::unique_ptr<dist_optim::ShardCheckpointer> snapshots =
+      start_snapshots(agent, opt, std::move(params));
+  for (const auto& p : publish)
+    p();
+  std::printf("%s serving shard %d of %d to %d trainers\n", name.c_str(), rank + 1, opt.servers,
+              world - opt.servers);
+  std::fflush(stdout);
+  // Graceful: waits until every trainer has finished and shut down too.
+  rpc::shutdown();
+  if (snapshots) snapshots->stop();
+  if (opt.embedding_rows > 0 && rank == 0) {
+    // The table's server: its peak memory against what it must hold (the table and
+    // Adagrad's sums, one float per element each); a dense gradient of the table's size
+    // per step would show here.
+    const double table_gb = static_cast<double>(opt.embedding_rows * opt.embedding_dim) * 4 / 1e9;
+    std::printf("%s peak RSS %.2f GB; table %.2f GB + optimizer state %.2f GB\n", name.c_str(),
+                static_cast<double>(peak_rss_bytes()) / 1e9, table_gb, table_gb);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -582,6 +794,8 @@ int main(int argc, char** argv) {
                             "gradwire-run --nproc-per-node " +
                             std::to_string(opt.servers + 1) + " or more");
     }
+    // Made here when missing: the epoch files and the servers' snapshots go there.
+    if (!opt.checkpoint.empty()) std::filesystem::create_directories(opt.checkpoint);
     const auto [train, test] = load_data(opt);
     auto slot = std::make_shared<ServerSlot>();
     register_all(rpc::registry(), slot);
@@ -592,47 +806,7 @@ int main(int argc, char** argv) {
     rpc::AgentOptions options;
     options.rpc_timeout = std::chrono::seconds(60);
     auto agent = rpc::init_rpc(name, rank, world, options);
-    if (server) {
-      // This server's shard, made here and handed to every trainer that asks.
-      agent->add_listener(std::make_shared<TrainerWatch>(*agent));
-      if (opt.embedding_rows > 0) {
-        // The click task: the table on ps0, the head on the last server.
-        if (rank == 0) {
-          dist_nn::RemoteModule<nn::EmbeddingBag> table(
-              *agent, name, "ClickTable", opt.embedding_rows, opt.embedding_dim, opt.sparse);
-          if (opt.resume) table.load(opt.checkpoint + "/table.gw");
-          slot->table.set_value(table.module_rref());
-          std::printf("%s holds the %lld x %lld table (%s gradients); RSS %.2f GB\n", name.c_str(),
-                      static_cast<long long>(opt.embedding_rows),
-                      static_cast<long long>(opt.embedding_dim), opt.sparse ? "sparse" : "dense",
-                      static_cast<double>(peak_rss_bytes()) / 1e9);
-        }
-        if (rank == opt.servers - 1) {
-          dist_nn::RemoteModule<nn::Linear> head(*agent, name, "ClickHead", opt.embedding_dim);
-          if (opt.resume) head.load(opt.checkpoint + "/head.gw");
-          slot->head.set_value(head.module_rref());
-        }
-      } else {
-        auto shard = make_shard(*agent, rank, opt.servers, train.features(), train.classes);
-        if (opt.resume) shard.load(opt.checkpoint + "/model-" + std::to_string(rank) + ".gw");
-        slot->shard.set_value(shard.module_rref());
-      }
-      std::printf("%s serving shard %d of %d to %d trainers\n", name.c_str(), rank + 1, opt.servers,
-                  world - opt.servers);
-      std::fflush(stdout);
-      // Graceful: waits until every trainer has finished and shut down too.
-      rpc::shutdown();
-      if (opt.embedding_rows > 0 && rank == 0) {
-        // The table's server: its peak memory against what it must hold (the table and
-        // Adagrad's sums, one float per element each); a dense gradient of the table's size
-        // per step would show here.
-        const double table_gb =
-            static_cast<double>(opt.embedding_rows * opt.embedding_dim) * 4 / 1e9;
-        std::printf("%s peak RSS %.2f GB; table %.2f GB + optimizer state %.2f GB\n", name.c_str(),
-                    static_cast<double>(peak_rss_bytes()) / 1e9, table_gb, table_gb);
-      }
-      return 0;
-    }
+    if (server) return run_server(*agent, opt, rank, world, train, *slot);
     const int status =
         run_trainer(*agent, rank - opt.servers + 1, world - opt.servers, opt, train, test);
     rpc::shutdown();

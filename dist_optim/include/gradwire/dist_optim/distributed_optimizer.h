@@ -243,6 +243,10 @@ class DistributedOptimizer : public optim::LrTarget {
   size_t num_owners() const { return shards_.size(); }
 
  private:
+  // Drops a lost owner's optimizer without leaving the group anywhere: the optimizer it
+  // makes instead joins as the same member.
+  friend class ServerFailover;
+
   // The rate last set everywhere; `mutex` is held across a set_lr round.
   struct Lr {
     mutable Mutex mutex;

@@ -107,7 +107,8 @@ class ServerFailover : public optim::LrTarget {
   const std::vector<Recovery>& recoveries() const { return recoveries_; }
 
   // optim::LrTarget: the optimizer's one group; a rate set here is set again on the
-  // optimizer a recovery makes.
+  // optimizer a recovery makes (also when a server's loss failed the call that set it: a
+  // schedule step that throws that way is followed by recover(), not by the step again).
   size_t num_lr_groups() const override { return 1; }
   double group_lr(size_t group) const override;
   void set_group_lrs(const std::vector<double>& lrs) override;
