@@ -48,6 +48,17 @@
 // (AgentOptions::rejoin) and trains again, while the server, which has released the dead
 // trainer's references and autograd contexts, serves on and the other trainers never stop:
 //   gradwire-run --nproc-per-node 3 --restart-workers 1 gradwire-ps-train --kill-trainer-after 20
+//
+// Surviving a server's death (docs/parameter-server.md, section 10): with --checkpoint DIR
+// --checkpoint-every S every server snapshots its shard (its parameters, the group's
+// optimizer state, its update count) into DIR every S seconds in the background, keeping
+// --keep-checkpoints K (3); a server restarted under --restart-workers restores the newest
+// before it serves, and the trainers, whose calls failed with the server's loss, fetch its
+// references again and go on (dist_optim::ServerFailover). The updates after the last
+// snapshot are lost. --kill-server-after B kills the last server in its B-th forward:
+//   gradwire-run --role server:1:critical --role trainer:2 --restart-workers 1
+//       gradwire-ps-train --checkpoint /tmp/ps --checkpoint-every 0.1 --kill-server-after 150
+// (a role job: the launcher hosts the workers' store, so even rank 0 can be restarted).
 #include <gradwire/gradwire.h>
 
 #include <signal.h>
