@@ -23,9 +23,10 @@ void TrainerGroup::validate() const {
   GRADWIRE_CHECK_ARG(max_staleness >= -1)
       << "dist_optim: TrainerGroup '" << name
       << "': max_staleness must be >= 0 (or -1: unbounded), got " << max_staleness;
-  GRADWIRE_CHECK_ARG(aggregate >= 1 && aggregate <= trainers)
+  GRADWIRE_CHECK_ARG(aggregate >= 0 && aggregate <= trainers)
       << "dist_optim: TrainerGroup '" << name
-      << "': aggregate must be in [1, trainers = " << trainers << "], got " << aggregate;
+      << "': aggregate must be in [1, trainers = " << trainers
+      << "] (or 0: every member of the moment), got " << aggregate;
 }
 
 namespace detail {
@@ -35,8 +36,12 @@ TrainerGroupState::TrainerGroupState(TrainerGroup config, std::string owner,
     : config_(std::move(config)), owner_(std::move(owner)), shard_(std::move(shard)) {}
 
 int64_t TrainerGroupState::needed() const {
-  const int64_t present = std::max<int64_t>(1, config_.trainers - left_);
-  return std::min<int64_t>(config_.aggregate, present);
+  // The members expected or joined (trainers that join a running job add to them), less
+  // those gone.
+  const int64_t members =
+      std::max<int64_t>(config_.trainers, static_cast<int64_t>(members_.size()));
+  const int64_t present = std::max<int64_t>(1, members - left_);
+  return config_.aggregate == 0 ? present : std::min<int64_t>(config_.aggregate, present);
 }
 
 int64_t TrainerGroupState::slowest() const {
@@ -56,6 +61,14 @@ void TrainerGroupState::join(int id, const std::string& name) {
     if (it == members_.end()) {
       Member m;
       m.name = name;
+      // A trainer joining a running job starts level with the slowest member, so that the
+      // staleness bound does not hold everyone back until it has caught up from step 0.
+      int64_t low = std::numeric_limits<int64_t>::max();
+      for (const auto& [other, o] : members_)
+        if (o.active) low = std::min(low, o.clock);
+      if (static_cast<int64_t>(members_.size()) >= config_.trainers &&
+          low != std::numeric_limits<int64_t>::max())
+        m.clock = low;
       members_.emplace(id, std::move(m));
       return;
     }

@@ -109,6 +109,9 @@ struct Options {
   double checkpoint_every = 0;
   int keep_checkpoints = 3;
   int64_t kill_server_after = 0;
+  // --leave-after B: in an elastic job, the last of the trainers that formed it leaves the
+  // job gracefully after B batches (its group and the rpc group), as a scaled-down node's would.
+  int64_t leave_after = 0;
   std::string trace;  // --trace DIR: trace files written there at exit
   // The click-through task (--embedding-rows N): a table of N rows on ps0, a linear head on
   // the last server.
@@ -210,6 +213,8 @@ Options parse_args(int argc, char** argv) {
       o.resume = true;
     } else if (args.is("--kill-trainer-after")) {
       o.kill_after = args.integer(1, int64_t{1} << 40);
+    } else if (args.is("--leave-after")) {
+      o.leave_after = args.integer(1, int64_t{1} << 40);
     } else if (args.is("--trace")) {
       o.trace = args.non_empty("a directory");
     } else if (parse_scale_flag(args, o) || parse_failover_flag(args, o)) {
@@ -276,6 +281,12 @@ int64_t peak_rss_bytes() {
   }
   std::fclose(f);
   return static_cast<int64_t>(kb) * 1024;
+}
+
+// Whether the launcher started this worker to join a running elastic job.
+bool launch_joins() {
+  const char* join = std::getenv("GRADWIRE_RPC_JOIN");
+  return join != nullptr && std::string(join) == "1";
 }
 
 int env_int(const char* name) {
@@ -360,6 +371,21 @@ class TrainerWatch : public rpc::AgentListener {
   void on_worker_rejoined(const rpc::WorkerInfo& worker, int incarnation) override {
     std::printf("%s: %s rejoined (incarnation %d); serving it\n", agent_.worker_info().name.c_str(),
                 worker.name.c_str(), incarnation);
+    std::fflush(stdout);
+  }
+  // An elastic job (gradwire-run --role): trainers that join it late and leave it early.
+  void on_worker_joined(const rpc::WorkerInfo& worker) override {
+    std::printf("%s: %s joined the job; serving it\n", agent_.worker_info().name.c_str(),
+                worker.name.c_str());
+    std::fflush(stdout);
+  }
+  // (rref/ and dist_autograd/ release what it held on their own.)
+  void on_worker_left(const rpc::WorkerInfo& worker) override {
+    int trainers = 0;
+    for (const rpc::WorkerInfo& w : agent_.get_worker_infos())
+      trainers += w.name.rfind("trainer", 0) == 0 ? 1 : 0;
+    std::printf("%s: %s left the job; %d trainers remain\n", agent_.worker_info().name.c_str(),
+                worker.name.c_str(), trainers);
     std::fflush(stdout);
   }
 
@@ -480,7 +506,9 @@ std::unique_ptr<dist_optim::DistributedOptimizer> make_optimizer(rpc::RpcAgent& 
       .name = "ps_train",
       .trainers = trainers,
       .max_staleness = opt.max_staleness,
-      .aggregate = opt.aggregate > 0 ? std::min(opt.aggregate, trainers) : trainers,
+      // By default every member of the moment: trainers that join a running elastic job
+      // count from their first step, and those that leave stop counting.
+      .aggregate = opt.aggregate > 0 ? std::min(opt.aggregate, trainers) : 0,
       .lr_scaling = opt.lr_scaling};
   return std::make_unique<dist_optim::DistributedOptimizer>(agent, spec, std::move(params), group);
 }
@@ -522,6 +550,14 @@ int report_done(rpc::RpcAgent& agent, const std::vector<RRef<Tensor>>& params, d
     return 1;
   }
   return 0;
+}
+
+// --leave-after: whether this trainer (the last of those that formed an elastic job) leaves
+// after its batch `done`.
+bool leaves_now(const rpc::RpcAgent& agent, const Options& opt, int trainer, int trainers,
+                int64_t done) {
+  return opt.leave_after > 0 && done == opt.leave_after && trainer == trainers &&
+         agent.options().elastic && agent.incarnation() == 0;
 }
 
 // What a trainer's batches add up to over one epoch.
@@ -572,10 +608,12 @@ void train_batch(rpc::RpcAgent& agent, const Model& model, dist_optim::ServerFai
 int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& opt,
                 const examples::Dataset& train, const examples::Dataset& test) {
   const std::string me = agent.worker_info().name;
-  // The same data on every trainer; each takes every trainers-th sample.
+  // The same data on every trainer; each takes every trainers-th sample (a trainer that
+  // joined a running elastic job, numbered past the trainers that formed it, every
+  // trainer-th).
   const Tensor &all_x = train.x, &all_y = train.y, &test_x = test.x, &test_y = test.y;
   std::vector<int64_t> mine;
-  for (int64_t i = trainer - 1; i < all_x.size(0); i += trainers)
+  for (int64_t i = trainer - 1; i < all_x.size(0); i += std::max(trainers, trainer))
     mine.push_back(i);
   const Tensor index = tensor<int64_t>(mine);
   const Tensor x = index_select(all_x, 0, index), y = index_select(all_y, 0, index);
@@ -629,6 +667,14 @@ int run_trainer(rpc::RpcAgent& agent, int trainer, int trainers, const Options& 
       const Tensor rows = order.slice(0, b, b + batch);
       train_batch(agent, model, failover, index_select(x, 0, rows), index_select(y, 0, rows),
                   stats);
+      if (leaves_now(agent, opt, trainer, trainers, steps)) {
+        failover.run([&] { failover.optimizer().leave(); });
+        std::printf("%s leaves the job after %lld batches (--leave-after); the others go on\n",
+                    me.c_str(), static_cast<long long>(steps));
+        std::fflush(stdout);
+        agent.leave();
+        return 0;
+      }
       if (opt.kill_after > 0 && trainer == 1 && agent.incarnation() == 0 &&
           ++batches == opt.kill_after) {
         std::printf("%s: killing itself after %lld batches (--kill-trainer-after)\n", me.c_str(),
@@ -818,9 +864,19 @@ int main(int argc, char** argv) {
     options.rpc_timeout = std::chrono::seconds(60);
     auto agent = rpc::init_rpc(name, rank, world, options);
     if (server) return run_server(*agent, opt, rank, world, train, *slot);
+    if (options.join_running || launch_joins()) {
+      std::printf("%s joined the running job as rank %d\n", name.c_str(), rank);
+      std::fflush(stdout);
+    }
     const int status =
         run_trainer(*agent, rank - opt.servers + 1, world - opt.servers, opt, train, test);
-    rpc::shutdown();
+    // In an elastic job (gradwire-run --role) a trainer that is done leaves: nobody waits for
+    // it, and the servers go on serving the others. Otherwise every worker meets at the end.
+    if (agent->options().elastic) {
+      if (!agent->is_shut_down()) rpc::leave();
+    } else {
+      rpc::shutdown();
+    }
     return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ps_train: %s\n", e.what());

@@ -476,6 +476,16 @@ void GroupDirectory::mark_lost(int rank) const {
 }
 
 void GroupDirectory::adopt_roster() {
+  // Workers that formed the group and have left it since, or were lost and not replaced.
+  for (int r = 0; r < world_size_; ++r) {
+    if (r != self_.id && gone_in_store(r)) {
+      if (store_->check({key("left/" + std::to_string(r))})) {
+        mark_left(r);
+      } else {
+        apply(r, PresenceEvent::kLose);
+      }
+    }
+  }
   for (int r : roster()) {
     const std::string rec_key = key("worker/" + std::to_string(r));
     if (!store_->check({rec_key})) continue;  // it is publishing: met later
@@ -484,8 +494,12 @@ void GroupDirectory::adopt_roster() {
       MutexLock lock(mutable_mutex_);
       adopt(r, rec);
     }
-    // One that has left already is known by name, as gone.
-    if (store_->check({key("left/" + std::to_string(r))})) mark_left(r);
+    // One that has left already is known by name, as gone; one lost, as lost.
+    if (store_->check({key("left/" + std::to_string(r))})) {
+      mark_left(r);
+    } else if (gone_in_store(r)) {
+      apply(r, PresenceEvent::kLose);
+    }
   }
 }
 

@@ -227,11 +227,13 @@ TEST_F(TrainerGroups, MismatchedMembersAndBadSettingsAreRefused) {
                 DistributedOptimizer b(w(2), optim::SGDOptions{.lr = 0.2}, params(2), group);
               }),
               HasSubstr("the optimizers differ in 'hyper.lr'"));
-  EXPECT_THAT(test::error_text<InvalidArgument>([&] {
-                DistributedOptimizer b(w(2), optim::SGDOptions{.lr = 0.1}, params(2),
-                                       TrainerGroup{.name = "x", .trainers = 2, .aggregate = 3});
-              }),
-              HasSubstr("aggregate must be in [1, trainers = 2], got 3"));
+  EXPECT_THAT(
+      test::error_text<InvalidArgument>([&] {
+        DistributedOptimizer b(w(2), optim::SGDOptions{.lr = 0.1}, params(2),
+                               TrainerGroup{.name = "x", .trainers = 2, .aggregate = 3});
+      }),
+      HasSubstr(
+          "aggregate must be in [1, trainers = 2] (or 0: every member of the moment), got 3"));
   EXPECT_THAT(test::error_text<InvalidArgument>([&] {
                 DistributedOptimizer b(w(2), optim::SGDOptions{.lr = 0.1}, params(2),
                                        TrainerGroup{.name = "", .trainers = 2});

@@ -82,7 +82,8 @@ struct TrainerGroup {
   // The group, the same on every trainer of the job; the owners keep one optimizer per name.
   std::string name;
   // How many trainers take part. A trainer's step waits for members that have not joined
-  // yet as for the slowest (their clock is 0).
+  // yet as for the slowest (their clock is 0). A trainer that joins once they all have
+  // (an elastic job's late trainer) starts level with the slowest member.
   int trainers = 1;
   // Bounded staleness S: a member's k-th step is answered once every member still in the
   // group has finished step k - S, so no trainer runs more than S steps ahead of the
@@ -91,7 +92,10 @@ struct TrainerGroup {
   // Server-side aggregation K: each update averages K members' gradients (the K steps that
   // arrive together), and a step is answered once the update holding its gradient is
   // applied. 1: every gradient is applied as it arrives. K = trainers with S = 0 is
-  // synchronous data-parallel SGD with a batch of K x the trainers' batch.
+  // synchronous data-parallel SGD with a batch of K x the trainers' batch. 0: every member
+  // of the moment (the expected trainers until they have joined; then each trainer that
+  // joins a running job counts from its first step, and each one that leaves stops
+  // counting), for elastic jobs.
   int aggregate = 1;
   LrScaling lr_scaling = LrScaling::kNone;
   void validate() const;  // InvalidArgument naming the bad field
