@@ -67,15 +67,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include <gradwire/core/mutex.h>
 #include <gradwire/core/trace.h>
 #include <gradwire/dist_optim/failover.h>
 #include <gradwire/dist_optim/shard_checkpoint.h>
@@ -359,7 +362,20 @@ dist_nn::RemoteModule<Shard> make_shard(rpc::RpcAgent& agent, int s, int servers
 class TrainerWatch : public rpc::AgentListener {
  public:
   explicit TrainerWatch(rpc::RpcAgent& agent) : agent_(agent) {}
+
+  // An elastic job's server serves until no live trainer is left (those that formed the job
+  // and those that joined it have left or died, and none is back), then returns; a trainer
+  // that joins meanwhile keeps it serving.
+  void serve_until_trainers_are_gone() {
+    MutexLock lock(mutex_);
+    // Woken by every change; a look each second as well, so that nothing it was not told
+    // of keeps it serving.
+    while (live_trainers() > 0)
+      lock.wait_until(changed_, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  }
+
   void on_worker_lost(const rpc::WorkerInfo& worker, const std::string& why) override {
+    changed(worker, true);
     const rref::RRefMetrics refs = rref::metrics(agent_);
     std::printf(
         "%s: lost %s (%s); released its references and autograd contexts: %zu contexts and "
@@ -369,28 +385,54 @@ class TrainerWatch : public rpc::AgentListener {
     std::fflush(stdout);
   }
   void on_worker_rejoined(const rpc::WorkerInfo& worker, int incarnation) override {
+    changed(worker, false);
     std::printf("%s: %s rejoined (incarnation %d); serving it\n", agent_.worker_info().name.c_str(),
                 worker.name.c_str(), incarnation);
     std::fflush(stdout);
   }
   // An elastic job (gradwire-run --role): trainers that join it late and leave it early.
   void on_worker_joined(const rpc::WorkerInfo& worker) override {
+    changed(worker, false);
     std::printf("%s: %s joined the job; serving it\n", agent_.worker_info().name.c_str(),
                 worker.name.c_str());
     std::fflush(stdout);
   }
   // (rref/ and dist_autograd/ release what it held on their own.)
   void on_worker_left(const rpc::WorkerInfo& worker) override {
+    changed(worker, false);
     int trainers = 0;
-    for (const rpc::WorkerInfo& w : agent_.get_worker_infos())
-      trainers += w.name.rfind("trainer", 0) == 0 ? 1 : 0;
+    {
+      MutexLock lock(mutex_);
+      trainers = live_trainers();
+    }
     std::printf("%s: %s left the job; %d trainers remain\n", agent_.worker_info().name.c_str(),
                 worker.name.c_str(), trainers);
     std::fflush(stdout);
   }
 
  private:
+  static bool is_trainer(const rpc::WorkerInfo& w) { return w.name.rfind("trainer", 0) == 0; }
+  // The trainers in the group now, less those lost and not back.
+  int live_trainers() const GRADWIRE_REQUIRES(mutex_) {
+    int n = 0;
+    for (const rpc::WorkerInfo& w : agent_.get_worker_infos())
+      n += is_trainer(w) && lost_.count(w.id) == 0 ? 1 : 0;
+    return n;
+  }
+  void changed(const rpc::WorkerInfo& worker, bool lost) {
+    MutexLock lock(mutex_);
+    if (lost) {
+      lost_.insert(worker.id);
+    } else {
+      lost_.erase(worker.id);
+    }
+    changed_.notify_all();
+  }
+
   rpc::RpcAgent& agent_;
+  Mutex mutex_;
+  std::condition_variable changed_;
+  std::set<int> lost_ GRADWIRE_GUARDED_BY(mutex_);
 };
 
 // The server's one shard, handed to every trainer that asks. Set once the server has made
@@ -778,7 +820,8 @@ void add_named(StateDict& out, const dist_nn::RemoteModule<M>& module, const std
 int run_server(rpc::RpcAgent& agent, const Options& opt, int rank, int world,
                const examples::Dataset& train, ServerSlot& slot) {
   const std::string name = agent.worker_info().name;
-  agent.add_listener(std::make_shared<TrainerWatch>(agent));
+  auto watch = std::make_shared<TrainerWatch>(agent);
+  agent.add_listener(watch);
   if (agent.incarnation() > 0) {
     std::printf("%s rejoined the running job (incarnation %d)\n", name.c_str(),
                 agent.incarnation());
@@ -819,7 +862,10 @@ int run_server(rpc::RpcAgent& agent, const Options& opt, int rank, int world,
   std::printf("%s serving shard %d of %d to %d trainers\n", name.c_str(), rank + 1, opt.servers,
               world - opt.servers);
   std::fflush(stdout);
-  // Graceful: waits until every trainer has finished and shut down too.
+  // In an elastic job trainers come and go: the server serves as long as one is there (and
+  // the graceful shutdown meets the other servers alone, however long training took).
+  // Otherwise the graceful shutdown waits until every trainer has finished and shut down.
+  if (agent.options().elastic) watch->serve_until_trainers_are_gone();
   rpc::shutdown();
   if (snapshots) snapshots->stop();
   if (opt.embedding_rows > 0 && rank == 0) {
