@@ -1,11 +1,14 @@
 # Helpers that give every module the same shape (docs/architecture.md, "Layout").
 #
-#   gradwire_add_module(<name> [DEPS gradwire::a ...] [PRIVATE_DEPS lib ...])
-#     builds <name>/src/**.cc (and <name>/src/cuda/*.cu when CUDA is on) into the library
-#     target gradwire::<name>, with <name>/include as its public include path. Public
+#   gradwire_add_module(<name> [STANDALONE] [DEPS gradwire::a ...] [PRIVATE_DEPS lib ...])
+#     builds src/**.cc (and src/cuda/*.cu when CUDA is on) of the calling folder into the
+#     library target gradwire::<name>, with include/ as its public include path. Public
 #     include paths travel only along DEPS, so a module that includes a header of a module
 #     it does not depend on fails to compile. A DEPS entry must name a module added
 #     earlier (modules are added in layer order), so no module can reach upward.
+#     STANDALONE: a module with a public third-party dependency of its own (the LibTorch
+#     bridge) stays out of the umbrella target gradwire::gradwire and is exported on its
+#     own, as the package component <name> (find_package(gradwire COMPONENTS <name>)).
 #
 #   gradwire_add_test(<module> [DEPS ...])
 #     builds tests/<module>/*.cc into <module>_test, links GoogleTest and tests/support,
@@ -27,7 +30,7 @@ if(GRADWIRE_SANITIZE)
 endif()
 
 function(gradwire_add_module name)
-  cmake_parse_arguments(ARG "" "" "DEPS;PRIVATE_DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "STANDALONE" "" "DEPS;PRIVATE_DEPS" ${ARGN})
   foreach(dep IN LISTS ARG_DEPS)
     if(NOT dep MATCHES "^gradwire::")
       message(FATAL_ERROR "module ${name}: DEPS takes gradwire modules only (got '${dep}'); "
@@ -63,14 +66,23 @@ function(gradwire_add_module name)
     $<$<COMPILE_LANGUAGE:CXX>:${GRADWIRE_CXX_WARNINGS}>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall --expt-relaxed-constexpr>)
   target_link_libraries(${target} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
-  install(TARGETS ${target} EXPORT gradwireTargets
+  set(export_set gradwireTargets)
+  if(ARG_STANDALONE)
+    set(export_set gradwire_${name}Targets)
+  endif()
+  install(TARGETS ${target} EXPORT ${export_set}
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
           RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   install(DIRECTORY ${dir}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
   set(GRADWIRE_MODULES ${GRADWIRE_MODULES} ${name} CACHE INTERNAL "")
-  set(GRADWIRE_MODULES_QUALIFIED ${GRADWIRE_MODULES_QUALIFIED} gradwire::${name} CACHE INTERNAL "")
+  if(ARG_STANDALONE)
+    install(EXPORT ${export_set} NAMESPACE gradwire::
+            DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gradwire)
+  else()
+    set(GRADWIRE_MODULES_QUALIFIED ${GRADWIRE_MODULES_QUALIFIED} gradwire::${name} CACHE INTERNAL "")
+  endif()
 endfunction()
 
 function(gradwire_add_test module)
