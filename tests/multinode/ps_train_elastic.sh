@@ -32,11 +32,20 @@ still_training() {
 mn_start servers 0 GRADWIRE_HOST_ID=host-0 "$secret" -- "${common[@]}" \
   --role server:1:critical "${train[@]}"
 pid_servers=$mn_last_pid
+# gradwire-run numbers an elastic job's nodes in arrival order and ps_train takes RANK 0 for
+# its server, so node 1 starts once node 0's launcher is on its way in (it hosts the
+# rendezvous store, and arrives right after saying so); the layout is checked below.
+mn_await_line servers "rendezvous 'ps-train-elastic' on the store at .* \\(hosted by this launcher\\)" \
+  "$pid_servers"
 mn_start trainers 1 GRADWIRE_HOST_ID=host-1 "$secret" -- "${common[@]}" \
   --role trainer:2 "${train[@]}"
 pid_trainers=$mn_last_pid
+mn_await_line servers "generation 0 of 'ps-train-elastic': node" "$pid_servers"
+grep -qF "node 0 of 2, ranks 0..0 of 3" "$(mn_log servers)" ||
+  mn_fail "node 1's launcher arrived first: ps_train's server (RANK 0) would run in node 1"
 # The initial group trains: the server serves its shard and both trainers finished an epoch.
 mn_await_line servers "ps0 serving shard 1 of 1 to 2 trainers" "$pid_servers"
+mn_expect trainers "generation 0 of 'ps-train-elastic': node 1 of 2, ranks 1..2 of 3"
 mn_await_line trainers "trainer1 epoch +1/$epochs" "$pid_trainers"
 mn_await_line trainers "trainer2 epoch +1/$epochs" "$pid_trainers"
 mn_say "the initial group trains: the server in node 0, two trainers in node 1"
@@ -73,6 +82,7 @@ for t in trainer1 trainer2; do
 done
 # Nobody was restarted: the server served its shard once, no trainer came back.
 (($(mn_count servers "serving shard") == 1)) || mn_fail "the server started more than once"
+mn_expect_not trainers "is not critical"
 mn_expect_not servers "rejoined"
 mn_expect_not trainers "rejoined"
 mn_expect_not servers "generation 1"
