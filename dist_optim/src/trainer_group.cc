@@ -147,7 +147,15 @@ Future<int64_t> TrainerGroupState::step(rpc::RpcAgent& agent, int id, std::vecto
 
 void TrainerGroupState::maybe_apply(rpc::RpcAgent* agent, bool force, std::vector<Answer>& out) {
   const int64_t count = static_cast<int64_t>(contributors_.size());
-  if (count == 0 || (!force && count < needed()) || agent == nullptr) return;
+  // Due once enough members still in the group have contributed: the gradient of one that
+  // left (or was lost) after stepping stays in the aggregate but does not stand for a live
+  // member's, or the round would close without a member whose step then waits alone.
+  int64_t live = 0;
+  for (int id : contributors_) {
+    auto it = members_.find(id);
+    if (it != members_.end() && it->second.active) ++live;
+  }
+  if (count == 0 || (!force && live < needed()) || agent == nullptr) return;
   std::vector<Tensor> grads = std::move(sum_);
   sum_.clear();
   std::vector<int> who = std::move(contributors_);

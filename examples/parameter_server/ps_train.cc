@@ -286,6 +286,33 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(kb) * 1024;
 }
 
+// The part this worker plays: a server and its shard, or a trainer and its number (from 1).
+struct Role {
+  bool server = false;
+  int index = 0;
+};
+
+// gradwire-run --role server:P --role trainer:N says it (ROLE_NAME, ROLE_RANK): the nodes of
+// an elastic job are numbered in the order they arrive, so a rank says nothing of the role
+// there. Otherwise the ranks below --servers are the servers.
+Role role_of(int rank, const Options& opt) {
+  const char* role = std::getenv("ROLE_NAME");
+  const std::string name = role == nullptr ? "" : role;
+  if (name == "server" || name == "trainer") {
+    const char* role_rank = std::getenv("ROLE_RANK");
+    if (role_rank == nullptr)
+      throw InvalidArgument("ROLE_NAME is '" + name + "' but ROLE_RANK is not set");
+    const int index = static_cast<int>(parse_int("ROLE_RANK", role_rank, 0, 1 << 20));
+    if (name == "server" && index >= opt.servers) {
+      throw InvalidArgument("server ROLE_RANK " + std::to_string(index) +
+                            " is not below --servers " + std::to_string(opt.servers) +
+                            ": start as many servers as --servers says");
+    }
+    return name == "server" ? Role{true, index} : Role{false, index + 1};
+  }
+  return rank < opt.servers ? Role{true, rank} : Role{false, rank - opt.servers + 1};
+}
+
 // Whether the launcher started this worker to join a running elastic job.
 bool launch_joins() {
   const char* join = std::getenv("GRADWIRE_RPC_JOIN");
@@ -903,19 +930,19 @@ int main(int argc, char** argv) {
     auto slot = std::make_shared<ServerSlot>();
     register_all(rpc::registry(), slot);
     set_num_threads(1);  // several processes share this machine's cores
-    const bool server = rank < opt.servers;
+    const Role role = role_of(rank, opt);
+    const bool server = role.server;
     const std::string name =
-        server ? "ps" + std::to_string(rank) : "trainer" + std::to_string(rank - opt.servers + 1);
+        server ? "ps" + std::to_string(role.index) : "trainer" + std::to_string(role.index);
     rpc::AgentOptions options;
     options.rpc_timeout = std::chrono::seconds(60);
     auto agent = rpc::init_rpc(name, rank, world, options);
-    if (server) return run_server(*agent, opt, rank, world, train, *slot);
+    if (server) return run_server(*agent, opt, role.index, world, train, *slot);
     if (options.join_running || launch_joins()) {
       std::printf("%s joined the running job as rank %d\n", name.c_str(), rank);
       std::fflush(stdout);
     }
-    const int status =
-        run_trainer(*agent, rank - opt.servers + 1, world - opt.servers, opt, train, test);
+    const int status = run_trainer(*agent, role.index, world - opt.servers, opt, train, test);
     // In an elastic job (gradwire-run --role) a trainer that is done leaves: nobody waits for
     // it, and the servers go on serving the others. Otherwise every worker meets at the end.
     if (agent->options().elastic) {

@@ -23,6 +23,7 @@
 #include "gradwire/tensor/ops.h"
 #include "support/agents.h"
 #include "support/error_text.h"
+#include "support/eventually.h"
 
 namespace gradwire {
 namespace {
@@ -244,6 +245,81 @@ TEST_F(TrainerGroups, MismatchedMembersAndBadSettingsAreRefused) {
                                        TrainerGroup{.name = "y", .max_staleness = -2});
               }),
               HasSubstr("max_staleness must be >= 0 (or -1: unbounded), got -2"));
+}
+
+}  // namespace
+}  // namespace gradwire
+
+namespace gradwire {
+namespace {
+
+// Three trainers (w1, w2, w3) in a synchronous group that averages every member of the moment
+// (aggregate 0). w3 steps and is then lost: its gradient stays in the round, but the round
+// closes only once both members still there have stepped, so neither waits alone for a
+// partner that will never come.
+TEST(TrainerGroupLoss, ALostMembersGradientDoesNotCloseTheRoundForALiveOne) {
+  rpc::Registry reg;
+  Tensor param = tensor(kP0);
+  param.set_requires_grad(true);
+  reg.def("param",
+          [&param](const rpc::CallContext& ctx) { return rref::make_local(*ctx.agent(), param); });
+  reg.def("scaled",
+          [](const RRef<Tensor>& p, const Tensor& x) { return mul(*p.local_value(), x); });
+  test::Agents agents = test::start_agents(4, test::agent_options(reg));
+  std::vector<RRef<Tensor>> refs(4);
+  for (int r = 1; r <= 3; ++r)
+    refs[static_cast<size_t>(r)] =
+        agents[static_cast<size_t>(r)]->rpc_sync<RRef<Tensor>>("w0", "param");
+  const TrainerGroup group{.name = "three", .trainers = 3, .max_staleness = 0, .aggregate = 0};
+  std::vector<std::unique_ptr<DistributedOptimizer>> opts(4);
+  for (int r = 1; r <= 3; ++r)
+    opts[static_cast<size_t>(r)] = std::make_unique<DistributedOptimizer>(
+        *agents[static_cast<size_t>(r)], optim::SGDOptions{.lr = 0.1},
+        std::vector<RRef<Tensor>>{refs[static_cast<size_t>(r)]}, group);
+  auto step = [&](int r, const std::vector<double>& x) {
+    RpcAgent& a = *agents[static_cast<size_t>(r)];
+    da::Context ctx(a);
+    const Tensor y = a.rpc_sync<Tensor>("w0", "scaled", refs[static_cast<size_t>(r)], tensor(x));
+    da::backward(a, ctx.id(), {sum(y)});
+    opts[static_cast<size_t>(r)]->step(ctx.id());
+  };
+  const std::vector<double> x3 = {-2.0, 0.5, 1.0};
+  // w1 and w3 step: both wait for the round (it needs all three). Once the owner holds both
+  // step requests unanswered, w3's worker goes away without a word.
+  auto first = std::async(std::launch::async, [&] { step(1, kX1); });
+  auto third = std::async(std::launch::async, [&] {
+    try {
+      step(3, x3);
+    } catch (const std::exception&) {
+      // its worker is shut down under it
+    }
+  });
+  ASSERT_TRUE(testing::eventually([&] { return agents[0]->metrics().queued_requests == 2; },
+                                  std::chrono::seconds(10)));
+  std::shared_ptr<RpcAgent> gone = agents[3];
+  refs[3] = RRef<Tensor>();
+  gone->shutdown(/*graceful=*/false);
+  third.get();
+  opts[3].reset();
+  // w2 steps: the round holds both live members' gradients now, and w3's, and closes.
+  step(2, kX2);
+  first.get();
+  std::vector<double> mean(3);
+  for (size_t i = 0; i < 3; ++i)
+    mean[i] = (kX1[i] + kX2[i] + x3[i]) / 3;
+  std::vector<double> got = param.detach().to_vector<double>();
+  std::vector<double> want = expect(0.1, {mean});
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-12) << "element " << i;
+  // And they go on together.
+  auto again = std::async(std::launch::async, [&] { step(1, kX1); });
+  step(2, kX2);
+  again.get();
+  opts.clear();
+  refs.clear();
+  agents.pop_back();
+  for (const auto& agent : agents)
+    agent->shutdown(/*graceful=*/false);
 }
 
 }  // namespace
