@@ -31,6 +31,7 @@ esac
 CXX=clang++ CC=clang cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADWIRE_USE_CUDA=OFF -DGRADWIRE_BUILD_BENCH=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
   -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_FUZZ=ON -DGRADWIRE_SANITIZE="address;undefined" \
+  -DGRADWIRE_WITH_TORCH=OFF \
   -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" >/dev/null
 cmake --build "$build" -j "$jobs"
 
