@@ -199,8 +199,9 @@ Tensor from_torch(const at::Tensor& t) {
     storage = *static_cast<const Storage*>(st.data_ptr().get_context());
   } else {
     const Device device = device_from_torch(t.device());
-    // Growing the storage would move the memory gradwire views.
-    st.unsafeGetStorageImpl()->set_resizable(false);
+    // Growing the storage would move the memory gradwire views. Written only once, so
+    // later conversions of the storage only read the flag.
+    if (st.resizable()) st.unsafeGetStorageImpl()->set_resizable(false);
     storage = Storage::borrow(st.data(), st.nbytes(), device, [keep = st](void*) {});
   }
   const auto sizes = t.sizes();

@@ -43,8 +43,12 @@
 //   to_torch: an undefined tensor; a sparse-rows tensor (convert its indices() and
 //   values()); a CUDA tensor when LibTorch has no CUDA.
 //
-// Thread-safety: the functions are pure; the tensors they return follow the usual rule of
-// both libraries (concurrent writes to one storage are the caller's race).
+// Thread-safety: to_torch and the dtype functions are pure. from_torch reads the torch
+// tensor and, the first time one of its storage's tensors is converted, marks the storage
+// non-resizable: a metadata write, which (as any in torch) must not race with another
+// first conversion or a resize_ of that storage on another thread; later conversions only
+// read. The tensors returned follow the usual rule of both libraries (concurrent writes to
+// one storage are the caller's race).
 #pragma once
 
 #include <ATen/core/Tensor.h>
