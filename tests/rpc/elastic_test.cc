@@ -18,6 +18,7 @@
 #include "group.h"
 #include "support/agents.h"
 #include "support/error_text.h"
+#include "support/event_log.h"
 #include "support/eventually.h"
 #include "support/harness.h"
 
@@ -32,30 +33,17 @@ using detail::PresenceEvent;
 // Told of joined, left and lost workers, in order.
 class Roster : public AgentListener {
  public:
-  void on_worker_joined(const WorkerInfo& worker) override { add("joined " + worker.name); }
-  void on_worker_left(const WorkerInfo& worker) override { add("left " + worker.name); }
+  void on_worker_joined(const WorkerInfo& worker) override { log_.add("joined " + worker.name); }
+  void on_worker_left(const WorkerInfo& worker) override { log_.add("left " + worker.name); }
   void on_worker_lost(const WorkerInfo& worker, const std::string&) override {
-    add("lost " + worker.name);
+    log_.add("lost " + worker.name);
   }
-  // Waits until `n` events have come; returns them.
   std::vector<std::string> wait_for(size_t n, std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    MutexLock lock(mutex_);
-    while (events_.size() < n) {
-      if (lock.wait_until(cv_, deadline) == std::cv_status::timeout) break;
-    }
-    return events_;
+    return log_.wait_for(n, timeout);
   }
 
  private:
-  void add(std::string event) {
-    MutexLock lock(mutex_);
-    events_.push_back(std::move(event));
-    cv_.notify_all();
-  }
-  Mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<std::string> events_ GRADWIRE_GUARDED_BY(mutex_);
+  test::EventLog log_;
 };
 
 class Elastic : public ::testing::Test {

@@ -18,6 +18,7 @@
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/registry.h"
 #include "support/agents.h"
+#include "support/event_log.h"
 #include "support/sync.h"
 
 namespace gradwire::rpc {
@@ -263,29 +264,17 @@ TEST_F(FaultsOnAgents, ACutReplyFailsTheCallerWithANetworkErrorNamingTheCallee) 
 class Membership : public AgentListener {
  public:
   void on_worker_lost(const WorkerInfo& worker, const std::string&) override {
-    MutexLock lock(mutex_);
-    events_.push_back("lost " + worker.name);
-    cv_.notify_all();
+    log_.add("lost " + worker.name);
   }
   void on_worker_rejoined(const WorkerInfo& worker, int incarnation) override {
-    MutexLock lock(mutex_);
-    events_.push_back("rejoined " + worker.name + " #" + std::to_string(incarnation));
-    cv_.notify_all();
+    log_.add("rejoined " + worker.name + " #" + std::to_string(incarnation));
   }
-  // Waits until `n` events have come; returns them.
   std::vector<std::string> wait_for(size_t n, std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    MutexLock lock(mutex_);
-    while (events_.size() < n) {
-      if (lock.wait_until(cv_, deadline) == std::cv_status::timeout) break;
-    }
-    return events_;
+    return log_.wait_for(n, timeout);
   }
 
  private:
-  Mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<std::string> events_ GRADWIRE_GUARDED_BY(mutex_);
+  test::EventLog log_;
 };
 
 TEST(Rejoin, ALostWorkerIsReplacedUnderItsNameAndTheOthersServeAndCallIt) {
