@@ -15,7 +15,8 @@
 //
 // With roles (--role server:1:critical --role trainer:2) the job is an elastic role job:
 // one generation, whose workers' store a launcher hosts; a node arriving later joins it with
-// fresh ranks, a node leaving stops nobody, a worker is only ever restarted alone, and a
+// fresh ranks while fewer than MAX nodes are in it (else it waits for one to leave), a node
+// leaving stops nobody and frees its place, a worker is only ever restarted alone, and a
 // failure ends the job only when the worker's role is critical.
 //
 // Secrets (run_secret.h): a job uses GRADWIRE_SECRET / GRADWIRE_SECRET_FILE when the user

@@ -1,9 +1,11 @@
 #include "run_rendezvous.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -108,6 +110,28 @@ NodeRoles parse_roles(const std::string& text) {
                      "' (expected '<0|1> <name>:<count> ...')");
   }
   return r;
+}
+
+// A role job's g<G>/members: "<nodes in the job> <nodes that joined later> <writer>"; absent
+// (empty) until a node joins or leaves after the job formed, which reads as `initial` in the
+// job and none joined later.
+struct Members {
+  int in_job = 0;
+  int joined_later = 0;
+};
+
+Members parse_members(const std::string& text, int initial) {
+  if (text.empty()) return Members{initial, 0};
+  std::istringstream in(text);
+  Members m;
+  std::string writer;
+  in >> m.in_job >> m.joined_later >> writer;
+  if (in.fail() || m.in_job < 0 || m.joined_later < 0 || m.joined_later > (1 << 30)) {
+    throw StoreError("gradwire-run: the rendezvous store holds a malformed membership '" +
+                     printable(text, 200) +
+                     "' (expected '<nodes in the job> <nodes that joined later> <writer>')");
+  }
+  return m;
 }
 
 // g<G>/master: "<address> <port>" of the workers' store.
@@ -311,7 +335,12 @@ void Rendezvous::gather(Joining& j) {
   life_.apply(j.index < j.nodes ? Event::kClosed : Event::kTooLate);
 }
 
+bool Rendezvous::job_ended() {
+  return store_->check({key("complete")}) || store_->check({key("abandoned")});
+}
+
 void Rendezvous::wait_next(const Joining& j) {
+  if (job_ended()) return life_.apply(Event::kNextOpened);
   std::fprintf(stderr,
                "gradwire-run: generation %lld of '%s' is running without this node; waiting "
                "for the next one\n",
@@ -319,7 +348,7 @@ void Rendezvous::wait_next(const Joining& j) {
   store_->set(gkey("waiting"), token_);
   const std::string next = prefix_ + "g" + std::to_string(gen_ + 1) + "/joined";
   for (;;) {
-    if (store_->check({key("complete")}) || store_->check({key("abandoned")})) break;
+    if (job_ended()) break;
     check_deadline(j, "generation " + std::to_string(gen_) + " never ended to let this node in");
     check_signal();
     try {
@@ -458,6 +487,7 @@ void Rendezvous::leave(const std::string& why) {
   life_.apply(Event::kSignal);
   if (roles()) {
     store_->set(gkey("left" + std::to_string(node_rank_)), why);
+    free_place(node_rank_);
     return;
   }
   store_->compare_set(gkey("stop"), {},
@@ -575,7 +605,9 @@ std::optional<GroupPlan> Rendezvous::join_running(Joining& j) {
     }
   }
   num_nodes_ = j.nodes;
-  j.index = num_nodes_ + static_cast<int>(counter(gkey("late_nodes"), 1)) - 1;
+  const std::optional<int> index = wait_for_place(j);
+  if (!index) return std::nullopt;
+  j.index = *index;
   node_rank_ = j.index;
   next_beat_ = {};
   beat();
@@ -640,8 +672,78 @@ GroupPlan Rendezvous::make_role_plan(const Joining& j, const std::vector<Bytes>&
   return plan;
 }
 
+std::string Rendezvous::read_members() {
+  const std::string key = gkey("members");
+  return store_->check({key}) ? store_->get_string(key) : std::string();
+}
+
+std::string Rendezvous::next_members(int in_job, int joined_later) {
+  return std::to_string(in_job) + " " + std::to_string(joined_later) + " " + token_ + "/" +
+         std::to_string(++members_writes_);
+}
+
 int Rendezvous::members() {
-  return num_nodes_ + static_cast<int>(counter(gkey("late_nodes")));
+  return num_nodes_ + parse_members(read_members(), num_nodes_).joined_later;
+}
+
+std::optional<int> Rendezvous::take_place() {
+  // One compare_set moves the value from what was read to what this launcher writes (made
+  // unique by its token): of two launchers reading the same value, only one gets the place,
+  // and the other reads again.
+  for (;;) {
+    const std::string now = read_members();
+    const Members m = parse_members(now, num_nodes_);
+    if (m.in_job >= options_.max_nodes) return std::nullopt;
+    const std::string next = next_members(m.in_job + 1, m.joined_later + 1);
+    if (to_string(store_->compare_set(gkey("members"), to_bytes(now), to_bytes(next))) == next) {
+      return num_nodes_ + m.joined_later;
+    }
+  }
+}
+
+void Rendezvous::free_place(int k) {
+  // Whoever records node k's departure first gives its place back; the others do not.
+  if (counter(gkey("freed" + std::to_string(k)), 1) != 1) return;
+  for (;;) {
+    const std::string now = read_members();
+    const Members m = parse_members(now, num_nodes_);
+    const std::string next = next_members(std::max(m.in_job - 1, 0), m.joined_later);
+    if (to_string(store_->compare_set(gkey("members"), to_bytes(now), to_bytes(next))) == next) {
+      return;
+    }
+  }
+}
+
+std::string Rendezvous::nnodes_flag() const {
+  const Options& o = options_;
+  return "--nnodes " + (o.min_nodes == o.max_nodes
+                            ? std::to_string(o.max_nodes)
+                            : std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes));
+}
+
+std::optional<int> Rendezvous::wait_for_place(const Joining& j) {
+  const Options& o = options_;
+  for (bool said = false;; said = true) {
+    if (std::optional<int> index = take_place()) return index;
+    if (!said) {
+      std::fprintf(stderr,
+                   "gradwire-run: the job '%s' runs %d nodes already, the most that %s allows; "
+                   "this node waits for one to leave (up to --rdzv-timeout, %lld ms)\n",
+                   o.run_id.c_str(), o.max_nodes, nnodes_flag().c_str(),
+                   static_cast<long long>(o.rdzv_timeout.count()));
+    }
+    if (store_->check({gkey("stop")}) || job_ended()) return std::nullopt;
+    if (Clock::now() >= j.deadline) {
+      throw TimeoutError("gradwire-run: the job '" + o.run_id + "' at " + endpoint() +
+                         " still runs " + std::to_string(o.max_nodes) + " nodes, the most that " +
+                         nnodes_flag() + " allows, after --rdzv-timeout (" +
+                         std::to_string(o.rdzv_timeout.count()) +
+                         " ms): no node left to free a place for this one");
+    }
+    check_signal();
+    pollfd pfd{signal_fd(), POLLIN, 0};
+    ::poll(&pfd, 1, 100);
+  }
 }
 
 bool Rendezvous::has_left(int k) {
@@ -687,6 +789,7 @@ std::optional<std::string> Rendezvous::watch_members() {
     const std::string why = "stopped answering (no heartbeat for " +
                             std::to_string(options_.heartbeat_timeout.count()) + " ms)";
     store_->compare_set(key, {}, to_bytes(why));
+    free_place(k);
     std::fprintf(stderr, "gradwire-run: node %d left the job: %s; the job goes on without it\n", k,
                  store_->get_string(key).c_str());
     seen_.erase(k);

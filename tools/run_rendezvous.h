@@ -34,8 +34,13 @@
 //   g<G>/roles<K>       node K's "<hosts the rendezvous store: 0|1> <name>:<count> ...": the
 //                       lowest node that hosts the rendezvous store (else node 0) hosts the
 //                       workers' store too, and publishes it in g<G>/master
-//   g<G>/late_nodes     nodes that joined the running generation (a counter): the K-th of
-//                       them is node <initial nodes> + K
+//   g<G>/members        "<nodes in the job> <nodes that joined later> <writer>" (absent:
+//                       the initial nodes, none joined later), changed only by compare_set
+//                       from the value read: a node arriving after G formed joins only while
+//                       fewer than MAX nodes are in the job, taking both numbers up by one
+//                       (the K-th to join later is node <initial nodes> + K); a node that
+//                       leaves gives its place back (the first g<G>/freed<K> add does)
+//   g<G>/freed<K>       node K's place was given back (a counter; only its first add does it)
 //   g<G>/late_ranks     RANKs handed to them (a counter over WORLD_SIZE)
 //   g<G>/late_role/<R>  ROLE_RANKs of role R handed to them (a counter over R's initial count)
 //   g<G>/left<K>        node K left the job (a signal, or a heartbeat that stopped): nobody
@@ -50,7 +55,8 @@
 // it; a store found elsewhere (a gradwire-store) is reached with the environment's secret.
 //
 // Thread-safety: one thread uses a Rendezvous.
-// Errors: TimeoutError when a rendezvous does not complete within --rdzv-timeout;
+// Errors: TimeoutError when a rendezvous does not complete within --rdzv-timeout (in a role
+// job: when a node arriving after the job formed finds no place below MAX within it);
 // NetworkError when the store cannot be reached (or goes away); InvalidArgument for a node
 // rank another node already holds.
 #pragma once
@@ -139,9 +145,11 @@ class Rendezvous {
     int64_t failures = 0;
   };
   // join()'s steps, one per state: each applies the event that ends its state.
-  void arrive(Joining& j);                                // kJoining
-  void gather(Joining& j);                                // kGathering
-  void wait_next(const Joining& j);                       // kLate
+  void arrive(Joining& j);           // kJoining
+  void gather(Joining& j);           // kGathering
+  void wait_next(const Joining& j);  // kLate
+  // Whether the job is complete or abandoned.
+  bool job_ended();
   std::optional<GroupPlan> plan_group(const Joining& j);  // kPlanning
   GroupPlan make_plan(const Joining& j, const std::vector<c10d::Bytes>& values) const;
   // The details every node of G published (node<K>, in a role job roles<K> too, and
@@ -153,14 +161,33 @@ class Rendezvous {
   void publish_roles(int index);
   // Starts the workers' store here; its "<address> <port>" for g<G>/master.
   std::string host_worker_store();
-  // kLate: joins the running generation with fresh numbers (kPlanning, then kRunning);
-  // nullopt when G was stopped meanwhile (the node then waits as a late one does).
+  // kLate: joins the running generation with fresh numbers (kPlanning, then kRunning), once
+  // it has a place below MAX (wait_for_place); nullopt when G was stopped or the job ended
+  // meanwhile (the node then waits as a late one does).
   std::optional<GroupPlan> join_running(Joining& j);
   // The plan of this node's workers from every initial node's details; `late`: the ranks
   // are fresh numbers past the initial group's.
   GroupPlan make_role_plan(const Joining& j, const std::vector<c10d::Bytes>& values, bool late);
-  // Nodes of the job so far: the initial ones and those that joined later.
+  // Nodes of the job so far: the initial ones and those that joined later (those that
+  // left included: their numbers are never handed out again).
   int members();
+  // g<G>/members as stored, "" while absent.
+  std::string read_members();
+  // A value for g<G>/members that no other write can equal (this launcher's token and count).
+  std::string next_members(int in_job, int joined_later);
+  // Takes a place in the running job if it has fewer than MAX nodes (one atomic step on
+  // g<G>/members): this node's number, initial nodes + its order among those that joined
+  // later; nullopt when MAX nodes are in the job.
+  std::optional<int> take_place();
+  // Gives node k's place back once it left (a signal, or a heartbeat that stopped); only the
+  // first caller for k does, whoever it is.
+  void free_place(int k);
+  // kLate in a role job: take_place(), waiting (said once on stderr) while the job runs MAX
+  // nodes; nullopt when G is stopped or the job ends meanwhile. Throws TimeoutError past
+  // --rdzv-timeout, Interrupted on a signal.
+  std::optional<int> wait_for_place(const Joining& j);
+  // "--nnodes MIN:MAX" (or "--nnodes N") as given.
+  std::string nnodes_flag() const;
   // watch() in a role job: G's stop, and nodes whose heartbeat stopped (recorded as left).
   std::optional<std::string> watch_members();
   // The heartbeats of the nodes in seen_, "" for one not published yet.
@@ -192,6 +219,8 @@ class Rendezvous {
   std::map<int, std::pair<std::string, std::chrono::steady_clock::time_point>> seen_;
   // In a role job: nodes known to have left.
   std::set<int> gone_;
+  // Writes of g<G>/members by this launcher, to make each value unique.
+  int64_t members_writes_ = 0;
 };
 
 }  // namespace gradwire::run

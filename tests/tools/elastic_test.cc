@@ -40,18 +40,20 @@ const std::string kWorker = GRADWIRE_ELASTIC_WORKER_PATH;
 const EnvChanges kNoSecret = {{"GRADWIRE_SECRET", std::nullopt},
                               {"GRADWIRE_SECRET_FILE", std::nullopt}};
 
-// The flags of one node of an elastic job meeting at `endpoint`, then `rest`.
-std::vector<std::string> node(const std::string& endpoint, std::vector<std::string> rest) {
+// The flags of one node of an elastic job of `nnodes` meeting at `endpoint`, then `rest`.
+std::vector<std::string> node(const std::string& endpoint, std::vector<std::string> rest,
+                              const std::string& nnodes = "1:4",
+                              const std::string& rdzv_timeout = "20s") {
   std::vector<std::string> args = {"--rdzv-endpoint",
                                    endpoint,
                                    "--nnodes",
-                                   "1:4",
+                                   nnodes,
                                    "--rdzv-last-call",
                                    "200ms",
                                    "--rdzv-heartbeat-timeout",
                                    "1s",
                                    "--rdzv-timeout",
-                                   "20s",
+                                   rdzv_timeout,
                                    "--grace-ms",
                                    "2000",
                                    "--no-prefix",
@@ -249,6 +251,99 @@ TEST(LauncherElastic, LateTrainerNodesLeavingLeaveTheJobRunning) {
   EXPECT_EQ(r.at("group"), "3");
   EXPECT_EQ(pids(workers(first.out())), first_pids) << first.out();
   EXPECT_EQ(count(first.out(), "released by end"), 2u) << first.out();
+}
+
+// What a node arriving while the job runs MAX nodes says, once, before it waits.
+const std::string kFull =
+    "the job 'elastic' runs 2 nodes already, the most that --nnodes 1:2 allows; this node "
+    "waits for one to leave";
+
+bool says(Launch& run, const std::string& part) {
+  return run.read_until([&](const std::string&, const std::string& err) { return has(err, part); },
+                        20s);
+}
+
+// MAX holds for nodes that arrive after the job formed: with --nnodes 1:2 and one initial
+// node, the first late node joins and the next waits, saying so once, until a place frees:
+// the node stopped with SIGTERM gives its place back as it leaves, the SIGKILLed one once
+// its heartbeat stops.
+TEST(LauncherElastic, ALateNodePastMaxWaitsForANodeToLeave) {
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  Launch first(node(ep,
+                    {"--role", "server:1:critical", "--role", "trainer:1", kWorker, "--rendezvous",
+                     "--wait", "end"},
+                    "1:2"));
+  ASSERT_TRUE(lines_at_least(first, "met rank=", 2)) << first.out() << first.err();
+  const std::vector<std::string> stays = {"--role",       "trainer:1", kWorker,
+                                          "--rendezvous", "--wait",    "never"};
+  Launch second(node(ep, stays, "1:2"));
+  ASSERT_TRUE(lines_at_least(second, "met rank=2", 1)) << second.err();
+
+  Launch third(node(ep, stays, "1:2"));
+  ASSERT_TRUE(says(third, kFull)) << third.err();
+  EXPECT_TRUE(workers(third.out()).empty()) << "no worker starts while it waits:\n" << third.out();
+  ::kill(second.pid(), SIGTERM);
+  EXPECT_EQ(second.wait(), 128 + SIGTERM) << second.err();
+  ASSERT_TRUE(lines_at_least(third, "met rank=3", 1)) << third.out() << third.err();
+  EXPECT_EQ(count(third.err(), kFull), 1u) << "said once:\n" << third.err();
+  EXPECT_TRUE(has(third.err(), "joining the running generation 0 of 'elastic' as node 2"))
+      << third.err();
+
+  Launch fourth(node(ep, {"--role", "trainer:1", kWorker, "--rendezvous", "--set", "end"}, "1:2"));
+  ASSERT_TRUE(says(fourth, kFull)) << fourth.err();
+  const std::string third_worker = workers(third.out()).at(0).at("pid");
+  ::kill(third.pid(), SIGKILL);
+  EXPECT_TRUE(ends_within(std::stoi(third_worker), 10s)) << "its worker dies with it";
+  ASSERT_EQ(fourth.wait(), 0) << fourth.err();
+  ASSERT_EQ(first.wait(), 0) << first.err();
+  EXPECT_TRUE(has(first.err(), "node 2 left the job: stopped answering")) << first.err();
+  const Record r = workers(fourth.out()).at(0);
+  EXPECT_EQ(r.at("rank"), "4") << "ranks 2 and 3 went to the nodes that left";
+  EXPECT_EQ(r.at("group"), "3");
+  EXPECT_EQ(count(first.out(), "released by end"), 2u) << first.out();
+}
+
+// Two nodes arriving together at a job with one place left: one takes it, the other waits,
+// and past its --rdzv-timeout exits 1 saying why; the job runs on and ends.
+TEST(LauncherElastic, OfTwoNodesArrivingTogetherOneJoinsAndTheOtherTimesOut) {
+  const std::string secret = "a-users-secret-of-more-than-16-bytes";
+  const EnvChanges env = {{"GRADWIRE_SECRET", secret}, {"GRADWIRE_SECRET_FILE", std::nullopt}};
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  Launch first(
+      node(ep, {"--role", "server:1:critical", kWorker, "--rendezvous", "--wait", "end"}, "1:2"),
+      env);
+  ASSERT_TRUE(lines_at_least(first, "met rank=0", 1)) << first.out() << first.err();
+  const std::vector<std::string> late = {"--role",       "trainer:1", kWorker,
+                                         "--rendezvous", "--wait",    "end"};
+  Launch a(node(ep, late, "1:2", "3s"), env);
+  Launch b(node(ep, late, "1:2", "3s"), env);
+  auto settled = [](Launch& l) {
+    return l.read_until(
+        [](const std::string& out, const std::string& err) {
+          return has(out, "met rank=") || has(err, kFull);
+        },
+        20s);
+  };
+  ASSERT_TRUE(settled(a)) << a.out() << a.err();
+  ASSERT_TRUE(settled(b)) << b.out() << b.err();
+  ASSERT_NE(has(a.out(), "met rank="), has(b.out(), "met rank=")) << "exactly one joins:\n"
+                                                                  << a.err() << b.err();
+  Launch& joined = has(a.out(), "met rank=") ? a : b;
+  Launch& waiting = &joined == &a ? b : a;
+  EXPECT_EQ(waiting.wait(), 1) << waiting.err();
+  EXPECT_TRUE(
+      has(waiting.err(), "the job 'elastic' at " + ep +
+                             " still runs 2 nodes, the most that --nnodes 1:2 allows, after "
+                             "--rdzv-timeout (3000 ms): no node left to free a place for this one"))
+      << waiting.err();
+  EXPECT_TRUE(workers(waiting.out()).empty()) << waiting.out();
+  EXPECT_EQ(workers(joined.out()).at(0).at("rank"), "1");
+  EXPECT_FALSE(has(joined.err(), kFull)) << joined.err();
+
+  TCPStore gate(store_of(workers(first.out()).at(0), secret));
+  gate.set("end", std::string_view("1"));
+  EXPECT_EQ(joined.wait(), 0) << joined.err();
+  EXPECT_EQ(first.wait(), 0) << first.err();
 }
 
 // --restart-workers: a failed server is restarted alone, with its RANK and ROLE_RANK and
