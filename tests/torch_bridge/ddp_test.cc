@@ -1,0 +1,318 @@
+// gradwire::torch::DistributedDataParallel (torch/ddp.h) with 2 ranks as processes, over the
+// shared-memory group and Gloo: parameters and gradients after steps of SGD on a float64
+// torch MLP equal single-process LibTorch on the concatenated batch (1e-12) with several
+// buckets; the broadcast from rank 0 at construction; replicas whose parameter shapes differ
+// refused naming the parameter; unused parameters with and without find_unused_parameters;
+// gradient accumulation under no_sync; a comm hook's result in grad().
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradwire/c10d/file_store.h"
+#include "gradwire/c10d/process_group_gloo.h"
+#include "gradwire/c10d/process_group_shm.h"
+#include "gradwire/core/error.h"
+#include "gradwire/ddp/comm_hooks.h"
+#include "gradwire/torch/convert.h"
+#include "gradwire/torch/ddp.h"
+#include "support/error_text.h"
+#include "support/harness.h"
+#include "support/temp_dir.h"
+
+namespace gradwire::torch {
+namespace {
+
+using namespace std::chrono_literals;
+using test::error_text;
+namespace tnn = ::torch::nn;
+
+constexpr int kWorld = 2;
+constexpr int64_t kRowsPerRank = 4;
+constexpr double kTol = 1e-12;
+
+using Body = std::function<void(const std::shared_ptr<c10d::ProcessGroup>& group, int rank)>;
+
+// Runs `body` on kWorld ranks as processes, each with a group of `backend`.
+void run_ranks(const std::string& backend, const Body& body) {
+  test::TempDir dir("torch-ddp");
+  const std::string path = (dir.path() / "store").string();
+  const test::RankResults results = test::run_ranks_as_processes(
+      kWorld,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto store = std::make_shared<c10d::FileStore>(
+            c10d::FileStoreOptions{.path = path, .num_workers = kWorld, .timeout = 20s});
+        c10d::ProcessGroupOptions options;
+        options.timeout = 20s;
+        options.debug_level = c10d::DebugLevel::kOff;
+        std::shared_ptr<c10d::ProcessGroup> group;
+        if (backend == "shm") {
+          c10d::ShmOptions shm;
+          shm.gloo.host = "127.0.0.1";
+          group = c10d::ProcessGroupShm::create(store, rank, kWorld, options, shm);
+        } else {
+          group =
+              c10d::ProcessGroupGloo::create(store, rank, kWorld, options, {.host = "127.0.0.1"});
+        }
+        body(group, rank);
+      },
+      60s);
+  EXPECT_ALL_RANKS_OK(results);
+}
+
+// A float64 MLP initialised from `seed`.
+tnn::Sequential make_mlp(uint64_t seed, int64_t hidden = 5) {
+  ::torch::manual_seed(seed);
+  tnn::Sequential net(tnn::Linear(3, hidden), tnn::Tanh(), tnn::Linear(hidden, 4), tnn::Tanh(),
+                      tnn::Linear(4, 2));
+  net->to(at::kDouble);
+  return net;
+}
+
+// Step `step`'s whole batch (every rank's rows, rank 0's first) and its targets.
+std::pair<at::Tensor, at::Tensor> batch(int step) {
+  at::Generator gen = at::detail::createCPUGenerator(1000 + static_cast<uint64_t>(step));
+  const int64_t rows = kRowsPerRank * kWorld;
+  at::Tensor x = at::randn({rows, 3}, gen, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor y = at::randn({rows, 2}, gen, at::TensorOptions().dtype(at::kDouble));
+  return {x, y};
+}
+
+at::Tensor rows_of(const at::Tensor& t, int rank) {
+  return t.narrow(0, rank * kRowsPerRank, kRowsPerRank);
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+// Each parameter and gradient of `a` equals `b`'s within kTol.
+void expect_close(const tnn::Module& a, const tnn::Module& b, bool grads = true) {
+  const auto pa = a.named_parameters();
+  const auto pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_LE(max_diff(pa[i].value(), pb[i].value()), kTol) << pa[i].key();
+    if (!grads) continue;
+    ASSERT_TRUE(pa[i].value().grad().defined()) << pa[i].key();
+    EXPECT_LE(max_diff(pa[i].value().grad(), pb[i].value().grad()), kTol) << pa[i].key();
+  }
+}
+
+class TorchDdp : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TorchDdp, StepsOfSgdEqualOneProcessOnTheWholeBatch) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    // Each rank starts from its own initialisation; the broadcast makes rank 0's everyone's.
+    tnn::Sequential net = make_mlp(10 + static_cast<uint64_t>(rank));
+    tnn::Sequential reference = make_mlp(10);
+    // Tiny buckets: several of them, launched while backward goes on.
+    DistributedDataParallel model(net, group, {.bucket_cap_mb = 1e-4, .first_bucket_mb = 5e-5});
+    EXPECT_GT(model.reducer().bucket_indices().size(), 1u);
+    ::torch::optim::SGD opt(net->parameters(), ::torch::optim::SGDOptions(0.1));
+    ::torch::optim::SGD ref_opt(reference->parameters(), ::torch::optim::SGDOptions(0.1));
+    constexpr int kSteps = 5;
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch(step);
+      opt.zero_grad();
+      ::torch::mse_loss(model.forward(rows_of(x, rank)), rows_of(y, rank)).backward();
+      ref_opt.zero_grad();
+      ::torch::mse_loss(reference->forward(x), y).backward();
+      expect_close(*net, *reference);
+      opt.step();
+      ref_opt.step();
+    }
+    expect_close(*net, *reference);
+    EXPECT_EQ(model.reducer().iterations(), kSteps);
+    EXPECT_TRUE(model.reducer().buckets_rebuilt());
+  });
+}
+
+TEST_P(TorchDdp, ConstructionBroadcastsRankZerosParametersAndBuffers) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    ::torch::manual_seed(20 + static_cast<uint64_t>(rank));
+    tnn::Linear linear(3, 4);
+    tnn::BatchNorm1d bn(4);
+    tnn::Sequential net(linear, bn);
+    net->to(at::kDouble);
+    // Rank-specific running statistics.
+    bn->running_mean.fill_(static_cast<double>(rank + 1));
+    ::torch::manual_seed(20);
+    tnn::Sequential rank0(tnn::Linear(3, 4), tnn::BatchNorm1d(4));
+    rank0->to(at::kDouble);
+    DistributedDataParallel model(net, group);
+    expect_close(*net, *rank0, /*grads=*/false);
+    EXPECT_TRUE(bn->running_mean.equal(at::ones({4}, at::kDouble)));
+  });
+}
+
+TEST_P(TorchDdp, ReplicasWithDifferentParameterShapesAreRefusedNamingTheParameter) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    tnn::Sequential net = make_mlp(1, rank == 0 ? 5 : 6);
+    const std::string what =
+        error_text<InvalidArgument>([&] { DistributedDataParallel model(net, group); });
+    EXPECT_NE(what.find("parameters differ across ranks"), std::string::npos) << what;
+    EXPECT_NE(what.find("parameter '0.weight'"), std::string::npos) << what;
+  });
+}
+
+// Three linear maps: `a` always used, `b` used on rank 0 only, `c` never.
+struct Branches : tnn::Module {
+  Branches() {
+    ::torch::manual_seed(3);
+    a = register_module("a", tnn::Linear(3, 2));
+    b = register_module("b", tnn::Linear(3, 2));
+    c = register_module("c", tnn::Linear(3, 2));
+    to(at::kDouble);
+  }
+  at::Tensor run(const at::Tensor& x, bool use_b) {
+    at::Tensor out = a(x);
+    return use_b ? out + b(x) : out;
+  }
+  tnn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+};
+
+// The gradient of each of `net`'s parameters on rank `rank`'s rows of step 0 (undefined for
+// the parameters that rank does not use).
+std::vector<at::Tensor> local_grads(int rank) {
+  auto net = std::make_shared<Branches>();
+  auto [x, y] = batch(0);
+  ::torch::mse_loss(net->run(rows_of(x, rank), rank == 0), rows_of(y, rank)).backward();
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : net->parameters())
+    out.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+  return out;
+}
+
+TEST_P(TorchDdp, FindUnusedParametersAveragesWithZerosWhereUnused) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    auto net = std::make_shared<Branches>();
+    DistributedDataParallel model(net, group, {.find_unused_parameters = true});
+    auto [x, y] = batch(0);
+    auto outs = model.forward_with([&](tnn::Module&) {
+      return std::vector<at::Tensor>{net->run(rows_of(x, rank), rank == 0)};
+    });
+    ::torch::mse_loss(outs[0], rows_of(y, rank)).backward();
+    const std::vector<at::Tensor> g0 = local_grads(0);
+    const std::vector<at::Tensor> g1 = local_grads(1);
+    const auto params = net->named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string& name = params[i].key();
+      const at::Tensor grad = params[i].value().grad();
+      if (name.rfind("c.", 0) == 0) {
+        EXPECT_FALSE(grad.defined()) << name << " is used on no rank";
+        continue;
+      }
+      ASSERT_TRUE(grad.defined()) << name;
+      const at::Tensor sum = g1[i].defined() ? g0[i] + g1[i] : g0[i];
+      EXPECT_LE(max_diff(grad, sum / kWorld), kTol) << name;
+    }
+  });
+}
+
+TEST_P(TorchDdp, AParameterNoRankUsesFailsBackwardNamingItWithoutFindUnused) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    auto net = std::make_shared<Branches>();
+    DistributedDataParallel model(net, group);
+    auto [x, y] = batch(0);
+    auto outs = model.forward_with(
+        [&](tnn::Module&) { return std::vector<at::Tensor>{net->run(rows_of(x, rank), true)}; });
+    at::Tensor loss = ::torch::mse_loss(outs[0], rows_of(y, rank));
+    std::string what;
+    try {
+      loss.backward();
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find("'c.weight'"), std::string::npos) << what;
+    EXPECT_NE(what.find("'c.bias'"), std::string::npos) << what;
+    EXPECT_NE(what.find("find_unused_parameters"), std::string::npos) << what;
+  });
+}
+
+TEST_P(TorchDdp, NoSyncAccumulatesLocallyAndTheNextSyncedPassAveragesTheSum) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    tnn::Sequential net = make_mlp(7);
+    tnn::Sequential mine = make_mlp(7);   // this rank's micro-batches, locally
+    tnn::Sequential other = make_mlp(7);  // the other rank's
+    DistributedDataParallel model(net, group);
+    for (int step = 0; step < 3; ++step) {
+      auto [x, y] = batch(step);
+      if (step < 2) {
+        TorchNoSyncGuard guard = model.no_sync();
+        ::torch::mse_loss(model.forward(rows_of(x, rank)), rows_of(y, rank)).backward();
+      } else {
+        ::torch::mse_loss(model.forward(rows_of(x, rank)), rows_of(y, rank)).backward();
+      }
+      ::torch::mse_loss(mine->forward(rows_of(x, rank)), rows_of(y, rank)).backward();
+      ::torch::mse_loss(other->forward(rows_of(x, 1 - rank)), rows_of(y, 1 - rank)).backward();
+      if (step == 0) expect_close(*net, *mine);  // not averaged under no_sync
+    }
+    const auto p = net->parameters();
+    const auto m = mine->parameters();
+    const auto o = other->parameters();
+    for (size_t i = 0; i < p.size(); ++i)
+      EXPECT_LE(max_diff(p[i].grad(), (m[i].grad() + o[i].grad()) / kWorld), kTol) << i;
+    EXPECT_EQ(model.reducer().iterations(), 1);
+  });
+}
+
+TEST_P(TorchDdp, ACommHooksResultIsWhatGradHolds) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    tnn::Sequential net = make_mlp(8);
+    DistributedDataParallel model(net, group, {.bucket_cap_mb = 1e-4, .first_bucket_mb = 5e-5});
+    // The element-wise maximum across ranks instead of the average.
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    model.register_comm_hook([calls](ddp::GradBucket& bucket) {
+      calls->fetch_add(1);
+      c10d::Work work = bucket.group->all_reduce(bucket.buffer, {.op = c10d::ReduceOp::kMax});
+      Tensor out = bucket.buffer;
+      return work.get_future().then(bucket.executor, [out](Future<std::vector<Tensor>> f) {
+        f.value();
+        return out;
+      });
+    });
+    auto [x, y] = batch(0);
+    ::torch::mse_loss(model.forward(rows_of(x, rank)), rows_of(y, rank)).backward();
+    EXPECT_EQ(calls->load(), static_cast<int>(model.reducer().bucket_indices().size()));
+    tnn::Sequential r0 = make_mlp(8);
+    tnn::Sequential r1 = make_mlp(8);
+    ::torch::mse_loss(r0->forward(rows_of(x, 0)), rows_of(y, 0)).backward();
+    ::torch::mse_loss(r1->forward(rows_of(x, 1)), rows_of(y, 1)).backward();
+    const auto p = net->parameters();
+    const auto a = r0->parameters();
+    const auto b = r1->parameters();
+    for (size_t i = 0; i < p.size(); ++i)
+      EXPECT_LE(max_diff(p[i].grad(), at::maximum(a[i].grad(), b[i].grad())), kTol) << i;
+    // Every rank must use the same hook from the start.
+    EXPECT_THROW(model.register_comm_hook(ddp::allreduce_hook), InvalidArgument);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TorchDdp, ::testing::Values("shm", "gloo"),
+                         [](const auto& info) { return info.param; });
+
+TEST(TorchDdpOptions, BadOptionsAndNullArgumentsAreRefused) {
+  EXPECT_THROW((DdpOptions{.bucket_cap_mb = 0}.validate()), InvalidArgument);
+  EXPECT_THROW((DdpOptions{.first_bucket_mb = -1}.validate()), InvalidArgument);
+  EXPECT_THROW((DdpOptions{.timeout = -1ms}.validate()), InvalidArgument);
+  const std::string what = error_text<InvalidArgument>(
+      [] { DistributedDataParallel model(std::shared_ptr<tnn::Module>(), nullptr); });
+  EXPECT_NE(what.find("module is null"), std::string::npos) << what;
+}
+
+}  // namespace
+}  // namespace gradwire::torch
