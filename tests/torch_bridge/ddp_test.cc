@@ -231,15 +231,52 @@ TEST_P(TorchDdp, AParameterNoRankUsesFailsBackwardNamingItWithoutFindUnused) {
     auto outs = model.forward_with(
         [&](tnn::Module&) { return std::vector<at::Tensor>{net->run(rows_of(x, rank), true)}; });
     at::Tensor loss = ::torch::mse_loss(outs[0], rows_of(y, rank));
-    std::string what;
-    try {
-      loss.backward();
-    } catch (const std::exception& e) {
-      what = e.what();
-    }
+    // The Reducer's own error, out of LibTorch's backward with its type.
+    const std::string what = error_text<Error>([&] { loss.backward(); });
     EXPECT_NE(what.find("'c.weight'"), std::string::npos) << what;
     EXPECT_NE(what.find("'c.bias'"), std::string::npos) << what;
     EXPECT_NE(what.find("find_unused_parameters"), std::string::npos) << what;
+  });
+}
+
+TEST_P(TorchDdp, AnOutputTheLossLeavesOutFailsBackwardNamingItsParameters) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    auto net = std::make_shared<Branches>();
+    DistributedDataParallel model(net, group);
+    auto [x, y] = batch(0);
+    auto outs = model.forward_with([&](tnn::Module&) {
+      return std::vector<at::Tensor>{net->run(rows_of(x, rank), true), net->c(x)};
+    });
+    at::Tensor loss = ::torch::mse_loss(outs[0], rows_of(y, rank));
+    const std::string what = error_text<Error>([&] { loss.backward(); });
+    EXPECT_NE(what.find("received no gradient: ['c.weight', 'c.bias']"), std::string::npos) << what;
+    // The next step, with every output in the loss, is reduced.
+    outs = model.forward_with([&](tnn::Module&) {
+      return std::vector<at::Tensor>{net->run(rows_of(x, rank), true) + net->c(rows_of(x, rank))};
+    });
+    ::torch::mse_loss(outs[0], rows_of(y, rank)).backward();
+    EXPECT_EQ(model.reducer().iterations(), 1);
+  });
+}
+
+TEST_P(TorchDdp, BucketsAreLaunchedWhileLibTorchsBackwardGoesOn) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    tnn::Sequential net = make_mlp(9);
+    DistributedDataParallel model(net, group, {.bucket_cap_mb = 1e-4, .first_bucket_mb = 5e-5});
+    const at::Tensor first_weight = net->parameters().front();
+    // For each bucket, whether the first layer's weight had its gradient when it launched.
+    auto seen = std::make_shared<std::vector<bool>>();
+    model.register_comm_hook([seen, first_weight](ddp::GradBucket& bucket) {
+      seen->push_back(first_weight.grad().defined());
+      return ddp::allreduce_hook(bucket);
+    });
+    auto [x, y] = batch(0);
+    ::torch::mse_loss(model.forward(rows_of(x, rank)), rows_of(y, rank)).backward();
+    ASSERT_GT(seen->size(), 1u);
+    // The last layer's bucket went out before LibTorch reached the first layer.
+    EXPECT_FALSE(seen->front());
+    EXPECT_TRUE(seen->back());
+    EXPECT_TRUE(first_weight.grad().defined());
   });
 }
 
