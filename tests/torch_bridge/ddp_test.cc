@@ -1,9 +1,11 @@
 // gradwire::torch::DistributedDataParallel (torch/ddp.h) with 2 ranks as processes, over the
 // shared-memory group and Gloo: parameters and gradients after steps of SGD on a float64
 // torch MLP equal single-process LibTorch on the concatenated batch (1e-12) with several
-// buckets; the broadcast from rank 0 at construction; replicas whose parameter shapes differ
-// refused naming the parameter; unused parameters with and without find_unused_parameters;
-// gradient accumulation under no_sync; a comm hook's result in grad().
+// buckets launched while LibTorch's backward goes on; the broadcast from rank 0 at
+// construction (a frozen parameter broadcast, not reduced); replicas whose parameter shapes
+// differ refused naming the parameter; unused parameters with and without
+// find_unused_parameters, and an output the loss leaves out; gradient accumulation under
+// no_sync; a comm hook's result in grad().
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -26,8 +28,7 @@
 #include "gradwire/c10d/process_group_shm.h"
 #include "gradwire/core/error.h"
 #include "gradwire/ddp/comm_hooks.h"
-#include "gradwire/torch/convert.h"
-#include "gradwire/torch/ddp.h"
+#include "gradwire/torch/bridge.h"
 #include "support/error_text.h"
 #include "support/harness.h"
 #include "support/temp_dir.h"
@@ -153,9 +154,19 @@ TEST_P(TorchDdp, ConstructionBroadcastsRankZerosParametersAndBuffers) {
     ::torch::manual_seed(20);
     tnn::Sequential rank0(tnn::Linear(3, 4), tnn::BatchNorm1d(4));
     rank0->to(at::kDouble);
+    // A frozen parameter is broadcast too, but not reduced.
+    linear->bias.set_requires_grad(false);
     DistributedDataParallel model(net, group);
     expect_close(*net, *rank0, /*grads=*/false);
     EXPECT_TRUE(bn->running_mean.equal(at::ones({4}, at::kDouble)));
+    EXPECT_EQ(model.parameter_names(),
+              (std::vector<std::string>{"0.weight", "1.weight", "1.bias"}));
+    // Given as a plain torch::nn::Module, the wrapper knows no one-tensor forward.
+    DistributedDataParallel plain(std::static_pointer_cast<tnn::Module>(net.ptr()), group);
+    const std::string what = error_text<InvalidArgument>([&] {
+      plain.forward(at::ones({2, 3}, at::kDouble));
+    });
+    EXPECT_NE(what.find("call forward_with"), std::string::npos) << what;
   });
 }
 

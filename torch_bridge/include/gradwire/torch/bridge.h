@@ -1,6 +1,7 @@
 // The LibTorch bridge (target gradwire::torch; docs/libtorch.md): torch tensors shared
 // with gradwire without a copy (convert.h), as rpc arguments, results and RRef values
-// (value_convert.h), and in every collective of a ProcessGroup (collectives.h).
+// (value_convert.h), in every collective of a ProcessGroup (collectives.h), and
+// data-parallel training of a torch::nn::Module with gradwire's DDP Reducer (ddp.h).
 //
 // Built only where CMake finds LibTorch (GRADWIRE_WITH_TORCH); not part of the umbrella
 // header <gradwire/gradwire.h> or target gradwire::gradwire, since it needs LibTorch to
@@ -14,4 +15,5 @@
 
 #include "gradwire/torch/collectives.h"
 #include "gradwire/torch/convert.h"
+#include "gradwire/torch/ddp.h"
 #include "gradwire/torch/value_convert.h"
