@@ -196,41 +196,57 @@ struct Branches : tnn::Module {
   tnn::Linear a{nullptr}, b{nullptr}, c{nullptr};
 };
 
-// The gradient of each of `net`'s parameters on rank `rank`'s rows of step 0 (undefined for
-// the parameters that rank does not use).
-std::vector<at::Tensor> local_grads(int rank) {
+// The gradient of each of Branches' parameters on rank `rank`'s rows of step `step`
+// (undefined for the parameters that rank does not use).
+std::vector<at::Tensor> local_grads(int rank, int step, bool use_b) {
   auto net = std::make_shared<Branches>();
-  auto [x, y] = batch(0);
-  ::torch::mse_loss(net->run(rows_of(x, rank), rank == 0), rows_of(y, rank)).backward();
+  auto [x, y] = batch(step);
+  ::torch::mse_loss(net->run(rows_of(x, rank), use_b), rows_of(y, rank)).backward();
   std::vector<at::Tensor> out;
   for (const at::Tensor& p : net->parameters())
     out.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
   return out;
 }
 
+// b is used on the ranks where use_b(rank) holds.
+void expect_branch_averages(const Branches& net, int step, const std::function<bool(int)>& use_b) {
+  const std::vector<at::Tensor> g0 = local_grads(0, step, use_b(0));
+  const std::vector<at::Tensor> g1 = local_grads(1, step, use_b(1));
+  const auto params = net.named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].key();
+    const at::Tensor grad = params[i].value().grad();
+    if (name.rfind("c.", 0) == 0) {
+      EXPECT_FALSE(grad.defined()) << name << " is used on no rank";
+      continue;
+    }
+    ASSERT_TRUE(grad.defined()) << name;
+    at::Tensor sum = at::zeros_like(grad);
+    if (g0[i].defined()) sum += g0[i];
+    if (g1[i].defined()) sum += g1[i];
+    EXPECT_LE(max_diff(grad, sum / kWorld), kTol) << name << " at step " << step;
+  }
+}
+
 TEST_P(TorchDdp, FindUnusedParametersAveragesWithZerosWhereUnused) {
   run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
     auto net = std::make_shared<Branches>();
-    DistributedDataParallel model(net, group, {.find_unused_parameters = true});
-    auto [x, y] = batch(0);
-    auto outs = model.forward_with([&](tnn::Module&) {
-      return std::vector<at::Tensor>{net->run(rows_of(x, rank), rank == 0)};
-    });
-    ::torch::mse_loss(outs[0], rows_of(y, rank)).backward();
-    const std::vector<at::Tensor> g0 = local_grads(0);
-    const std::vector<at::Tensor> g1 = local_grads(1);
-    const auto params = net->named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const std::string& name = params[i].key();
-      const at::Tensor grad = params[i].value().grad();
-      if (name.rfind("c.", 0) == 0) {
-        EXPECT_FALSE(grad.defined()) << name << " is used on no rank";
-        continue;
-      }
-      ASSERT_TRUE(grad.defined()) << name;
-      const at::Tensor sum = g1[i].defined() ? g0[i] + g1[i] : g0[i];
-      EXPECT_LE(max_diff(grad, sum / kWorld), kTol) << name;
+    DistributedDataParallel model(
+        net, group,
+        {.bucket_cap_mb = 1e-4, .first_bucket_mb = 5e-5, .find_unused_parameters = true});
+    // Each step b is used on one rank, in turn (the buckets are rebuilt after the first).
+    for (int step = 0; step < 3; ++step) {
+      auto use_b = [step](int r) { return (r + step) % 2 == 0; };
+      net->zero_grad();
+      auto [x, y] = batch(step);
+      auto outs = model.forward_with([&](tnn::Module&) {
+        return std::vector<at::Tensor>{net->run(rows_of(x, rank), use_b(rank))};
+      });
+      ::torch::mse_loss(outs[0], rows_of(y, rank)).backward();
+      expect_branch_averages(*net, step, use_b);
     }
+    EXPECT_TRUE(model.reducer().buckets_rebuilt());
+    EXPECT_EQ(model.reducer().used_flag_reductions(), 3);
   });
 }
 
