@@ -219,6 +219,17 @@ int64_t TrainerGroupState::updates() const {
   return updates_;
 }
 
+TrainerGroupStats TrainerGroupState::stats() const {
+  MutexLock lock(mutex_);
+  TrainerGroupStats out;
+  out.members = static_cast<int64_t>(members_.size());
+  for (const auto& [id, m] : members_)
+    out.active += m.active ? 1 : 0;
+  out.pending = static_cast<int64_t>(contributors_.size());
+  out.updates = updates_;
+  return out;
+}
+
 namespace {
 
 constexpr const char* kJoinGroup = "gradwire.dist_optim.join_group";
@@ -358,6 +369,17 @@ std::shared_ptr<Shard> group_shard(TrainerGroups& groups, const std::string& nam
   return it == groups.by_name.end() ? nullptr : it->second->shard();
 }
 
+std::shared_ptr<TrainerGroupState> find_group(const rpc::RpcAgent& owner, const std::string& name) {
+  std::shared_ptr<TrainerGroups> groups = trainer_groups(owner);
+  MutexLock lock(groups->mutex);
+  auto it = groups->by_name.find(name);
+  if (it == groups->by_name.end()) {
+    throw InvalidArgument("dist_optim: worker " + owner.worker_info().describe() +
+                          " holds no trainer group '" + name + "' (no member has joined it there)");
+  }
+  return it->second;
+}
+
 void restore_group(TrainerGroups& groups, const std::string& name, RestoreGroup restore) {
   std::shared_ptr<Shard> shard;
   {
@@ -386,4 +408,9 @@ void install_groups(const std::shared_ptr<rpc::RpcAgent>& agent) {
 }
 
 }  // namespace detail
+
+TrainerGroupStats trainer_group_stats(const rpc::RpcAgent& owner, const std::string& name) {
+  return detail::find_group(owner, name)->stats();
+}
+
 }  // namespace gradwire::dist_optim

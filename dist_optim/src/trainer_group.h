@@ -35,6 +35,7 @@ class TrainerGroupState {
 
   // For tests and monitoring.
   int64_t updates() const;
+  TrainerGroupStats stats() const;
 
  private:
   struct Member {
@@ -89,6 +90,8 @@ struct TrainerGroups {
 std::shared_ptr<TrainerGroups> trainer_groups(const rpc::RpcAgent& agent);
 // Group `name`'s shard on this owner; null when no member has joined it yet.
 std::shared_ptr<Shard> group_shard(TrainerGroups& groups, const std::string& name);
+// Group `name` on `owner`; InvalidArgument naming both when no member has joined it there.
+std::shared_ptr<TrainerGroupState> find_group(const rpc::RpcAgent& owner, const std::string& name);
 // Loads a restored state into group `name`'s shard now if the group exists, else when its
 // first member joins (that member's join then fails with what `restore` throws).
 void restore_group(TrainerGroups& groups, const std::string& name, RestoreGroup restore);

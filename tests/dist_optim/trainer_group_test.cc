@@ -284,9 +284,13 @@ TEST(TrainerGroupLoss, ALostMembersGradientDoesNotCloseTheRoundForALiveOne) {
     opts[static_cast<size_t>(r)]->step(ctx.id());
   };
   const std::vector<double> x3 = {-2.0, 0.5, 1.0};
-  // w1 and w3 step: both wait for the round (it needs all three). Once the owner holds both
-  // step requests unanswered, w3's worker goes away without a word.
-  auto first = std::async(std::launch::async, [&] { step(1, kX1); });
+  // w3 steps, then w1: each waits for the round (it needs all three), whose gathered
+  // gradients the owner counts.
+  auto pending = [&](int64_t n) {
+    return testing::eventually(
+        [&] { return dist_optim::trainer_group_stats(*agents[0], "three").pending == n; },
+        std::chrono::seconds(10));
+  };
   auto third = std::async(std::launch::async, [&] {
     try {
       step(3, x3);
@@ -294,8 +298,10 @@ TEST(TrainerGroupLoss, ALostMembersGradientDoesNotCloseTheRoundForALiveOne) {
       // its worker is shut down under it
     }
   });
-  ASSERT_TRUE(testing::eventually([&] { return agents[0]->metrics().queued_requests == 2; },
-                                  std::chrono::seconds(10)));
+  ASSERT_TRUE(pending(1));
+  auto first = std::async(std::launch::async, [&] { step(1, kX1); });
+  ASSERT_TRUE(pending(2));
+  // Then w3's worker goes away without a word.
   std::shared_ptr<RpcAgent> gone = agents[3];
   refs[3] = RRef<Tensor>();
   gone->shutdown(/*graceful=*/false);
@@ -311,6 +317,13 @@ TEST(TrainerGroupLoss, ALostMembersGradientDoesNotCloseTheRoundForALiveOne) {
   std::vector<double> want = expect(0.1, {mean});
   for (size_t i = 0; i < 3; ++i)
     EXPECT_NEAR(got[i], want[i], 1e-12) << "element " << i;
+  const dist_optim::TrainerGroupStats after = dist_optim::trainer_group_stats(*agents[0], "three");
+  EXPECT_EQ(after.members, 3);
+  EXPECT_EQ(after.active, 2);
+  EXPECT_EQ(after.updates, 1);
+  EXPECT_THAT(test::error_text<InvalidArgument>(
+                  [&] { dist_optim::trainer_group_stats(*agents[0], "none"); }),
+              HasSubstr("holds no trainer group 'none'"));
   // And they go on together.
   auto again = std::async(std::launch::async, [&] { step(1, kX1); });
   step(2, kX2);

@@ -265,4 +265,16 @@ class DistributedOptimizer : public optim::LrTarget {
   std::shared_ptr<Lr> lr_ = std::make_shared<Lr>();
 };
 
+// What trainer group `name` holds on its owner now, for monitoring and tests: its members
+// (those that joined, and of them those still in it), the gradients gathered for the next
+// update, and the updates applied. Call it on the owner's agent; InvalidArgument naming the
+// group and the worker when no member has joined such a group there. Thread-safe.
+struct TrainerGroupStats {
+  int64_t members = 0;
+  int64_t active = 0;
+  int64_t pending = 0;
+  int64_t updates = 0;
+};
+TrainerGroupStats trainer_group_stats(const rpc::RpcAgent& owner, const std::string& name);
+
 }  // namespace gradwire::dist_optim
