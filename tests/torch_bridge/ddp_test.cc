@@ -13,6 +13,7 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
@@ -304,6 +305,19 @@ TEST_P(TorchDdp, BucketsAreLaunchedWhileLibTorchsBackwardGoesOn) {
     EXPECT_FALSE(seen->front());
     EXPECT_TRUE(seen->back());
     EXPECT_TRUE(first_weight.grad().defined());
+  });
+}
+
+TEST_P(TorchDdp, ASparseGradientIsRefusedNamingTheParameter) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int) {
+    ::torch::manual_seed(4);
+    tnn::Embedding emb(tnn::EmbeddingOptions(6, 3).sparse(true));
+    emb->to(at::kDouble);
+    DistributedDataParallel model(emb, group);
+    const at::Tensor ids = at::arange(3, at::kLong);
+    at::Tensor loss = model.forward(ids).sum();
+    const std::string what = error_text<InvalidArgument>([&] { loss.backward(); });
+    EXPECT_NE(what.find("parameter 'weight' has a Sparse gradient"), std::string::npos) << what;
   });
 }
 

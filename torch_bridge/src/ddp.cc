@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -249,6 +250,15 @@ void DistributedDataParallel::State::on_gradient(size_t index, const at::Tensor&
   fed[index] = 1;
   const at::Tensor accumulated = params[index].grad();
   try {
+    if (accumulated.defined() && accumulated.layout() != at::kStrided) {
+      std::ostringstream layout;
+      layout << accumulated.layout();
+      throw InvalidArgument("gradwire::torch::DistributedDataParallel: parameter '" + names[index] +
+                            "' has a " + layout.str() +
+                            " gradient, which DDP cannot all-reduce (a torch::nn::Embedding "
+                            "with sparse(true)?); make the gradient dense or freeze the "
+                            "parameter");
+    }
     if (incoming.defined()) {
       // The accumulated grad() becomes the stand-in's gradient (the same memory).
       shadows[index].set_grad(Tensor());

@@ -48,7 +48,8 @@
 // Options (DdpOptions): bucket_cap_mb (25) and first_bucket_mb (1) size the buckets;
 // broadcast_buffers (true); find_unused_parameters (false); timeout (zero: the group's) for
 // the collectives and the end-of-pass wait. Parameters must be dense, contiguous leaves on
-// the CPU (or a CUDA device the group serves) of a dtype from_torch shares.
+// the CPU (CUDA parameters are shared as from_torch shares them, with the group serving
+// their device) of a dtype from_torch shares, with dense gradients.
 //
 // Thread-safety: one training loop per instance: forward, backward and no_sync from one
 // thread at a time, never two backward passes over the model at once. LibTorch runs a CPU
@@ -59,7 +60,8 @@
 // naming the parameter); from forward() for a module without a unary forward (use
 // forward_with); from register_comm_hook after the first synchronised backward.
 // From backward (thrown out of LibTorch's backward()): gradwire::Error when parameters got
-// no gradient (named, with the find_unused_parameters hint); the collectives'
+// no gradient (named, with the find_unused_parameters hint); InvalidArgument for a sparse
+// gradient (an Embedding with sparse(true)), naming the parameter; the collectives'
 // TimeoutError/NetworkError. A failed pass leaves grad() as the local gradients, or (over
 // the shm group, whose failure ends the group) partly averaged.
 //
