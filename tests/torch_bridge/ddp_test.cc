@@ -4,8 +4,8 @@
 // buckets launched while LibTorch's backward goes on; the broadcast from rank 0 at
 // construction (a frozen parameter broadcast, not reduced); replicas whose parameter shapes
 // differ refused naming the parameter; unused parameters with and without
-// find_unused_parameters, and an output the loss leaves out; gradient accumulation under
-// no_sync; a comm hook's result in grad().
+// find_unused_parameters, with static_graph, and an output the loss leaves out; a sparse
+// gradient refused; gradient accumulation under no_sync; a comm hook's result in grad().
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -248,6 +248,26 @@ TEST_P(TorchDdp, FindUnusedParametersAveragesWithZerosWhereUnused) {
     }
     EXPECT_TRUE(model.reducer().buckets_rebuilt());
     EXPECT_EQ(model.reducer().used_flag_reductions(), 3);
+  });
+}
+
+TEST_P(TorchDdp, StaticGraphLearnsTheUnusedParametersFromTheFirstPass) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    auto net = std::make_shared<Branches>();
+    DistributedDataParallel model(net, group, {.static_graph = true});
+    // b is used on rank 0 only, at every step.
+    auto use_b = [](int r) { return r == 0; };
+    for (int step = 0; step < 3; ++step) {
+      net->zero_grad();
+      auto [x, y] = batch(step);
+      auto outs = model.forward_with([&](tnn::Module&) {
+        return std::vector<at::Tensor>{net->run(rows_of(x, rank), use_b(rank))};
+      });
+      ::torch::mse_loss(outs[0], rows_of(y, rank)).backward();
+      expect_branch_averages(*net, step, use_b);
+    }
+    EXPECT_EQ(model.reducer().used_flag_reductions(), 1);
+    EXPECT_EQ(model.reducer().iterations(), 3);
   });
 }
 

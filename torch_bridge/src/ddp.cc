@@ -165,6 +165,7 @@ void DistributedDataParallel::State::make_reducer() {
   ro.bucket_bytes = mebibytes(options.bucket_cap_mb);
   ro.first_bucket_bytes = mebibytes(options.first_bucket_mb);
   ro.find_unused_parameters = options.find_unused_parameters;
+  ro.static_graph = options.static_graph;
   ro.timeout = options.timeout;
   reducer = std::make_unique<ddp::Reducer>(shadows, names, group, ro);
   reached.assign(params.size(), 0);
@@ -366,9 +367,12 @@ std::vector<at::Tensor> DistributedDataParallel::forward_with(const ForwardFn& f
   s.broadcast_buffers();
   std::vector<at::Tensor> outs = fn(*module_);
   s.armed = s.reducer->require_sync();
-  if (s.armed) s.reached = s.reached_from(outs);
+  // A static graph reaches the parameters the first synchronised pass reached.
+  const bool learnt = options_.static_graph && s.reducer->iterations() > 0;
+  if (s.armed && !learnt) s.reached = s.reached_from(outs);
   std::vector<Tensor> stand_in;
-  if (s.armed && options_.find_unused_parameters) stand_in.push_back(s.reached_stand_in());
+  if (s.armed && !learnt && (options_.find_unused_parameters || options_.static_graph))
+    stand_in.push_back(s.reached_stand_in());
   s.reducer->prepare_for_backward(stand_in);
   return outs;
 }

@@ -46,9 +46,10 @@
 // (ddp/comm_hooks.h: fp16/bf16 compression, PowerSGD) work unchanged.
 //
 // Options (DdpOptions): bucket_cap_mb (25) and first_bucket_mb (1) size the buckets;
-// broadcast_buffers (true); find_unused_parameters (false); timeout (zero: the group's) for
-// the collectives and the end-of-pass wait. Parameters must be dense, contiguous leaves on
-// the CPU (CUDA parameters are shared as from_torch shares them, with the group serving
+// broadcast_buffers (true); find_unused_parameters (false); static_graph (false: with it
+// the unused parameters are learnt from the first pass, as reducer.h says); timeout (zero:
+// the group's) for the collectives and the end-of-pass wait. Parameters must be dense, contiguous
+// leaves on the CPU (CUDA parameters are shared as from_torch shares them, with the group serving
 // their device) of a dtype from_torch shares, with dense gradients.
 //
 // Thread-safety: one training loop per instance: forward, backward and no_sync from one
@@ -99,6 +100,9 @@ struct DdpOptions {
   double first_bucket_mb{1.0};  // > 0
   bool broadcast_buffers{true};
   bool find_unused_parameters{false};
+  // The set of parameters the forward reaches, and of those some rank uses, never changes:
+  // learnt from the first synchronised pass, then neither walked nor all-reduced again.
+  bool static_graph{false};
   // Collective and end-of-pass waits; zero: the group's timeout.
   std::chrono::milliseconds timeout{0};
   void validate() const;
