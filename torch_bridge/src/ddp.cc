@@ -61,6 +61,9 @@ void DdpOptions::validate() const {
     throw InvalidArgument("gradwire::torch::DdpOptions: timeout must not be negative");
 }
 
+// What one wrapper holds. Only its training loop touches it: forwards on the loop's thread,
+// the LibTorch hooks and end-of-pass callback on the thread running that loop's backward
+// (one pass at a time, after the forward that armed it), so it needs no lock.
 struct DistributedDataParallel::State {
   std::shared_ptr<c10d::ProcessGroup> group;
   DdpOptions options;
