@@ -1,0 +1,358 @@
+// libtorch/ figures: the LibTorch bridge (gradwire::torch; built only where the bridge is).
+// Ranks and workers are processes on this machine meeting through a TCPStore served here
+// (ranks.h); every process uses kThreads intra-op thread (at::set_num_threads and
+// gradwire::set_num_threads), as the ddp/ figures do.
+//
+//   libtorch.ddp_step_ms    one data-parallel step of a LibTorch 784-1024-1024-1024-10 ReLU
+//                           MLP (torch::nn::Sequential of Linear/ReLU, float32, batch 64 per
+//                           rank): zero_grad, gradwire::torch::DistributedDataParallel
+//                           forward, cross-entropy, LibTorch backward (gradwire's Reducer
+//                           all-reducing the buckets while it goes on), torch::optim::SGD
+//                           (lr 0.01) step; 2 ranks over the shared-memory group
+//                           (ProcessGroupShm), bucket_cap_mb 25. Baselines in the same run:
+//                           gradwire's own DDP step of the same MLP in gradwire's nn (the
+//                           ddp.step_ms model) in the same rank processes, in blocks
+//                           alternating with the LibTorch step (params.gradwire_ms), and
+//                           PyTorch 1.13's DistributedDataParallel over gloo on the same
+//                           model and batch (bench/pytorch/ddp_peer.py, params.pytorch_ms).
+//                           Diagnostics: each library's one-process step (no DDP) in the same
+//                           blocks (torch_plain_ms, gradwire_plain_ms).
+//   libtorch.rpc_tensor_us  rpc_sync "echo" of one float32 torch tensor (at::Tensor argument
+//                           and result, ValueConverter<at::Tensor>) between two agents, at
+//                           4 KiB and 4 MiB, median round trip; baseline: the same echo of a
+//                           gradwire Tensor of the same size, in blocks alternating with it in
+//                           the same processes (params.gradwire_us).
+// Rounds: the rank processes and the PyTorch peer run one after the other kRounds times; each
+// side keeps its best round's median, so that drift on a shared machine favours none.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench.h"
+#include "gradwire/c10d/process_group_shm.h"
+#include "gradwire/c10d/tcp_store_server.h"
+#include "gradwire/ddp/ddp.h"
+#include "gradwire/nn/nn.h"
+#include "gradwire/optim/optim.h"
+#include "gradwire/rpc/tensorpipe_agent.h"
+#include "gradwire/tensor/factory.h"
+#include "gradwire/tensor/parallel.h"
+#include "gradwire/torch/bridge.h"
+#include "ranks.h"
+
+namespace gradwire::bench {
+namespace {
+
+using namespace std::chrono_literals;
+namespace tnn = ::torch::nn;
+
+constexpr int kWorld = 2;
+constexpr int kThreads = 1;  // intra-op threads per process, every side
+constexpr int64_t kBatch = 64;
+constexpr double kBucketMb = 25;
+constexpr int kWarmup = 10;
+constexpr int kBlockRounds = 6;  // rounds of alternating blocks in one run of the ranks
+constexpr int kBlock = 8;        // timed steps per block
+constexpr int kPeerSteps = 40;   // timed steps of the PyTorch peer
+constexpr int kRounds = 2;
+const std::vector<int64_t> kSizes = {784, 1024, 1024, 1024, 10};
+
+// The step variants timed in the DDP ranks, in the order of their figures.
+enum Variant : size_t { kTorchDdp, kGradwireDdp, kTorchPlain, kGradwirePlain, kVariants };
+
+void use_threads() {
+  at::set_num_threads(kThreads);
+  set_num_threads(kThreads);
+}
+
+// The LibTorch MLP: Linear/ReLU layers of kSizes, LibTorch's default initialisation.
+tnn::Sequential torch_mlp() {
+  ::torch::manual_seed(0);
+  tnn::Sequential net;
+  for (size_t i = 0; i + 1 < kSizes.size(); ++i) {
+    net->push_back(tnn::Linear(kSizes[i], kSizes[i + 1]));
+    if (i + 2 < kSizes.size()) net->push_back(tnn::ReLU());
+  }
+  return net;
+}
+
+std::shared_ptr<nn::MLP> gradwire_mlp() {
+  Generator gen(0);
+  return std::make_shared<nn::MLP>(nn::MLPOptions{.sizes = kSizes, .generator = &gen});
+}
+
+// Medians of every variant's step times: after kWarmup untimed steps of each, kBlockRounds
+// rounds in which each variant runs a block of kBlock timed steps, the ranks starting every
+// block together (a barrier).
+std::vector<double> alternate_blocks(const std::vector<std::function<void()>>& steps,
+                                     c10d::ProcessGroup& group) {
+  for (const auto& step : steps)
+    for (int i = 0; i < kWarmup; ++i)
+      step();
+  std::vector<std::vector<double>> times(steps.size());
+  for (int round = 0; round < kBlockRounds; ++round) {
+    for (size_t v = 0; v < steps.size(); ++v) {
+      group.barrier().wait();
+      for (int i = 0; i < kBlock; ++i)
+        times[v].push_back(time_once(steps[v]));
+    }
+  }
+  std::vector<double> out;
+  for (auto& t : times)
+    out.push_back(median(std::move(t)));
+  return out;
+}
+
+// One run of the DDP ranks: rank 0's median step of every Variant, then the LibTorch DDP's
+// bucket count and the model's parameter count.
+std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) {
+  use_threads();
+  std::shared_ptr<c10d::ProcessGroup> group = c10d::ProcessGroupShm::create(
+      store, rank, kWorld, {.timeout = 120s, .debug_level = c10d::DebugLevel::kOff},
+      {.gloo = {.host = "127.0.0.1"}});
+  Generator gen(1 + static_cast<uint64_t>(rank));
+  const Tensor x = randn({kBatch, kSizes.front()}, &gen);
+  const Tensor y = randint(0, kSizes.back(), {kBatch}, &gen);
+  const at::Tensor tx = torch::to_torch(x);  // the same batch, no copy
+  const at::Tensor ty = torch::to_torch(y);
+
+  tnn::Sequential tnet = torch_mlp();
+  torch::DistributedDataParallel tddp(tnet, group, {.bucket_cap_mb = kBucketMb});
+  ::torch::optim::SGD topt(tnet->parameters(), ::torch::optim::SGDOptions(0.01));
+  tnn::Sequential tplain = torch_mlp();
+  ::torch::optim::SGD tplain_opt(tplain->parameters(), ::torch::optim::SGDOptions(0.01));
+  auto gnet = gradwire_mlp();
+  ddp::DistributedDataParallel gddp(gnet, group, {.bucket_cap_mb = kBucketMb});
+  optim::SGD gopt(gnet->parameters(), optim::SGDOptions{.lr = 0.01});
+  auto gplain = gradwire_mlp();
+  optim::SGD gplain_opt(gplain->parameters(), optim::SGDOptions{.lr = 0.01});
+
+  std::vector<std::function<void()>> steps(kVariants);
+  steps[kTorchDdp] = [&] {
+    topt.zero_grad();
+    tnn::functional::cross_entropy(tddp.forward(tx), ty).backward();
+    topt.step();
+  };
+  steps[kGradwireDdp] = [&] {
+    gopt.zero_grad();
+    nn::cross_entropy(gddp.forward(x), y).backward();
+    gopt.step();
+  };
+  steps[kTorchPlain] = [&] {
+    tplain_opt.zero_grad();
+    tnn::functional::cross_entropy(tplain->forward(tx), ty).backward();
+    tplain_opt.step();
+  };
+  steps[kGradwirePlain] = [&] {
+    gplain_opt.zero_grad();
+    nn::cross_entropy((*gplain)(x), y).backward();
+    gplain_opt.step();
+  };
+  std::vector<double> out = alternate_blocks(steps, *group);
+  out.push_back(static_cast<double>(tddp.reducer().bucket_indices().size()));
+  int64_t numel = 0;
+  for (const at::Tensor& p : tnet->parameters())
+    numel += p.numel();
+  out.push_back(static_cast<double>(numel));
+  group->barrier().wait();
+  return out;
+}
+
+struct DdpResult {
+  std::vector<double> ours;  // best round's median seconds per Variant
+  double buckets = 0;
+  double numel = 0;
+  std::optional<PeerTimings> theirs;  // the best round's, with its median first
+  double theirs_s = std::numeric_limits<double>::infinity();
+  std::string why;
+};
+
+DdpResult measure_ddp(c10d::TCPStoreServer& server) {
+  DdpResult result;
+  result.ours.assign(kVariants, std::numeric_limits<double>::infinity());
+  const std::string n = std::to_string(kThreads);
+  bool have_theirs = true;
+  for (int r = 0; r < kRounds; ++r) {
+    const std::vector<double> got = run_rank_processes(
+        server.port(), "libtorch_ddp" + std::to_string(r), kWorld, ddp_rank_body, "libtorch ddp");
+    if (got.size() != kVariants + 2)
+      throw std::runtime_error("libtorch ddp bench: the ranks returned " +
+                               std::to_string(got.size()) + " figures, expected " +
+                               std::to_string(kVariants + 2));
+    for (size_t v = 0; v < kVariants; ++v)
+      result.ours[v] = std::min(result.ours[v], got[v]);
+    result.buckets = got[kVariants];
+    result.numel = got[kVariants + 1];
+    if (!have_theirs) continue;
+    auto peer =
+        run_pytorch_peer("ddp_peer.py",
+                         n + " " + std::to_string(kWarmup) + " " + std::to_string(kPeerSteps) +
+                             " " + std::to_string(static_cast<int>(kBucketMb)),
+                         "OMP_NUM_THREADS=" + n + " OPENBLAS_NUM_THREADS=" + n, result.why);
+    if (!peer) {
+      have_theirs = false;
+      result.theirs.reset();
+      continue;
+    }
+    const double m = median(peer->seconds);
+    if (m < result.theirs_s) {
+      result.theirs_s = m;
+      result.theirs = std::move(peer);
+    }
+  }
+  return result;
+}
+
+void emit_ddp(const DdpResult& d, const std::function<void(const Figure&)>& emit) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double torch_ms = d.ours[kTorchDdp] * 1e3;
+  const double gradwire_ms = d.ours[kGradwireDdp] * 1e3;
+  Figure f{"libtorch.ddp_step_ms", torch_ms, "ms", {}};
+  Params& p = f.params;
+  p.push_back({"model", "784-1024-1024-1024-10 ReLU MLP, torch::nn::Sequential of Linear/ReLU"});
+  p.push_back({"parameters", d.numel});
+  p.push_back({"batch_per_rank", double(kBatch)});
+  p.push_back({"dtype", "float32"});
+  p.push_back({"ranks", double(kWorld)});
+  p.push_back({"backend", "shm (ProcessGroupShm, processes on one host)"});
+  p.push_back({"step",
+               "zero_grad + gradwire::torch::DistributedDataParallel forward + cross_entropy + "
+               "LibTorch backward (overlapped bucket all-reduce) + torch::optim::SGD(lr=0.01)"});
+  p.push_back({"bucket_cap_mb", kBucketMb});
+  p.push_back({"buckets", d.buckets});
+  p.push_back({"threads_per_process", double(kThreads)});
+  p.push_back({"blas_core", blas_core()});
+  p.push_back({"statistic", "median of " + std::to_string(kBlockRounds * kBlock) +
+                                " steps in blocks of " + std::to_string(kBlock) +
+                                " alternating with the other variants, after " +
+                                std::to_string(kWarmup) + " warm-up, best of " +
+                                std::to_string(kRounds) + " rounds"});
+  p.push_back({"gradwire",
+               "gradwire's ddp::DistributedDataParallel on the same MLP in gradwire's nn, same "
+               "batch, same rank processes, alternating blocks"});
+  p.push_back({"gradwire_ms", gradwire_ms});
+  p.push_back({"ratio_to_gradwire", torch_ms / gradwire_ms});
+  p.push_back({"target_ratio_to_gradwire_max", 1.05});
+  if (d.theirs) {
+    p.push_back({"pytorch", "torch " + d.theirs->torch_version +
+                                " DistributedDataParallel, gloo, bucket_cap_mb 25, median of " +
+                                std::to_string(kPeerSteps) + " steps"});
+    p.push_back({"pytorch_ms", d.theirs_s * 1e3});
+    p.push_back({"ratio_to_pytorch", torch_ms / (d.theirs_s * 1e3)});
+  } else {
+    p.push_back({"pytorch", "unavailable: skipped"});
+    p.push_back({"pytorch_reason", d.why});
+    p.push_back({"pytorch_ms", nan});
+    p.push_back({"ratio_to_pytorch", nan});
+  }
+  p.push_back({"target_ratio_to_pytorch_max", 1 / 1.3});
+  p.push_back({"torch_plain_ms", d.ours[kTorchPlain] * 1e3});
+  p.push_back({"gradwire_plain_ms", d.ours[kGradwirePlain] * 1e3});
+  p.push_back({"plain",
+               "diagnostic: each library's one-process step (no DDP, no communication) of the "
+               "same MLP, both ranks at once, in the same blocks"});
+  emit(f);
+}
+
+// libtorch.rpc_tensor_us: payload sizes, and the calls per block for each.
+const std::vector<std::pair<int64_t, int>> kRpcSizes = {{4 << 10, 200}, {4 << 20, 10}};
+constexpr int kRpcBlocks = 8;  // blocks of each side, alternating
+
+// Rank 0's medians: per kRpcSizes entry, the torch echo then the gradwire echo (seconds).
+std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) {
+  use_threads();
+  rpc::Registry reg;
+  reg.def("echo", [](const Tensor& t) { return t; });
+  reg.def("echo_torch", [](const at::Tensor& t) { return t; });
+  rpc::AgentOptions options;
+  options.registry = &reg;
+  options.host = "127.0.0.1";
+  options.rpc_timeout = 120s;
+  auto agent = rpc::make_tensorpipe_agent("w" + std::to_string(rank), rank, 2, store, options);
+  std::vector<double> out;
+  if (rank == 0) {
+    for (const auto& [bytes, calls] : kRpcSizes) {
+      const int64_t numel = bytes / 4;
+      const at::Tensor tt = at::ones({numel}, at::kFloat);
+      const Tensor gt = ones({numel});
+      auto torch_echo = [&] {
+        if (agent->rpc_sync<at::Tensor>("w1", "echo_torch", tt).numel() != numel)
+          throw std::runtime_error("libtorch rpc bench: echo_torch returned another size");
+      };
+      auto gradwire_echo = [&] {
+        if (agent->rpc_sync<Tensor>("w1", "echo", gt).numel() != numel)
+          throw std::runtime_error("libtorch rpc bench: echo returned another size");
+      };
+      std::vector<double> torch_times, gradwire_times;
+      for (int block = 0; block < kRpcBlocks; ++block) {
+        for (double t : time_calls(block == 0 ? calls : 2, calls, torch_echo))
+          torch_times.push_back(t);
+        for (double t : time_calls(block == 0 ? calls : 2, calls, gradwire_echo))
+          gradwire_times.push_back(t);
+      }
+      out.push_back(median(std::move(torch_times)));
+      out.push_back(median(std::move(gradwire_times)));
+    }
+  }
+  agent->shutdown();
+  return out;
+}
+
+void emit_rpc(const std::vector<double>& best, const std::function<void(const Figure&)>& emit) {
+  for (size_t i = 0; i < kRpcSizes.size(); ++i) {
+    const auto [bytes, calls] = kRpcSizes[i];
+    const double torch_us = best[2 * i] * 1e6;
+    const double gradwire_us = best[2 * i + 1] * 1e6;
+    emit(Figure{"libtorch.rpc_tensor_us",
+                torch_us,
+                "us",
+                {{"bytes", double(bytes)},
+                 {"call", "echo(at::Tensor float32[" + std::to_string(bytes / 4) +
+                              "]) -> at::Tensor, rpc_sync"},
+                 {"workers", "2 processes on 127.0.0.1, TensorPipe agent"},
+                 {"statistic", "median round trip of " + std::to_string(kRpcBlocks * calls) +
+                                   " calls in " + std::to_string(kRpcBlocks) +
+                                   " blocks alternating with the gradwire echo, best of " +
+                                   std::to_string(kRounds) + " rounds"},
+                 {"gradwire", "echo(Tensor float32, same size) -> Tensor, same processes"},
+                 {"gradwire_us", gradwire_us},
+                 {"ratio_to_gradwire", torch_us / gradwire_us},
+                 {"target_ratio_to_gradwire_max", 1.1}}});
+  }
+}
+
+const Register libtorch_bench(
+    {"libtorch.ddp_step_ms", "libtorch.rpc_tensor_us"}, [](const auto& emit) {
+      c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+      emit_ddp(measure_ddp(server), emit);
+      std::vector<double> best(2 * kRpcSizes.size(), std::numeric_limits<double>::infinity());
+      for (int r = 0; r < kRounds; ++r) {
+        const std::vector<double> got = run_rank_processes(
+            server.port(), "libtorch_rpc" + std::to_string(r), 2, rpc_rank_body, "libtorch rpc");
+        if (got.size() != best.size())
+          throw std::runtime_error("libtorch rpc bench: the workers returned " +
+                                   std::to_string(got.size()) + " figures");
+        for (size_t i = 0; i < best.size(); ++i)
+          best[i] = std::min(best[i], got[i]);
+      }
+      emit_rpc(best, emit);
+    });
+
+}  // namespace
+}  // namespace gradwire::bench
