@@ -74,7 +74,15 @@ constexpr int kRounds = 2;
 const std::vector<int64_t> kSizes = {784, 1024, 1024, 1024, 10};
 
 // The step variants timed in the DDP ranks, in the order of their figures.
-enum Variant : size_t { kTorchDdp, kGradwireDdp, kTorchPlain, kGradwirePlain, kVariants };
+enum Variant : size_t {
+  kTorchDdp,
+  kGradwireDdp,
+  kTorchPlain,
+  kGradwirePlain,
+  kTorchNoSync,
+  kTorchStatic,
+  kVariants
+};
 
 void use_threads() {
   at::set_num_threads(kThreads);
@@ -135,6 +143,10 @@ std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
   tnn::Sequential tnet = torch_mlp();
   torch::DistributedDataParallel tddp(tnet, group, {.bucket_cap_mb = kBucketMb});
   ::torch::optim::SGD topt(tnet->parameters(), ::torch::optim::SGDOptions(0.01));
+  tnn::Sequential tstatic_net = torch_mlp();
+  torch::DistributedDataParallel tstatic(tstatic_net, group,
+                                         {.bucket_cap_mb = kBucketMb, .static_graph = true});
+  ::torch::optim::SGD tstatic_opt(tstatic_net->parameters(), ::torch::optim::SGDOptions(0.01));
   tnn::Sequential tplain = torch_mlp();
   ::torch::optim::SGD tplain_opt(tplain->parameters(), ::torch::optim::SGDOptions(0.01));
   auto gnet = gradwire_mlp();
@@ -163,6 +175,17 @@ std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
     gplain_opt.zero_grad();
     nn::cross_entropy((*gplain)(x), y).backward();
     gplain_opt.step();
+  };
+  steps[kTorchNoSync] = [&] {
+    topt.zero_grad();
+    const torch::TorchNoSyncGuard guard = tddp.no_sync();
+    tnn::functional::cross_entropy(tddp.forward(tx), ty).backward();
+    topt.step();
+  };
+  steps[kTorchStatic] = [&] {
+    tstatic_opt.zero_grad();
+    tnn::functional::cross_entropy(tstatic.forward(tx), ty).backward();
+    tstatic_opt.step();
   };
   std::vector<double> out = alternate_blocks(steps, *group);
   out.push_back(static_cast<double>(tddp.reducer().bucket_indices().size()));
@@ -264,6 +287,11 @@ void emit_ddp(const DdpResult& d, const std::function<void(const Figure&)>& emit
   p.push_back({"target_ratio_to_pytorch_max", 1 / 1.3});
   p.push_back({"torch_plain_ms", d.ours[kTorchPlain] * 1e3});
   p.push_back({"gradwire_plain_ms", d.ours[kGradwirePlain] * 1e3});
+  p.push_back({"torch_no_sync_ms", d.ours[kTorchNoSync] * 1e3});
+  p.push_back({"torch_static_graph_ms", d.ours[kTorchStatic] * 1e3});
+  p.push_back({"variants",
+               "diagnostic, same blocks: the LibTorch DDP step under no_sync() (hooks, no "
+               "all-reduce; torch_no_sync_ms) and with static_graph (torch_static_graph_ms)"});
   p.push_back({"plain",
                "diagnostic: each library's one-process step (no DDP, no communication) of the "
                "same MLP, both ranks at once, in the same blocks"});
@@ -271,10 +299,12 @@ void emit_ddp(const DdpResult& d, const std::function<void(const Figure&)>& emit
 }
 
 // libtorch.rpc_tensor_us: payload sizes, and the calls per block for each.
-const std::vector<std::pair<int64_t, int>> kRpcSizes = {{4 << 10, 200}, {4 << 20, 10}};
+const std::vector<std::pair<int64_t, int>> kRpcSizes = {{4 << 10, 200}, {4 << 20, 20}};
 constexpr int kRpcBlocks = 8;  // blocks of each side, alternating
 
-// Rank 0's medians: per kRpcSizes entry, the torch echo then the gradwire echo (seconds).
+// Rank 0's medians, kRpcFigures per kRpcSizes entry (seconds): the torch echo, the gradwire
+// echo, and the torch echo of a torch tensor viewing gradwire-allocated memory (to_torch).
+constexpr size_t kRpcFigures = 3;
 std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   use_threads();
   rpc::Registry reg;
@@ -291,23 +321,26 @@ std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
       const int64_t numel = bytes / 4;
       const at::Tensor tt = at::ones({numel}, at::kFloat);
       const Tensor gt = ones({numel});
-      auto torch_echo = [&] {
-        if (agent->rpc_sync<at::Tensor>("w1", "echo_torch", tt).numel() != numel)
-          throw std::runtime_error("libtorch rpc bench: echo_torch returned another size");
+      const at::Tensor tview = torch::to_torch(ones({numel}));
+      auto echo_of = [&](const at::Tensor& sent) {
+        return [&, sent] {
+          if (agent->rpc_sync<at::Tensor>("w1", "echo_torch", sent).numel() != numel)
+            throw std::runtime_error("libtorch rpc bench: echo_torch returned another size");
+        };
       };
       auto gradwire_echo = [&] {
         if (agent->rpc_sync<Tensor>("w1", "echo", gt).numel() != numel)
           throw std::runtime_error("libtorch rpc bench: echo returned another size");
       };
-      std::vector<double> torch_times, gradwire_times;
-      for (int block = 0; block < kRpcBlocks; ++block) {
-        for (double t : time_calls(block == 0 ? calls : 2, calls, torch_echo))
-          torch_times.push_back(t);
-        for (double t : time_calls(block == 0 ? calls : 2, calls, gradwire_echo))
-          gradwire_times.push_back(t);
-      }
-      out.push_back(median(std::move(torch_times)));
-      out.push_back(median(std::move(gradwire_times)));
+      const std::function<void()> echoes[kRpcFigures] = {echo_of(tt), gradwire_echo,
+                                                         echo_of(tview)};
+      std::vector<double> times[kRpcFigures];
+      for (int block = 0; block < kRpcBlocks; ++block)
+        for (size_t k = 0; k < kRpcFigures; ++k)
+          for (double t : time_calls(block == 0 ? calls : 2, calls, echoes[k]))
+            times[k].push_back(t);
+      for (auto& t : times)
+        out.push_back(median(std::move(t)));
     }
   }
   agent->shutdown();
@@ -317,8 +350,9 @@ std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
 void emit_rpc(const std::vector<double>& best, const std::function<void(const Figure&)>& emit) {
   for (size_t i = 0; i < kRpcSizes.size(); ++i) {
     const auto [bytes, calls] = kRpcSizes[i];
-    const double torch_us = best[2 * i] * 1e6;
-    const double gradwire_us = best[2 * i + 1] * 1e6;
+    const double torch_us = best[kRpcFigures * i] * 1e6;
+    const double gradwire_us = best[kRpcFigures * i + 1] * 1e6;
+    const double view_us = best[kRpcFigures * i + 2] * 1e6;
     emit(Figure{"libtorch.rpc_tensor_us",
                 torch_us,
                 "us",
@@ -333,7 +367,11 @@ void emit_rpc(const std::vector<double>& best, const std::function<void(const Fi
                  {"gradwire", "echo(Tensor float32, same size) -> Tensor, same processes"},
                  {"gradwire_us", gradwire_us},
                  {"ratio_to_gradwire", torch_us / gradwire_us},
-                 {"target_ratio_to_gradwire_max", 1.1}}});
+                 {"target_ratio_to_gradwire_max", 1.1},
+                 {"torch_view_us", view_us},
+                 {"torch_view",
+                  "diagnostic: the same torch echo of an at::Tensor viewing gradwire-allocated "
+                  "memory (to_torch), in the same blocks"}}});
   }
 }
 
@@ -341,7 +379,8 @@ const Register libtorch_bench(
     {"libtorch.ddp_step_ms", "libtorch.rpc_tensor_us"}, [](const auto& emit) {
       c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
       emit_ddp(measure_ddp(server), emit);
-      std::vector<double> best(2 * kRpcSizes.size(), std::numeric_limits<double>::infinity());
+      std::vector<double> best(kRpcFigures * kRpcSizes.size(),
+                               std::numeric_limits<double>::infinity());
       for (int r = 0; r < kRounds; ++r) {
         const std::vector<double> got = run_rank_processes(
             server.port(), "libtorch_rpc" + std::to_string(r), 2, rpc_rank_body, "libtorch rpc");
