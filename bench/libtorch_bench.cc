@@ -15,13 +15,18 @@
 //                           alternating with the LibTorch step (params.gradwire_ms), and
 //                           PyTorch 1.13's DistributedDataParallel over gloo on the same
 //                           model and batch (bench/pytorch/ddp_peer.py, params.pytorch_ms).
-//                           Diagnostics: each library's one-process step (no DDP) in the same
-//                           blocks (torch_plain_ms, gradwire_plain_ms).
+//                           Diagnostics in the same blocks: each library's one-process step
+//                           (no DDP: torch_plain_ms, gradwire_plain_ms), and the LibTorch DDP
+//                           step under no_sync() (torch_no_sync_ms) and with static_graph
+//                           (torch_static_graph_ms). Without PyTorch's python the figure is
+//                           printed with "pytorch": "unavailable: skipped" and the reason.
 //   libtorch.rpc_tensor_us  rpc_sync "echo" of one float32 torch tensor (at::Tensor argument
 //                           and result, ValueConverter<at::Tensor>) between two agents, at
 //                           4 KiB and 4 MiB, median round trip; baseline: the same echo of a
 //                           gradwire Tensor of the same size, in blocks alternating with it in
-//                           the same processes (params.gradwire_us).
+//                           the same processes (params.gradwire_us); diagnostic: the torch
+//                           echo of an at::Tensor viewing gradwire-allocated memory
+//                           (to_torch), in the same blocks (params.torch_view_us).
 // Rounds: the rank processes and the PyTorch peer run one after the other kRounds times; each
 // side keeps its best round's median, so that drift on a shared machine favours none.
 #include <ATen/ATen.h>
