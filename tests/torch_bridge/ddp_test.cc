@@ -400,6 +400,44 @@ TEST_P(TorchDdp, ACommHooksResultIsWhatGradHolds) {
   });
 }
 
+// params_to_ignore: an ignored parameter is neither broadcast nor reduced (each rank keeps
+// its own value and its own gradient) while the others are; a name that is no parameter or
+// buffer, and gradient_as_bucket_view, are refused by name.
+TEST_P(TorchDdp, IgnoredParametersStayLocalAndBadOptionsAreNamed) {
+  run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
+    tnn::Sequential net = make_mlp(11 + static_cast<uint64_t>(rank));
+    const at::Tensor own_bias = net->named_parameters()["4.bias"].clone();
+    const std::string unknown = error_text<InvalidArgument>([&] {
+      DistributedDataParallel bad(net.ptr(), group, DdpOptions{.params_to_ignore = {"9.weight"}});
+    });
+    if (unknown.find("params_to_ignore names '9.weight'") == std::string::npos)
+      throw std::runtime_error("unknown name: " + unknown);
+    const std::string view = error_text<InvalidArgument>([&] {
+      DistributedDataParallel bad(net.ptr(), group, DdpOptions{.gradient_as_bucket_view = true});
+    });
+    if (view.find("gradient_as_bucket_view") == std::string::npos)
+      throw std::runtime_error("bucket view: " + view);
+
+    DistributedDataParallel model(net.ptr(), group, DdpOptions{.params_to_ignore = {"4.bias"}});
+    const auto [x, y] = batch(0);
+    ::torch::mse_loss(model.forward(rows_of(x, rank)), rows_of(y, rank)).backward();
+    // The ignored bias kept this rank's initial value, and its gradient is this rank's alone
+    // (the mean residual of its rows): unlike the reduced weights, the ranks' differ.
+    if (max_diff(net->named_parameters()["4.bias"], own_bias) != 0)
+      throw std::runtime_error("the ignored bias was broadcast");
+    // Each gradient as every rank holds it.
+    auto everyone = [&](const at::Tensor& grad) {
+      std::vector<at::Tensor> out = {at::empty_like(grad), at::empty_like(grad)};
+      all_gather(*group, out, grad.contiguous()).wait();
+      return max_diff(out[0], out[1]);
+    };
+    const double bias_gap = everyone(net->named_parameters()["4.bias"].grad());
+    const double weight_gap = everyone(net->named_parameters()["4.weight"].grad());
+    if (!(bias_gap > 1e-6)) throw std::runtime_error("the ignored bias's gradient was reduced");
+    if (weight_gap != 0) throw std::runtime_error("the weights' gradients differ");
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, TorchDdp, ::testing::Values("shm", "gloo"),
                          [](const auto& info) { return info.param; });
 

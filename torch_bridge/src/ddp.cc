@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <sstream>
 #include <string>
 #include <unordered_set>
@@ -49,17 +50,6 @@ std::string join_names(const std::vector<std::string>& names, const std::vector<
 }
 
 }  // namespace
-
-void DdpOptions::validate() const {
-  if (!(bucket_cap_mb > 0) || !std::isfinite(bucket_cap_mb))
-    throw InvalidArgument("gradwire::torch::DdpOptions: bucket_cap_mb must be > 0, got " +
-                          std::to_string(bucket_cap_mb));
-  if (!(first_bucket_mb > 0) || !std::isfinite(first_bucket_mb))
-    throw InvalidArgument("gradwire::torch::DdpOptions: first_bucket_mb must be > 0, got " +
-                          std::to_string(first_bucket_mb));
-  if (timeout.count() < 0)
-    throw InvalidArgument("gradwire::torch::DdpOptions: timeout must not be negative");
-}
 
 // What one wrapper holds. Only its training loop touches it: forwards on the loop's thread,
 // the LibTorch hooks and end-of-pass callback on the thread running that loop's backward
@@ -104,7 +94,18 @@ struct DistributedDataParallel::State {
 };
 
 void DistributedDataParallel::State::collect(::torch::nn::Module& module) {
+  // Ignored parameters and buffers are left out of everything (params_to_ignore); a name
+  // that is neither is a mistake, named.
+  const std::set<std::string> ignored(options.params_to_ignore.begin(),
+                                      options.params_to_ignore.end());
+  for (const std::string& name : ignored) {
+    if (module.named_parameters(true).find(name) == nullptr &&
+        module.named_buffers(true).find(name) == nullptr)
+      throw InvalidArgument("gradwire::torch::DistributedDataParallel: params_to_ignore names '" +
+                            name + "', which is no parameter or buffer of the module");
+  }
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (ignored.count(item.key()) != 0) continue;
     const at::Tensor& p = item.value();
     all_names.push_back(item.key());
     all_params.push_back(p);
@@ -120,7 +121,7 @@ void DistributedDataParallel::State::collect(::torch::nn::Module& module) {
         "gradwire::torch::DistributedDataParallel: the module has no parameter that requires "
         "grad");
   for (const auto& item : module.named_buffers(/*recurse=*/true))
-    buffers.push_back(item.value());
+    if (ignored.count(item.key()) == 0) buffers.push_back(item.value());
 }
 
 void DistributedDataParallel::State::check_and_broadcast() {
@@ -323,6 +324,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<::torch::nn::Mo
                                                  DdpOptions options)
     : module_(std::move(module)), options_(options), state_(std::make_unique<State>()) {
   options_.validate();
+  if (options_.gradient_as_bucket_view)
+    throw InvalidArgument(
+        "gradwire::torch::DistributedDataParallel: gradient_as_bucket_view is not offered for a "
+        "LibTorch module (LibTorch owns each grad(), so a bucket view saves no copy); leave it "
+        "false");
   if (!module_)
     throw InvalidArgument("gradwire::torch::DistributedDataParallel: the module is null");
   if (!group)

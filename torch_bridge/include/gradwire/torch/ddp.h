@@ -90,23 +90,19 @@
 #include <vector>
 
 #include "gradwire/c10d/process_group.h"
+#include "gradwire/ddp/distributed_data_parallel.h"
 #include "gradwire/ddp/grad_bucket.h"
 #include "gradwire/ddp/reducer.h"
 
 namespace gradwire::torch {
 
-struct DdpOptions {
-  double bucket_cap_mb{25.0};   // > 0
-  double first_bucket_mb{1.0};  // > 0
-  bool broadcast_buffers{true};
-  bool find_unused_parameters{false};
-  // The set of parameters the forward reaches, and of those some rank uses, never changes:
-  // learnt from the first synchronised pass, then neither walked nor all-reduced again.
-  bool static_graph{false};
-  // Collective and end-of-pass waits; zero: the group's timeout.
-  std::chrono::milliseconds timeout{0};
-  void validate() const;
-};
+// gradwire's own DDP options (ddp/distributed_data_parallel.h), with the same meaning here:
+// the bucket sizes, broadcast_buffers, find_unused_parameters, static_graph (the set of
+// parameters the forward reaches, and of those some rank uses, is learnt from the first
+// synchronised pass), the timeout, and params_to_ignore (qualified names of parameters and
+// buffers left out of the check, the broadcasts and the reduction). gradient_as_bucket_view
+// is refused: LibTorch owns a parameter's grad(), so a bucket view would save no copy.
+using DdpOptions = ddp::DdpOptions;
 
 class DistributedDataParallel;
 
