@@ -237,7 +237,6 @@ TEST_F(Elastic, AStaticGroupStillWaitsForALostWorkerAndNamesIt) {
   options_.join_timeout = 2s;
   start(3);
   agents_[2]->shutdown(false);
-  rosters_[0]->wait_for(1, 10s);
   const std::vector<std::string> errors = test::shutdown_all({agents_[0], agents_[1]});
   for (const std::string& e : errors)
     EXPECT_NE(e.find("w2"), std::string::npos) << e;
@@ -299,6 +298,24 @@ TEST_F(Elastic, ARankAJoinerHeldCanBeTakenOverByItsReplacement) {
       10s));
   agents_.push_back(again);
   test::shutdown_agents(agents_);
+}
+
+TEST_F(Elastic, AMembershipNoticeOfAnUnknownKindOrToAStaticGroupIsRefused) {
+  start(2);
+  // Any bytes a member puts in a notice: the kind is checked, the payload never parsed.
+  EXPECT_NE(test::send_forged(*agents_[1], "w0", kMembershipHandler, std::string(4096, '\xff'))
+                .find("unknown membership notice 'forged' from 'w1' (rank 1)"),
+            std::string::npos);
+  EXPECT_EQ(rosters_[0]->wait_for(1, std::chrono::milliseconds(100)), std::vector<std::string>{});
+  test::shutdown_agents(agents_);
+  // A worker of a static group serves no membership notices at all.
+  AgentOptions plain = test::agent_options(reg_);
+  test::Agents fixed = test::start_agents(2, plain);
+  EXPECT_NE(test::send_forged(*fixed[1], "w0", kMembershipHandler, "left")
+                .find("has no handler with id 6"),
+            std::string::npos);
+  test::shutdown_agents(fixed);
+  agents_.clear();
 }
 
 TEST(ElasticPresence, EveryRowOfTheTable) {

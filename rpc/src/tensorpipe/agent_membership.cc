@@ -29,16 +29,18 @@ void TensorPipeAgent::register_membership_handler() {
 Future<Value> TensorPipeAgent::on_membership_notice(const CallContext& context,
                                                     const Request& request) {
   const WorkerInfo& from = context.caller();
+  // Refusals are CallRejected: nothing ran, and the sender sees an InvalidArgument. (Only an
+  // elastic agent registers this handler; the check keeps the handler right on its own.)
   if (!group_.elastic()) {
-    throw InvalidArgument("rpc worker " + self_.describe() + " is not in an elastic group: it " +
-                          "takes no membership notice (from " + from.describe() + ")");
+    throw CallRejected("rpc worker " + self_.describe() + " is not in an elastic group: it " +
+                       "takes no membership notice (from " + from.describe() + ")");
   }
   // Only a connection admitted as a worker of the group speaks for one (PeerAdmission).
   if (from.id < 0) {
-    throw InvalidArgument("rpc worker " + self_.describe() +
-                          ": membership notices are taken only from workers of the group, not "
-                          "from " +
-                          from.describe());
+    throw CallRejected("rpc worker " + self_.describe() +
+                       ": membership notices are taken only from workers of the group, not "
+                       "from " +
+                       from.describe());
   }
   if (request.function == kJoinedNotice) {
     // Its connection's claim has made this worker meet it already (discover).
@@ -52,9 +54,9 @@ Future<Value> TensorPipeAgent::on_membership_notice(const CallContext& context,
     }
     return make_ready_future(Value());
   }
-  throw InvalidArgument("rpc worker " + self_.describe() + ": unknown membership notice '" +
-                        printable(request.function) + "' from " + from.describe() +
-                        " (expected 'joined' or 'left')");
+  throw CallRejected("rpc worker " + self_.describe() + ": unknown membership notice '" +
+                     printable(request.function) + "' from " + from.describe() +
+                     " (expected 'joined' or 'left')");
 }
 
 void TensorPipeAgent::tell_members(const std::string& what, Clock::time_point deadline) {
