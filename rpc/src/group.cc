@@ -13,21 +13,6 @@
 
 namespace gradwire::rpc::detail {
 
-// A worker's published record: its name, its address, its device maps, and where its loan
-// table is (when it lends).
-struct WorkerRecord {
-  std::string name;
-  std::string url;
-  int cuda_devices{0};
-  std::map<std::string, DeviceMap> device_maps;
-  std::string boot_id;
-  std::optional<LoanTableAddress> loans;
-  int incarnation{0};
-  std::string host_id;  // empty: the record does not say (an older worker)
-  uint64_t netns{0};
-  std::vector<std::string> transports;
-};
-
 namespace {
 
 // A host id as one word of a record (GRADWIRE_HOST_ID is free text).
@@ -66,6 +51,8 @@ std::string format_record(const WorkerRecord& r) {
   }
   return out;
 }
+
+}  // namespace
 
 WorkerRecord parse_record(const std::string& text, int rank) {
   auto bad = [&](const std::string& why) -> InvalidArgument {
@@ -121,6 +108,8 @@ WorkerRecord parse_record(const std::string& text, int rank) {
   if (!valid_worker_name(r.name) || r.url.empty()) throw bad("no name or address");
   return r;
 }
+
+namespace {
 
 const std::optional<LoanTableAddress> kNotReadable;
 
@@ -273,58 +262,6 @@ void GroupDirectory::enter_generation(bool rejoin) {
   }
 }
 
-int GroupDirectory::formed_size() const {
-  const std::string me = "rpc agent " + self_.describe();
-  // Rank 0 marks the generation right after entering it.
-  std::string formed;
-  try {
-    formed = c10d::to_string(store_->get(key("elastic"), std::chrono::milliseconds(2'000)));
-  } catch (const TimeoutError&) {
-    throw InvalidArgument(me +
-                          " was asked to join the running group, but that group is not "
-                          "elastic: start its workers with AgentOptions::elastic "
-                          "(GRADWIRE_RPC_ELASTIC=1)");
-  }
-  int size = 0;
-  try {
-    size = std::stoi(formed);
-  } catch (const std::exception&) {
-  }
-  if (size < 1 || size > capacity_) {
-    throw InvalidArgument(me + ": the store's mark of the running group's size is '" +
-                          printable(formed) + "', not a size in [1, " + std::to_string(capacity_) +
-                          "]; is another program using the same store?");
-  }
-  return size;
-}
-
-void GroupDirectory::enter_running_generation() {
-  const std::string me = "rpc agent " + self_.describe();
-  const int64_t started = store_->add("rpc/starts/0", 0);
-  if (started < 1) {
-    throw InvalidArgument(me +
-                          " was asked to join a running group (join_running), but no group "
-                          "has started on this store");
-  }
-  prefix_ = "rpc/" + std::to_string(started) + "/";
-  world_size_ = formed_size();
-  const std::string rank_text = std::to_string(self_.id);
-  if (self_.id < world_size_) {
-    throw InvalidArgument(me + " cannot join the running group under rank " + rank_text +
-                          ": the group formed with ranks 0.." + std::to_string(world_size_ - 1) +
-                          ", and a lost one is replaced with AgentOptions::rejoin");
-  }
-  // Ranks are never reused: a rank that a worker joined under stays its own.
-  const std::string held = c10d::to_string(
-      store_->compare_set(key("joined/" + rank_text), {}, c10d::to_bytes(self_.name)));
-  if (held != self_.name) {
-    throw InvalidArgument(me + " cannot join the running group under rank " + rank_text +
-                          ": worker '" + printable(held) + "' joined under it already");
-  }
-  // A later replacement of this rank (AgentOptions::rejoin) finds the generation here.
-  store_->set("rpc/starts/" + rank_text, std::to_string(started));
-}
-
 void GroupDirectory::claim_name_and_publish(const Announcement& me, bool rejoin) {
   const std::string rank_text = std::to_string(self_.id);
   // Names are unique: the first rank to claim one keeps it.
@@ -403,214 +340,6 @@ bool GroupDirectory::adopt(int rank, const WorkerRecord& rec) {
   ids_by_name_[rec.name] = rank;
   presence_[i] = next(presence_[i], PresenceEvent::kAdopt);
   return true;
-}
-
-// ---- elastic membership
-
-std::vector<int> GroupDirectory::roster() const {
-  std::vector<int> ranks;
-  if (!store_->check({key("roster")})) return ranks;
-  std::istringstream in(c10d::to_string(store_->get(key("roster"), join_timeout_)));
-  for (std::string word; in >> word;) {
-    int rank = -1;
-    try {
-      rank = std::stoi(word);
-    } catch (const std::exception&) {
-    }
-    // Only a joiner's rank: anything else is not this group's writing.
-    if (rank >= world_size_ && rank < slots_ &&
-        std::find(ranks.begin(), ranks.end(), rank) == ranks.end())
-      ranks.push_back(rank);
-  }
-  return ranks;
-}
-
-std::vector<int> GroupDirectory::members_in_store() const {
-  std::vector<int> ranks;
-  for (int r = 0; r < world_size_; ++r)
-    ranks.push_back(r);
-  if (!elastic()) return ranks;
-  for (int r : roster())
-    ranks.push_back(r);
-  std::erase_if(ranks, [&](int r) { return r != self_.id && gone_in_store(r); });
-  return ranks;
-}
-
-bool GroupDirectory::gone_in_store(int rank) const {
-  const std::string rank_text = std::to_string(rank);
-  if (store_->check({key("left/" + rank_text)})) return true;
-  if (!store_->check({key("lost/" + rank_text)})) return false;
-  // Lost in the incarnation that holds the rank now: a replacement counts again.
-  const std::string lost = c10d::to_string(store_->get(key("lost/" + rank_text), join_timeout_));
-  const int64_t current = store_->add(key("incarnation/" + rank_text), 0);
-  try {
-    return std::stoll(lost) >= current;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-void GroupDirectory::mark_lost(int rank) const {
-  if (!elastic() || rank < 0 || rank >= slots_) return;
-  int incarnation = 0;
-  {
-    MutexLock lock(mutable_mutex_);
-    incarnation = incarnations_[static_cast<size_t>(rank)];
-  }
-  const std::string lost_key = key("lost/" + std::to_string(rank));
-  // The newest incarnation anyone saw lost stays: a slower worker's older news never
-  // overwrites it.
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    const c10d::Bytes before =
-        store_->check({lost_key}) ? store_->get(lost_key, join_timeout_) : c10d::Bytes{};
-    if (!before.empty()) {
-      try {
-        if (std::stoll(c10d::to_string(before)) >= incarnation) return;
-      } catch (const std::exception&) {
-      }
-    }
-    const c10d::Bytes held =
-        store_->compare_set(lost_key, before, c10d::to_bytes(std::to_string(incarnation)));
-    if (c10d::to_string(held) == std::to_string(incarnation)) return;
-  }
-}
-
-void GroupDirectory::adopt_roster() {
-  // Workers that formed the group and have left it since, or were lost and not replaced.
-  for (int r = 0; r < world_size_; ++r) {
-    if (r != self_.id && gone_in_store(r)) {
-      if (store_->check({key("left/" + std::to_string(r))})) {
-        mark_left(r);
-      } else {
-        apply(r, PresenceEvent::kLose);
-      }
-    }
-  }
-  for (int r : roster()) {
-    const std::string rec_key = key("worker/" + std::to_string(r));
-    if (!store_->check({rec_key})) continue;  // it is publishing: met later
-    const WorkerRecord rec = parse_record(c10d::to_string(store_->get(rec_key, join_timeout_)), r);
-    {
-      MutexLock lock(mutable_mutex_);
-      adopt(r, rec);
-    }
-    // One that has left already is known by name, as gone; one lost, as lost.
-    if (store_->check({key("left/" + std::to_string(r))})) {
-      mark_left(r);
-    } else if (gone_in_store(r)) {
-      apply(r, PresenceEvent::kLose);
-    }
-  }
-}
-
-std::optional<WorkerInfo> GroupDirectory::discover(int rank, std::chrono::milliseconds timeout) {
-  if (!elastic() || rank < world_size_ || rank >= slots_) return std::nullopt;
-  const std::string rank_text = std::to_string(rank);
-  try {
-    const WorkerRecord rec =
-        parse_record(c10d::to_string(store_->get(key("worker/" + rank_text), timeout)), rank);
-    bool adopted = false;
-    {
-      MutexLock lock(mutable_mutex_);
-      adopted = adopt(rank, rec);
-    }
-    // A joiner that has left already is known by name, as gone, and is not met.
-    if (store_->check({key("left/" + rank_text)})) {
-      mark_left(rank);
-      return std::nullopt;
-    }
-    if (!adopted) return std::nullopt;
-    const WorkerInfo met = workers_[static_cast<size_t>(rank)];
-    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": " << met.describe()
-                        << " joined the group";
-    if (on_met_) on_met_(met);
-    return met;
-  } catch (const std::exception& e) {
-    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": no joiner of rank " << rank
-                        << " could be read from the store: " << e.what();
-    return std::nullopt;
-  }
-}
-
-std::optional<WorkerInfo> GroupDirectory::discover(const std::string& name,
-                                                   std::chrono::milliseconds timeout) {
-  if (!elastic() || !valid_worker_name(name)) return std::nullopt;
-  const std::string name_key = key("name/" + name);
-  try {
-    if (!store_->check({name_key})) return std::nullopt;
-    const int rank = std::stoi(c10d::to_string(store_->get(name_key, timeout)));
-    return discover(rank, timeout);
-  } catch (const std::exception& e) {
-    GRADWIRE_LOG(kInfo) << "rpc worker " << self_.describe() << ": worker '" << name
-                        << "' could not be looked up in the store: " << e.what();
-    return std::nullopt;
-  }
-}
-
-bool GroupDirectory::mark_left(int id) {
-  if (id < 0 || id >= slots_) return false;
-  MutexLock lock(mutable_mutex_);
-  Presence& p = presence_[static_cast<size_t>(id)];
-  const bool was_in = p == Presence::kMember || p == Presence::kLost;
-  p = next(p, PresenceEvent::kLeave);
-  return was_in;
-}
-
-void GroupDirectory::mark_leaving() const {
-  store_->set(key("left/" + std::to_string(self_.id)), "1");
-}
-
-Presence GroupDirectory::apply(int id, PresenceEvent event) {
-  if (id < 0 || id >= slots_) return Presence::kAbsent;
-  MutexLock lock(mutable_mutex_);
-  Presence& p = presence_[static_cast<size_t>(id)];
-  p = next(p, event);
-  return p;
-}
-
-Presence GroupDirectory::presence(int id) const {
-  if (id < 0 || id >= slots_) return Presence::kAbsent;
-  MutexLock lock(mutable_mutex_);
-  return presence_[static_cast<size_t>(id)];
-}
-
-std::vector<WorkerInfo> GroupDirectory::workers() const {
-  std::vector<WorkerInfo> out;
-  MutexLock lock(mutable_mutex_);
-  for (int id = 0; id < slots_; ++id) {
-    const Presence p = presence_[static_cast<size_t>(id)];
-    if (p == Presence::kMember || p == Presence::kLost)
-      out.push_back(workers_[static_cast<size_t>(id)]);
-  }
-  return out;
-}
-
-Presence next(Presence presence, PresenceEvent event) {
-  switch (event) {
-    case PresenceEvent::kAdopt:
-      return presence == Presence::kAbsent ? Presence::kMember : presence;
-    case PresenceEvent::kLose:
-      return presence == Presence::kMember ? Presence::kLost : presence;
-    case PresenceEvent::kRejoin:
-      return presence == Presence::kLost ? Presence::kMember : presence;
-    case PresenceEvent::kLeave:
-      return Presence::kLeft;
-  }
-  return presence;
-}
-
-const char* presence_name(Presence presence) {
-  switch (presence) {
-    case Presence::kAbsent:
-      return "absent";
-    case Presence::kMember:
-      return "member";
-    case Presence::kLost:
-      return "lost";
-    case Presence::kLeft:
-      return "left";
-  }
-  return "?";
 }
 
 std::string GroupDirectory::find_readable(const Announcement& me,
@@ -779,34 +508,6 @@ std::string GroupDirectory::describe_rank(int rank) const {
   return "rank " + std::to_string(rank);
 }
 
-void GroupDirectory::wait_for_members(const std::string& prefix, Clock::time_point deadline,
-                                      const std::string& what) const {
-  constexpr std::chrono::milliseconds kLook{200};
-  for (;;) {
-    // Who the members are changes while this waits: a joiner counts from when it joined, a
-    // worker that left stops counting.
-    const std::vector<int> members = members_in_store();
-    std::vector<std::string> keys;
-    for (int r : members)
-      keys.push_back(key(prefix + std::to_string(r)));
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    try {
-      store_->wait(keys, std::clamp(left, std::chrono::milliseconds(1), kLook));
-      if (members_in_store() == members) return;
-    } catch (const TimeoutError&) {
-      if (left > kLook) continue;
-      std::string missing;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (!store_->check({keys[i]}))
-          missing += (missing.empty() ? "" : ", ") + describe_rank(members[i]);
-      }
-      throw TimeoutError("rpc agent " + self_.describe() + " waited " + ms_text(join_timeout_) +
-                         " " + what + "; members that did not: [" + missing + "]");
-    }
-  }
-}
-
 bool GroupDirectory::hosts_store() const {
   const c10d::Store* store = store_.get();
   while (const auto* prefixed = dynamic_cast<const c10d::PrefixStore*>(store))
@@ -934,177 +635,6 @@ const std::optional<LoanTableAddress>& GroupDirectory::readable(int id) const {
 
 bool GroupDirectory::lends_to(int id) const {
   return id >= 0 && static_cast<size_t>(id) < lend_to_.size() && lend_to_[static_cast<size_t>(id)];
-}
-
-// ---- admission of incoming connections
-
-MemberState next(MemberState state, MemberEvent event) {
-  switch (event) {
-    case MemberEvent::kJoin:
-      return state == MemberState::kUnjoined ? MemberState::kKnown : state;
-    case MemberEvent::kClaimNewer:
-      return state == MemberState::kKnown ? MemberState::kRereading : state;
-    case MemberEvent::kReread:
-      return state == MemberState::kRereading ? MemberState::kKnown : state;
-    case MemberEvent::kClose:
-      return MemberState::kClosed;
-  }
-  return state;
-}
-
-MemberState& PeerAdmission::member(int rank) {
-  if (rank < 0 || static_cast<size_t>(rank) >= members_.size()) return outsiders_;
-  return members_[static_cast<size_t>(rank)];
-}
-
-void PeerAdmission::apply_to_all(MemberEvent event) {
-  for (MemberState& state : members_)
-    state = next(state, event);
-  outsiders_ = next(outsiders_, event);
-}
-
-PeerAdmission::Finding PeerAdmission::check(const Claim& claim) const {
-  using Verdict = Finding::Verdict;
-  const std::string who = "worker '" + printable(claim.name) + "' of rank " +
-                          std::to_string(claim.rank) + ", incarnation " +
-                          std::to_string(claim.incarnation);
-  const int id = group_.id_of(claim.name);
-  if (id < 0) {
-    // Not a worker of this group: served as an outsider (rank -1), which speaks for nobody.
-    if (claim.rank == -1) return {Verdict::kAdmit, ""};
-    // An elastic group's joiner that this worker has not met: its record is read first.
-    if (group_.elastic() && claim.rank >= group_.world_size() && claim.rank < group_.slots() &&
-        group_.presence(claim.rank) == Presence::kAbsent)
-      return {Verdict::kNewer, ""};
-    if (group_.presence(claim.rank) == Presence::kLeft &&
-        group_.worker(claim.rank).name == claim.name)
-      return {Verdict::kRefuse, "it claims to be " + who + ", which has left the group"};
-    return {Verdict::kRefuse,
-            "it claims to be " + who + ", but no worker of this group has that name"};
-  }
-  if (claim.rank != id) {
-    return {Verdict::kRefuse, "it claims to be " + who + ", but worker '" + claim.name +
-                                  "' has rank " + std::to_string(id)};
-  }
-  const int current = group_.incarnation(id);
-  if (claim.incarnation == current) return {Verdict::kAdmit, ""};
-  if (claim.incarnation > current) return {Verdict::kNewer, ""};
-  return {Verdict::kRefuse, "it claims to be " + who + ", which incarnation " +
-                                std::to_string(current) + " has replaced"};
-}
-
-void PeerAdmission::verify(Claim claim, Done done) {
-  Runner runner;
-  std::string refused;
-  {
-    MutexLock lock(mutex_);
-    switch (member(claim.rank)) {
-      case MemberState::kUnjoined:
-        waiting_.emplace_back(std::move(claim), std::move(done));
-        return;
-      case MemberState::kClosed:
-        refused = closed_why_;
-        break;
-      case MemberState::kKnown:
-      case MemberState::kRereading:
-        runner = runner_;
-        break;
-    }
-  }
-  if (!refused.empty()) {
-    done(refused);
-    return;
-  }
-  decide(std::move(claim), std::move(done), runner);
-}
-
-void PeerAdmission::decide(Claim claim, Done done, const Runner& runner) {
-  const Finding finding = check(claim);
-  if (finding.verdict != Finding::Verdict::kNewer) {
-    done(finding.why);
-    return;
-  }
-  // A rank taken over since this worker last read its record (AgentOptions::rejoin): the
-  // store says which incarnation holds it now. Read off the transport's thread, once per
-  // rank at a time: claims that arrive meanwhile wait for the same read, so a flood of
-  // claims costs one store read per rank, not one per connection.
-  const int rank = claim.rank;
-  {
-    MutexLock lock(mutex_);
-    MemberState& state = member(rank);
-    state = next(state, MemberEvent::kClaimNewer);
-    auto [it, first] = refreshing_.try_emplace(rank);
-    it->second.emplace_back(std::move(claim), std::move(done));
-    if (!first) return;
-  }
-  try {
-    if (!runner) throw Error("nothing runs it");
-    runner([this, rank] { reread(rank); });
-  } catch (const std::exception& e) {
-    std::vector<std::pair<Claim, Done>> refused;
-    {
-      MutexLock lock(mutex_);
-      refused.swap(refreshing_[rank]);
-      refreshing_.erase(rank);
-      MemberState& state = member(rank);
-      state = next(state, MemberEvent::kReread);
-    }
-    for (auto& [c, d] : refused)
-      d("its claim of a newer incarnation cannot be checked now: " + std::string(e.what()));
-  }
-}
-
-void PeerAdmission::reread(int rank) {
-  if (group_.presence(rank) == Presence::kAbsent) {
-    group_.discover(rank, refresh_timeout_);
-  } else {
-    group_.refresh(rank, refresh_timeout_);
-  }
-  std::vector<std::pair<Claim, Done>> decided;
-  {
-    MutexLock lock(mutex_);
-    decided.swap(refreshing_[rank]);
-    refreshing_.erase(rank);
-    MemberState& state = member(rank);
-    state = next(state, MemberEvent::kReread);
-  }
-  for (auto& [c, d] : decided) {
-    const Finding after = check(c);
-    const bool unmet = group_.presence(c.rank) == Presence::kAbsent;
-    d(after.verdict != Finding::Verdict::kNewer ? after.why
-      : unmet ? "it claims to be worker '" + printable(c.name) + "' of rank " +
-                    std::to_string(c.rank) + ", which has not joined this group"
-              : "it claims to be worker '" + printable(c.name) + "' of rank " +
-                    std::to_string(c.rank) + " in incarnation " + std::to_string(c.incarnation) +
-                    ", but the store's record of that rank holds incarnation " +
-                    std::to_string(group_.incarnation(c.rank)));
-  }
-}
-
-void PeerAdmission::open(Runner runner) {
-  std::vector<std::pair<Claim, Done>> waiting;
-  {
-    MutexLock lock(mutex_);
-    if (outsiders_ != MemberState::kUnjoined) return;
-    apply_to_all(MemberEvent::kJoin);
-    runner_ = runner;
-    waiting.swap(waiting_);
-  }
-  for (auto& [claim, done] : waiting)
-    decide(std::move(claim), std::move(done), runner);
-}
-
-void PeerAdmission::close(const std::string& why) {
-  std::vector<std::pair<Claim, Done>> waiting;
-  {
-    MutexLock lock(mutex_);
-    apply_to_all(MemberEvent::kClose);
-    closed_why_ = why;
-    runner_ = nullptr;
-    waiting.swap(waiting_);
-  }
-  for (auto& [claim, done] : waiting)
-    done(why);
 }
 
 }  // namespace gradwire::rpc::detail

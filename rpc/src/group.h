@@ -50,8 +50,24 @@ class Store;
 
 namespace gradwire::rpc::detail {
 
-// A worker's record in the store (group.cc).
-struct WorkerRecord;
+// A worker's record in the store (group.cc writes and reads it): its name, its address, its device
+// maps, and where its loan table is (when it lends).
+struct WorkerRecord {
+  std::string name;
+  std::string url;
+  int cuda_devices{0};
+  std::map<std::string, DeviceMap> device_maps;
+  std::string boot_id;
+  std::optional<LoanTableAddress> loans;
+  int incarnation{0};
+  std::string host_id;  // empty: the record does not say (an older worker)
+  uint64_t netns{0};
+  std::vector<std::string> transports;
+};
+
+// Parses the record the store holds for `rank`; InvalidArgument naming the rank and what is
+// wrong.
+WorkerRecord parse_record(const std::string& text, int rank);
 
 // 1 to 128 characters from [A-Za-z0-9_.:-].
 bool valid_worker_name(const std::string& name);
