@@ -16,9 +16,11 @@
 //
 // What travels: the values, dtype and sizes, as any tensor (a view travels as its
 // elements, packed; a CUDA tensor is staged through host memory and delivered on the
-// device the agent's device map names, as gradwire's are), and requires_grad: a tensor
-// that requires grad arrives as a fresh leaf that requires grad. No autograd history is
-// recorded for torch tensors by dist_autograd.
+// device the agent's device map names, as gradwire's are), and requires_grad: outside a
+// dist_autograd context a tensor that requires grad arrives as a fresh leaf that requires
+// grad; within one, its LibTorch history is recorded (the sender's graph mirrored, the
+// receiver's tensor given a grad_fn leading back to it), so that
+// gradwire::torch::dist_autograd::backward runs through the call (dist_autograd.h).
 //
 // Errors: sending an undefined at::Tensor (send std::nullopt for None), or one from_torch
 // refuses (the dtype or layout it names), throws InvalidArgument at the call; a received
