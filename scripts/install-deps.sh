@@ -4,6 +4,8 @@
 #   scripts/install-deps.sh            build and test dependencies
 #   scripts/install-deps.sh --bench    also PyTorch 1.13 (python3-torch), the benchmark peer, and
 #                                      matplotlib for scripts/plot-bench.py
+#   scripts/install-deps.sh --torch    also LibTorch 1.13 (libtorch-dev), for the LibTorch
+#                                      bridge torch_bridge/ and its tests and examples
 #   scripts/install-deps.sh --checks   also clang and its runtimes, for the -Wthread-safety
 #                                      build and the fuzzers (libFuzzer, ASan)
 set -euo pipefail
@@ -19,8 +21,9 @@ packages=(
 for arg in "$@"; do
   case "$arg" in
     --bench) packages+=(python3 python3-torch python3-matplotlib) ;;
+    --torch) packages+=(libtorch-dev) ;;
     --checks) packages+=(clang libclang-rt-14-dev) ;;
-    *) echo "usage: scripts/install-deps.sh [--bench] [--checks]" >&2; exit 2 ;;
+    *) echo "usage: scripts/install-deps.sh [--bench] [--torch] [--checks]" >&2; exit 2 ;;
   esac
 done
 
