@@ -4,10 +4,10 @@
 // parameter-server pattern, in C++).
 //
 // Rank 0 is the server "ps": it builds the model (Conv2d(1, 8, 3, padding 1), ReLU,
-// MaxPool2d(2), Flatten, Linear(128, 4)) and serves two functions: "forward" (the model on a
-// batch) and "parameters" (an RRef to each parameter's gradwire twin,
-// gradwire::torch::dist_autograd::parameter_rrefs). Every other rank is a trainer
-// "trainer<rank>". Each trainer makes a DistributedOptimizer over the server's parameters
+// MaxPool2d(2), Flatten, Linear(128, 4)) and serves three functions: "forward" (the model on
+// a batch), "parameters" (an RRef to each parameter's gradwire twin,
+// gradwire::torch::dist_autograd::parameter_rrefs) and "trained" (below). Every other rank is a
+// trainer "trainer<rank>". Each trainer makes a DistributedOptimizer over the server's parameters
 // (one optimizer per trainer on the server, as PyTorch's DistributedOptimizer does), and
 // for each batch:
 //
@@ -24,8 +24,9 @@
 // The data: 8x8 single-channel images of four shapes (a horizontal bar, a vertical bar, a
 // diagonal, a hollow 3x3 square) at random places, with Gaussian noise; each trainer draws
 // its own training images from --seed and its rank, and every trainer the same held-out set.
-// Each trainer prints its mean loss per epoch and, at the end, the held-out accuracy of the
-// server's model (asked for outside any context: nothing is recorded). The program exits 1
+// Each trainer prints its mean loss per epoch; when every trainer has finished (the server's
+// "trained" answers each trainer once all have called it), each prints the held-out accuracy
+// of the server's model (asked for outside any context: nothing is recorded). The program exits 1
 // when a trainer's accuracy is below --min-accuracy, and on any error (named on stderr).
 //
 //   gradwire-run --nproc-per-node 3 gradwire-ps-train-torch [--epochs N] [--batch-size B]
@@ -46,6 +47,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -138,11 +140,26 @@ torch::nn::Sequential make_model() {
                                torch::nn::Flatten(), torch::nn::Linear(8 * 4 * 4, kClasses));
 }
 
-// The server: the model, its two functions, and a count of the forwards served.
+// The server: the model, its functions, and a count of the forwards served.
 int serve(int world) {
   torch::manual_seed(1);
   torch::nn::Sequential model = make_model();
   std::atomic<int64_t> forwards{0};
+  // "trained": each trainer's call is answered once every trainer has called it.
+  std::mutex mutex;
+  std::vector<gradwire::Future<bool>> finished;
+  rpc::registry().def("trained", [&mutex, &finished, world] {
+    gradwire::Future<bool> mine;
+    std::vector<gradwire::Future<bool>> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      finished.push_back(mine);
+      if (static_cast<int>(finished.size()) == world - 1) all.swap(finished);
+    }
+    for (gradwire::Future<bool>& f : all)
+      f.set_value(true);
+    return mine;
+  });
   rpc::registry().def("forward", [&model, &forwards](const at::Tensor& x) {
     forwards.fetch_add(1, std::memory_order_relaxed);
     return model->forward(x);
@@ -199,6 +216,8 @@ int train(const Options& o, int rank, int world) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The model is done once every trainer is.
+  agent->rpc_sync<bool>("ps", "trained");
   // Outside a context: nothing is recorded, the server only runs its model.
   const at::Tensor logits = agent->rpc_sync<at::Tensor>("ps", "forward", test_x);
   const double accuracy = logits.argmax(1).eq(test_y).to(torch::kFloat64).mean().item<double>();
