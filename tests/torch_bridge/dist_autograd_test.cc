@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -17,6 +18,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gradwire/core/error.h"
@@ -24,6 +27,7 @@
 #include "gradwire/optim/optim.h"
 #include "gradwire/rpc/agent.h"
 #include "gradwire/rpc/registry.h"
+#include "gradwire/rref/rref.h"
 #include "gradwire/torch/dist_autograd.h"
 #include "gradwire/torch/value_convert.h"
 #include "support/agents.h"
@@ -157,6 +161,10 @@ void define(rpc::Registry& reg, World& world) {
     call.agent()->rpc_sync<bool>("w0", "keep", h);
     return h * 3.0;
   });
+  reg.def("pair_up", [](const std::vector<at::Tensor>& xs) {
+    return std::make_tuple(xs.at(0) * 2, xs.at(1) * xs.at(0));
+  });
+  reg.def("cube", [](const at::Tensor& x) { return x * x * x; });
   reg.def("keep", [&world](const at::Tensor& t) {
     world.kept.push_back(t);
     return true;
@@ -287,6 +295,75 @@ TEST_F(TorchDistAutograd, ASendWhoseResultIsUnusedIsNotWaitedFor) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
   expect_close(tda::get_gradients(trainer(), ctx.id()).at(v), fx.at("v"), "v");
   expect_server_grads(trainer(), ctx.id(), fx, "grad ");
+}
+
+// A vector of tensors out, a tuple back: each element that requires grad is recorded.
+TEST_F(TorchDistAutograd, ContainersAreRecordedElementByElement) {
+  const at::Tensor a = at::tensor({1.0, -2.0}, at::kDouble).requires_grad_(true);
+  const at::Tensor b = at::tensor({0.5, 3.0}, at::kDouble).requires_grad_(true);
+  const at::Tensor c = at::tensor({4.0, 4.0}, at::kDouble);  // no grad: not recorded
+  gradwire::dist_autograd::Context ctx(trainer());
+  const auto [twice, product] = trainer().rpc_sync<std::tuple<at::Tensor, at::Tensor>>(
+      "w1", "pair_up", std::vector<at::Tensor>{a * 1.0, b});
+  const auto [twice_c, product_c] = trainer().rpc_sync<std::tuple<at::Tensor, at::Tensor>>(
+      "w1", "pair_up", std::vector<at::Tensor>{c, b});
+  tda::backward(trainer(), ctx.id(), {(twice + product + product_c).sum()});
+  const tda::Gradients g = tda::get_gradients(trainer(), ctx.id());
+  // d/da (2a + b a) = 2 + b; d/db (b a + b c) = a + c.
+  expect_close(g.at(a), {2.5, 5.0}, "a");
+  expect_close(g.at(b), {5.0, 2.0}, "b");
+  EXPECT_FALSE(g.contains(c));
+  EXPECT_FALSE(twice_c.requires_grad());
+}
+
+// rpc_async and an RRef proxy to a server object holding a LibTorch model: both recorded;
+// the trainer's gradient equals LibTorch's own on the same function in this process.
+TEST_F(TorchDistAutograd, AsyncCallsAndRRefProxiesAreRecorded) {
+  struct TorchServer {
+    ::torch::nn::Sequential model = make_model();
+    at::Tensor forward(const at::Tensor& x) { return model->forward(x); }
+  };
+  reg_.def_class<TorchServer>("TorchServer").ctor<>().method("forward", &TorchServer::forward);
+  rref::RRef<TorchServer> ps = rref::remote<TorchServer>(trainer(), "w1", "TorchServer");
+  const at::Tensor v = trainer_leaf();
+  {
+    gradwire::dist_autograd::Context ctx(trainer());
+    const at::Tensor h = at::tanh(batch() * v);
+    Future<at::Tensor> pending = trainer().rpc_async<at::Tensor>("w1", "forward", h * 2);
+    const at::Tensor p2 = ps.rpc_sync<at::Tensor>("forward", h);
+    const at::Tensor p1 = pending.get(30s);
+    tda::backward(trainer(), ctx.id(), {p1.sum() + (p2 * p2).sum()});
+    // The same function with LibTorch's own autograd, here.
+    ::torch::nn::Sequential local = make_model();
+    const at::Tensor u = trainer_leaf();
+    const at::Tensor hu = at::tanh(batch() * u);
+    const at::Tensor q2 = local->forward(hu);
+    (local->forward(hu * 2).sum() + (q2 * q2).sum()).backward();
+    expect_close(tda::get_gradients(trainer(), ctx.id()).at(v), values(u.grad()), "v");
+  }
+  ps = {};
+}
+
+// Contexts on several threads at once: each pass sees only its own calls' gradients.
+TEST_F(TorchDistAutograd, ConcurrentContextsKeepTheirGradientsApart) {
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int k = 0; k < 3; ++k) {
+    threads.emplace_back([&, k] {
+      for (int round = 0; round < 4; ++round) {
+        const double x = k + 1 + 0.25 * round;
+        const at::Tensor v = at::tensor({x, -x}, at::kDouble).requires_grad_(true);
+        gradwire::dist_autograd::Context ctx(trainer());
+        const at::Tensor y = trainer().rpc_sync<at::Tensor>("w1", "cube", v * 1.0);
+        tda::backward(trainer(), ctx.id(), {y.sum()});
+        const std::vector<double> g = values(tda::get_gradients(trainer(), ctx.id()).at(v));
+        if (std::abs(g[0] - 3 * x * x) > 1e-12 || std::abs(g[1] - 3 * x * x) > 1e-12) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(bad.load(), 0);
 }
 
 TEST_F(TorchDistAutograd, RetainedGraphsAccumulateInTheContext) {
