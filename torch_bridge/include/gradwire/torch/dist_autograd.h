@@ -36,9 +36,11 @@
 // pass discovers which sends will receive one, on every worker (the mirrored LibTorch nodes
 // included), and each worker runs its part as one graph task: a LibTorch node reached by
 // several calls' gradients runs once, with their sum, and only then frees what it saved.
-// PyTorch's FAST mode runs the local graph once per arriving gradient, which is exact only
-// when no node is shared by two sends (docs/libtorch.md shows a graph where the two differ).
-// A call whose result never reaches the loss is never waited for.
+// A call whose result never reaches the loss is never waited for. PyTorch 1.13's FAST mode
+// instead counts, on each worker, a dependency for every send recorded there, assuming each
+// will receive a gradient: a node behind a send whose result is unused waits, and the pass
+// fails on the rpc timeout. Where every send receives a gradient the two agree (the tests'
+// fixtures come from PyTorch's own dist_autograd; docs/libtorch.md shows both graphs).
 //
 // What LibTorch's engine does that this pass does not: post-hooks of LibTorch nodes and a
 // leaf's hooks do not run (the leaf's gradient goes to the context, not to .grad()); a
@@ -53,8 +55,9 @@
 //
 // Errors: as gradwire's dist_autograd (dist_autograd.h: InvalidArgument for an unknown
 // context; the first failure of any worker ends the pass everywhere, naming it), and
-// InvalidArgument for an undefined root or one that does not require grad (naming its
-// position), and for a LibTorch node whose gradient has a dtype gradwire lacks (complex),
+// InvalidArgument for no roots, an undefined root or one that does not require grad (naming
+// its position), for autograd_leaf / parameter_rref(s) of an undefined tensor or a non-leaf
+// (naming its grad_fn), and for a LibTorch node whose gradient has a dtype gradwire lacks (complex),
 // naming the node. A LibTorch node failing in the pass fails it with Error naming the node
 // and LibTorch's message. LibTorch's own backward() through a received tensor throws
 // InvalidArgument: that gradient flows only in this pass.
