@@ -67,7 +67,7 @@ struct Options {
   double lr = 0.02;
   std::string optimizer = "adam";
   uint64_t seed = 5;
-  double min_accuracy = 0.9;
+  double min_accuracy = 0.85;
 };
 
 Options parse_args(int argc, char** argv) {
