@@ -393,8 +393,8 @@ TEST_F(TorchDistAutograd, ALocalGraphFillsTheContextToo) {
 
 TEST_F(TorchDistAutograd, TheTwinOfALeafIsStableAndSharesItsMemory) {
   const at::Tensor p = at::zeros({3}, at::kFloat).requires_grad_(true);
-  const Tensor a = tda::autograd_leaf(p);
-  const Tensor b = tda::autograd_leaf(p);
+  Tensor a = tda::autograd_leaf(p);
+  Tensor b = tda::autograd_leaf(p);
   EXPECT_TRUE(a.is_same(b));
   EXPECT_TRUE(a.requires_grad());
   EXPECT_TRUE(a.is_leaf());
@@ -404,6 +404,13 @@ TEST_F(TorchDistAutograd, TheTwinOfALeafIsStableAndSharesItsMemory) {
     p.add_(1.0);
   }
   EXPECT_EQ(values(a), (std::vector<double>{1, 1, 1}));
+  // The twin lives while something holds it: the bridge's table holds neither it nor the
+  // leaf's memory.
+  std::weak_ptr<TensorImpl> held = a.impl_ptr();
+  a = Tensor();
+  b = Tensor();
+  EXPECT_TRUE(held.expired());
+  EXPECT_TRUE(tda::autograd_leaf(p).requires_grad());
   const at::Tensor q = p * 2;
   const std::string non_leaf = error_text<InvalidArgument>([&] { tda::autograd_leaf(q); });
   EXPECT_NE(non_leaf.find("MulBackward"), std::string::npos) << non_leaf;

@@ -101,9 +101,12 @@ class GradwireRecvBackward final : public TorchNode {
   const autograd::Edge edge_;
 };
 
+// Both sides weak: a twin lives while something holds it (a DistributedOptimizer's RRef, a
+// graph's accumulator, a context's gradients), and while it does, the leaf has that twin;
+// the table never keeps the leaf's memory alive.
 struct Twin {
   c10::weak_intrusive_ptr<c10::TensorImpl> leaf;
-  Tensor twin;
+  std::weak_ptr<TensorImpl> twin;
 };
 
 Mutex g_mutex;
@@ -111,7 +114,8 @@ Mutex g_mutex;
 std::unordered_map<const TorchNode*, std::weak_ptr<TorchNodeBackward>> g_mirrors
     GRADWIRE_GUARDED_BY(g_mutex);
 size_t g_mirror_sweep_at GRADWIRE_GUARDED_BY(g_mutex) = 1024;
-// A torch leaf's TensorImpl -> its twin; and a twin's TensorImpl -> the leaf's.
+// A torch leaf's TensorImpl -> its twin; and a twin's TensorImpl -> the leaf's (entries
+// with either side gone are swept as the table grows).
 std::unordered_map<const c10::TensorImpl*, Twin> g_twins GRADWIRE_GUARDED_BY(g_mutex);
 std::unordered_map<const void*, const c10::TensorImpl*> g_leaf_of GRADWIRE_GUARDED_BY(g_mutex);
 size_t g_twin_sweep_at GRADWIRE_GUARDED_BY(g_mutex) = 1024;
@@ -168,30 +172,34 @@ Tensor twin_locked(const at::Tensor& leaf) GRADWIRE_REQUIRES(g_mutex) {
   const c10::TensorImpl* key = leaf.unsafeGetTensorImpl();
   auto it = g_twins.find(key);
   if (it != g_twins.end()) {
-    const Tensor& t = it->second.twin;
-    // The same leaf, still viewing the same memory: the same twin.
-    if (!it->second.leaf.expired() && t.data_ptr() == leaf.data_ptr() &&
-        t.sizes() == Shape(leaf.sizes().begin(), leaf.sizes().end())) {
-      return t;
+    std::shared_ptr<TensorImpl> held = it->second.twin.lock();
+    if (held != nullptr) {
+      Tensor t(std::move(held));
+      // The same leaf, still viewing the same memory: the same twin.
+      if (!it->second.leaf.expired() && t.data_ptr() == leaf.data_ptr() &&
+          t.sizes() == Shape(leaf.sizes().begin(), leaf.sizes().end())) {
+        return t;
+      }
+      g_leaf_of.erase(&t.impl());
     }
-    g_leaf_of.erase(&t.impl());
     g_twins.erase(it);
   }
   if (g_twins.size() >= g_twin_sweep_at) {
     for (auto i = g_twins.begin(); i != g_twins.end();) {
-      if (i->second.leaf.expired()) {
-        g_leaf_of.erase(&i->second.twin.impl());
+      std::shared_ptr<TensorImpl> held = i->second.twin.lock();
+      if (held == nullptr || i->second.leaf.expired()) {
         i = g_twins.erase(i);
       } else {
         ++i;
       }
     }
+    std::erase_if(g_leaf_of, [](const auto& kv) { return g_twins.count(kv.second) == 0; });
     g_twin_sweep_at = std::max<size_t>(1024, 2 * g_twins.size());
   }
   Tensor twin = from_torch(leaf.detach());
   twin.set_requires_grad(true);
-  g_twins.emplace(key,
-                  Twin{c10::weak_intrusive_ptr<c10::TensorImpl>(leaf.getIntrusivePtr()), twin});
+  g_twins.emplace(
+      key, Twin{c10::weak_intrusive_ptr<c10::TensorImpl>(leaf.getIntrusivePtr()), twin.impl_ptr()});
   g_leaf_of[&twin.impl()] = key;
   return twin;
 }
@@ -275,7 +283,8 @@ at::Tensor leaf_of_twin(const Tensor& twin) {
   auto it = g_leaf_of.find(&twin.impl());
   if (it == g_leaf_of.end()) return {};
   auto t = g_twins.find(it->second);
-  if (t == g_twins.end()) return {};
+  // The entry must still be this twin's (a twin's address may be reused once it is gone).
+  if (t == g_twins.end() || t->second.twin.lock() != twin.impl_ptr()) return {};
   c10::intrusive_ptr<c10::TensorImpl> impl = t->second.leaf.lock();
   if (!impl) return {};
   return at::Tensor(std::move(impl));
