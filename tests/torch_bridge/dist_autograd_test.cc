@@ -185,6 +185,15 @@ void expect_server_grads(rpc::RpcAgent& trainer, uint64_t ctx,
   }
 }
 
+// make_fixtures.py's shared case, in the current context: h = tanh(x * v) sent in two calls
+// to the server's forward; the loss sum(o1 * o2).
+at::Tensor shared_loss(rpc::RpcAgent& trainer, const at::Tensor& v) {
+  const at::Tensor h = at::tanh(batch() * v);
+  const at::Tensor o1 = trainer.rpc_sync<at::Tensor>("w1", "forward", h);
+  const at::Tensor o2 = trainer.rpc_sync<at::Tensor>("w1", "forward", h);
+  return (o1 * o2).sum();
+}
+
 // Two steps of make_fixtures.py's ps case with `options`, checked against ps_<name>.txt.
 template <typename Options>
 void train_ps_and_check(rpc::RpcAgent& trainer, const std::string& name, const Options& options) {
@@ -253,10 +262,7 @@ TEST_F(TorchDistAutograd, ATensorSentInTwoCallsGetsBothGradients) {
   const auto fx = read_fixture("shared", 1);
   const at::Tensor v = trainer_leaf();
   gradwire::dist_autograd::Context ctx(trainer());
-  const at::Tensor h = at::tanh(batch() * v);
-  const at::Tensor o1 = trainer().rpc_sync<at::Tensor>("w1", "forward", h);
-  const at::Tensor o2 = trainer().rpc_sync<at::Tensor>("w1", "forward", h);
-  tda::backward(trainer(), ctx.id(), {(o1 * o2).sum()});
+  tda::backward(trainer(), ctx.id(), {shared_loss(trainer(), v)});
   const tda::Gradients g = tda::get_gradients(trainer(), ctx.id());
   ASSERT_EQ(g.size(), 1u);
   expect_close(g.at(v), fx.at("v"), "v");
@@ -370,10 +376,7 @@ TEST_F(TorchDistAutograd, RetainedGraphsAccumulateInTheContext) {
   const auto fx = read_fixture("shared", 1);
   const at::Tensor v = trainer_leaf();
   gradwire::dist_autograd::Context ctx(trainer());
-  const at::Tensor h = at::tanh(batch() * v);
-  const at::Tensor o1 = trainer().rpc_sync<at::Tensor>("w1", "forward", h);
-  const at::Tensor o2 = trainer().rpc_sync<at::Tensor>("w1", "forward", h);
-  const at::Tensor loss = (o1 * o2).sum();
+  const at::Tensor loss = shared_loss(trainer(), v);
   tda::backward(trainer(), ctx.id(), {loss}, {.retain_graph = true});
   tda::backward(trainer(), ctx.id(), {loss});
   std::vector<double> twice = fx.at("v");
@@ -511,10 +514,7 @@ TEST(TorchDistAutogradProcesses, TrainingAcrossProcessesMatchesPyTorch) {
           ASSERT_TRUE(agent.rpc_sync<bool>("w1", "reset"));
           const at::Tensor v = trainer_leaf();
           gradwire::dist_autograd::Context ctx(agent);
-          const at::Tensor h = at::tanh(batch() * v);
-          const at::Tensor o1 = agent.rpc_sync<at::Tensor>("w1", "forward", h);
-          const at::Tensor o2 = agent.rpc_sync<at::Tensor>("w1", "forward", h);
-          tda::backward(agent, ctx.id(), {(o1 * o2).sum()});
+          tda::backward(agent, ctx.id(), {shared_loss(agent, v)});
           expect_close(tda::get_gradients(agent, ctx.id()).at(v), fx.at("v"), "v");
           expect_server_grads(agent, ctx.id(), fx, "grad ");
         }
