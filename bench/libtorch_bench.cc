@@ -24,9 +24,16 @@
 //                           and result, ValueConverter<at::Tensor>) between two agents, at
 //                           4 KiB and 4 MiB, median round trip; baseline: the same echo of a
 //                           gradwire Tensor of the same size, in blocks alternating with it in
-//                           the same processes (params.gradwire_us); diagnostic: the torch
-//                           echo of an at::Tensor viewing gradwire-allocated memory
-//                           (to_torch), in the same blocks (params.torch_view_us).
+//                           the same processes (params.gradwire_us); diagnostics in the same
+//                           blocks: the torch echo of an at::Tensor viewing gradwire-allocated
+//                           memory (to_torch; params.torch_view_us), and the gradwire echo of
+//                           a gradwire Tensor viewing the torch tensor's own memory
+//                           (from_torch; params.gradwire_torch_memory_us). The two pairs that
+//                           send the same memory tell the bridge's cost apart from the memory's:
+//                           a large tensor is copied out of the sender's memory by the receiver
+//                           (process_vm_readv), which costs more per byte over torch's 4 KiB
+//                           pages than over the 2 MiB transparent huge pages gradwire's host
+//                           allocator asks for (GRADWIRE_HOST_HUGE_PAGES, storage.h).
 // Rounds: the rank processes and the PyTorch peer run one after the other kRounds times; each
 // side keeps its best round's median, so that drift on a shared machine favours none.
 #include <ATen/ATen.h>
@@ -308,8 +315,9 @@ const std::vector<std::pair<int64_t, int>> kRpcSizes = {{4 << 10, 200}, {4 << 20
 constexpr int kRpcBlocks = 8;  // blocks of each side, alternating
 
 // Rank 0's medians, kRpcFigures per kRpcSizes entry (seconds): the torch echo, the gradwire
-// echo, and the torch echo of a torch tensor viewing gradwire-allocated memory (to_torch).
-constexpr size_t kRpcFigures = 3;
+// echo, the torch echo of a torch tensor viewing gradwire-allocated memory (to_torch), and the
+// gradwire echo of a gradwire tensor viewing the torch tensor's memory (from_torch).
+constexpr size_t kRpcFigures = 4;
 std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   use_threads();
   rpc::Registry reg;
@@ -333,12 +341,15 @@ std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
             throw std::runtime_error("libtorch rpc bench: echo_torch returned another size");
         };
       };
-      auto gradwire_echo = [&] {
-        if (agent->rpc_sync<Tensor>("w1", "echo", gt).numel() != numel)
-          throw std::runtime_error("libtorch rpc bench: echo returned another size");
+      const Tensor gview = torch::from_torch(tt);
+      auto gradwire_echo_of = [&](const Tensor& sent) {
+        return [&, sent] {
+          if (agent->rpc_sync<Tensor>("w1", "echo", sent).numel() != numel)
+            throw std::runtime_error("libtorch rpc bench: echo returned another size");
+        };
       };
-      const std::function<void()> echoes[kRpcFigures] = {echo_of(tt), gradwire_echo,
-                                                         echo_of(tview)};
+      const std::function<void()> echoes[kRpcFigures] = {echo_of(tt), gradwire_echo_of(gt),
+                                                         echo_of(tview), gradwire_echo_of(gview)};
       std::vector<double> times[kRpcFigures];
       for (int block = 0; block < kRpcBlocks; ++block)
         for (size_t k = 0; k < kRpcFigures; ++k)
@@ -358,6 +369,7 @@ void emit_rpc(const std::vector<double>& best, const std::function<void(const Fi
     const double torch_us = best[kRpcFigures * i] * 1e6;
     const double gradwire_us = best[kRpcFigures * i + 1] * 1e6;
     const double view_us = best[kRpcFigures * i + 2] * 1e6;
+    const double gradwire_torch_memory_us = best[kRpcFigures * i + 3] * 1e6;
     emit(Figure{"libtorch.rpc_tensor_us",
                 torch_us,
                 "us",
@@ -376,27 +388,38 @@ void emit_rpc(const std::vector<double>& best, const std::function<void(const Fi
                  {"torch_view_us", view_us},
                  {"torch_view",
                   "diagnostic: the same torch echo of an at::Tensor viewing gradwire-allocated "
-                  "memory (to_torch), in the same blocks"}}});
+                  "memory (to_torch), in the same blocks"},
+                 {"gradwire_torch_memory_us", gradwire_torch_memory_us},
+                 {"gradwire_torch_memory",
+                  "diagnostic: the gradwire echo of a Tensor viewing the torch tensor's own "
+                  "memory (from_torch), in the same blocks"},
+                 {"ratio_same_memory", torch_us / gradwire_torch_memory_us},
+                 {"same_memory",
+                  "torch echo over gradwire echo of the same torch-allocated memory: the "
+                  "bridge's own cost, without the allocators' difference"}}});
   }
 }
 
-const Register libtorch_bench(
-    {"libtorch.ddp_step_ms", "libtorch.rpc_tensor_us"}, [](const auto& emit) {
-      c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
-      emit_ddp(measure_ddp(server), emit);
-      std::vector<double> best(kRpcFigures * kRpcSizes.size(),
-                               std::numeric_limits<double>::infinity());
-      for (int r = 0; r < kRounds; ++r) {
-        const std::vector<double> got = run_rank_processes(
-            server.port(), "libtorch_rpc" + std::to_string(r), 2, rpc_rank_body, "libtorch rpc");
-        if (got.size() != best.size())
-          throw std::runtime_error("libtorch rpc bench: the workers returned " +
-                                   std::to_string(got.size()) + " figures");
-        for (size_t i = 0; i < best.size(); ++i)
-          best[i] = std::min(best[i], got[i]);
-      }
-      emit_rpc(best, emit);
-    });
+// Registered apart, so that --filter can run either figure alone.
+const Register libtorch_ddp_bench({"libtorch.ddp_step_ms"}, [](const auto& emit) {
+  c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  emit_ddp(measure_ddp(server), emit);
+});
+
+const Register libtorch_rpc_bench({"libtorch.rpc_tensor_us"}, [](const auto& emit) {
+  c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  std::vector<double> best(kRpcFigures * kRpcSizes.size(), std::numeric_limits<double>::infinity());
+  for (int r = 0; r < kRounds; ++r) {
+    const std::vector<double> got = run_rank_processes(
+        server.port(), "libtorch_rpc" + std::to_string(r), 2, rpc_rank_body, "libtorch rpc");
+    if (got.size() != best.size())
+      throw std::runtime_error("libtorch rpc bench: the workers returned " +
+                               std::to_string(got.size()) + " figures");
+    for (size_t i = 0; i < best.size(); ++i)
+      best[i] = std::min(best[i], got[i]);
+  }
+  emit_rpc(best, emit);
+});
 
 }  // namespace
 }  // namespace gradwire::bench
