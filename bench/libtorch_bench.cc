@@ -18,8 +18,10 @@
 //                           Diagnostics in the same blocks: each library's one-process step
 //                           (no DDP: torch_plain_ms, gradwire_plain_ms), and the LibTorch DDP
 //                           step under no_sync() (torch_no_sync_ms) and with static_graph
-//                           (torch_static_graph_ms). Without PyTorch's python the figure is
-//                           printed with "pytorch": "unavailable: skipped" and the reason.
+//                           (torch_static_graph_ms), and the page faults per timed step of
+//                           each variant in rank 0's process (params.*_faults_per_step).
+//                           Without PyTorch's python the figure is printed with "pytorch":
+//                           "unavailable: skipped" and the reason.
 //   libtorch.rpc_tensor_us  rpc_sync "echo" of one float32 torch tensor (at::Tensor argument
 //                           and result, ValueConverter<at::Tensor>) between two agents, at
 //                           4 KiB and 4 MiB, median round trip; baseline: the same echo of a
@@ -44,6 +46,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -117,30 +121,42 @@ std::shared_ptr<nn::MLP> gradwire_mlp() {
   return std::make_shared<nn::MLP>(nn::MLPOptions{.sizes = kSizes, .generator = &gen});
 }
 
-// Medians of every variant's step times: after kWarmup untimed steps of each, kBlockRounds
-// rounds in which each variant runs a block of kBlock timed steps, the ranks starting every
-// block together (a barrier).
+// This process's minor page faults so far (every thread's).
+double minor_faults() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_minflt);
+}
+
+// Medians of every variant's step times, then every variant's mean page faults per timed
+// step: after kWarmup untimed steps of each, kBlockRounds rounds in which each variant runs
+// a block of kBlock timed steps, the ranks starting every block together (a barrier).
 std::vector<double> alternate_blocks(const std::vector<std::function<void()>>& steps,
                                      c10d::ProcessGroup& group) {
   for (const auto& step : steps)
     for (int i = 0; i < kWarmup; ++i)
       step();
   std::vector<std::vector<double>> times(steps.size());
+  std::vector<double> faults(steps.size(), 0.0);
   for (int round = 0; round < kBlockRounds; ++round) {
     for (size_t v = 0; v < steps.size(); ++v) {
       group.barrier().wait();
+      const double before = minor_faults();
       for (int i = 0; i < kBlock; ++i)
         times[v].push_back(time_once(steps[v]));
+      faults[v] += minor_faults() - before;
     }
   }
   std::vector<double> out;
   for (auto& t : times)
     out.push_back(median(std::move(t)));
+  for (double f : faults)
+    out.push_back(f / (kBlockRounds * kBlock));
   return out;
 }
 
-// One run of the DDP ranks: rank 0's median step of every Variant, then the LibTorch DDP's
-// bucket count and the model's parameter count.
+// One run of the DDP ranks: rank 0's median step of every Variant, its page faults per step
+// of every Variant, then the LibTorch DDP's bucket count and the model's parameter count.
 std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   use_threads();
   std::shared_ptr<c10d::ProcessGroup> group = c10d::ProcessGroupShm::create(
@@ -210,7 +226,8 @@ std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
 }
 
 struct DdpResult {
-  std::vector<double> ours;  // best round's median seconds per Variant
+  std::vector<double> ours;    // best round's median seconds per Variant
+  std::vector<double> faults;  // page faults per step per Variant, mean over the rounds
   double buckets = 0;
   double numel = 0;
   std::optional<PeerTimings> theirs;  // the best round's, with its median first
@@ -221,19 +238,22 @@ struct DdpResult {
 DdpResult measure_ddp(c10d::TCPStoreServer& server) {
   DdpResult result;
   result.ours.assign(kVariants, std::numeric_limits<double>::infinity());
+  result.faults.assign(kVariants, 0.0);
   const std::string n = std::to_string(kThreads);
   bool have_theirs = true;
   for (int r = 0; r < kRounds; ++r) {
     const std::vector<double> got = run_rank_processes(
         server.port(), "libtorch_ddp" + std::to_string(r), kWorld, ddp_rank_body, "libtorch ddp");
-    if (got.size() != kVariants + 2)
+    if (got.size() != 2 * kVariants + 2)
       throw std::runtime_error("libtorch ddp bench: the ranks returned " +
                                std::to_string(got.size()) + " figures, expected " +
-                               std::to_string(kVariants + 2));
-    for (size_t v = 0; v < kVariants; ++v)
+                               std::to_string(2 * kVariants + 2));
+    for (size_t v = 0; v < kVariants; ++v) {
       result.ours[v] = std::min(result.ours[v], got[v]);
-    result.buckets = got[kVariants];
-    result.numel = got[kVariants + 1];
+      result.faults[v] += got[kVariants + v] / kRounds;
+    }
+    result.buckets = got[2 * kVariants];
+    result.numel = got[2 * kVariants + 1];
     if (!have_theirs) continue;
     auto peer =
         run_pytorch_peer("ddp_peer.py",
@@ -307,6 +327,16 @@ void emit_ddp(const DdpResult& d, const std::function<void(const Figure&)>& emit
   p.push_back({"plain",
                "diagnostic: each library's one-process step (no DDP, no communication) of the "
                "same MLP, both ranks at once, in the same blocks"});
+  // In the order of Variant.
+  const char* const variant_names[kVariants] = {"torch_ddp",     "gradwire_ddp",
+                                                "torch_plain",   "gradwire_plain",
+                                                "torch_no_sync", "torch_static_graph"};
+  for (size_t v = 0; v < kVariants; ++v)
+    p.push_back({std::string(variant_names[v]) + "_faults_per_step", d.faults[v]});
+  p.push_back({"minor_faults",
+               "diagnostic: rank 0's process's minor page faults per timed step of each variant "
+               "(getrusage), mean over the rounds; in a steady state each is a page of memory "
+               "that an allocator gave back to the kernel and took again"});
   emit(f);
 }
 
