@@ -1,7 +1,10 @@
 // libtorch/ figures: the LibTorch bridge (gradwire::torch; built only where the bridge is).
 // Ranks and workers are processes on this machine meeting through a TCPStore served here
 // (ranks.h); every process uses kThreads intra-op thread (at::set_num_threads and
-// gradwire::set_num_threads), as the ddp/ figures do.
+// gradwire::set_num_threads), as the ddp/ figures do, and first calls
+// gradwire::torch::use_gradwire_host_memory() (memory.h), as docs/libtorch.md tells a LibTorch
+// program to: LibTorch's CPU tensors of 64 KiB and more then come from gradwire's host block
+// cache. Diagnostics measure the same steps with LibTorch's default allocator.
 //
 //   libtorch.ddp_step_ms    one data-parallel step of a LibTorch 784-1024-1024-1024-10 ReLU
 //                           MLP (torch::nn::Sequential of Linear/ReLU, float32, batch 64 per
@@ -17,9 +20,11 @@
 //                           model and batch (bench/pytorch/ddp_peer.py, params.pytorch_ms).
 //                           Diagnostics in the same blocks: each library's one-process step
 //                           (no DDP: torch_plain_ms, gradwire_plain_ms), and the LibTorch DDP
-//                           step under no_sync() (torch_no_sync_ms) and with static_graph
-//                           (torch_static_graph_ms), and the page faults per timed step of
-//                           each variant in rank 0's process (params.*_faults_per_step).
+//                           step under no_sync() (torch_no_sync_ms), with static_graph
+//                           (torch_static_graph_ms) and with LibTorch's default CPU
+//                           allocator (torch_ddp_torch_memory_ms), and the page faults per
+//                           timed step of each variant in rank 0's process
+//                           (params.*_faults_per_step).
 //                           Without PyTorch's python the figure is printed with "pytorch":
 //                           "unavailable: skipped" and the reason.
 //   libtorch.rpc_tensor_us  rpc_sync "echo" of one float32 torch tensor (at::Tensor argument
@@ -28,9 +33,10 @@
 //                           gradwire Tensor of the same size, in blocks alternating with it in
 //                           the same processes (params.gradwire_us); diagnostics in the same
 //                           blocks: the torch echo of an at::Tensor viewing gradwire-allocated
-//                           memory (to_torch; params.torch_view_us), and the gradwire echo of
-//                           a gradwire Tensor viewing the torch tensor's own memory
-//                           (from_torch; params.gradwire_torch_memory_us). The two pairs that
+//                           memory (to_torch; params.torch_view_us), the torch echo of a
+//                           tensor from LibTorch's default allocator (params.torch_memory_us),
+//                           and the gradwire echo of a gradwire Tensor viewing that memory
+//                           (from_torch; params.gradwire_torch_memory_us). The pairs that
 //                           send the same memory tell the bridge's cost apart from the memory's:
 //                           a large tensor is copied out of the sender's memory by the receiver
 //                           (process_vm_readv), which costs more per byte over torch's 4 KiB
@@ -97,6 +103,7 @@ enum Variant : size_t {
   kGradwirePlain,
   kTorchNoSync,
   kTorchStatic,
+  kTorchDdpTorchMemory,  // kTorchDdp with LibTorch's default CPU allocator
   kVariants
 };
 
@@ -159,6 +166,9 @@ std::vector<double> alternate_blocks(const std::vector<std::function<void()>>& s
 // of every Variant, then the LibTorch DDP's bucket count and the model's parameter count.
 std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   use_threads();
+  // LibTorch's CPU tensors in gradwire's host memory, as a LibTorch program using gradwire
+  // should run (memory.h); the *_torch_memory diagnostics switch back around their steps.
+  torch::use_gradwire_host_memory();
   std::shared_ptr<c10d::ProcessGroup> group = c10d::ProcessGroupShm::create(
       store, rank, kWorld, {.timeout = 120s, .debug_level = c10d::DebugLevel::kOff},
       {.gloo = {.host = "127.0.0.1"}});
@@ -214,6 +224,11 @@ std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
     tstatic_opt.zero_grad();
     tnn::functional::cross_entropy(tstatic.forward(tx), ty).backward();
     tstatic_opt.step();
+  };
+  steps[kTorchDdpTorchMemory] = [&] {
+    torch::use_torch_host_memory();
+    steps[kTorchDdp]();
+    torch::use_gradwire_host_memory();
   };
   std::vector<double> out = alternate_blocks(steps, *group);
   out.push_back(static_cast<double>(tddp.reducer().bucket_indices().size()));
@@ -321,6 +336,15 @@ void emit_ddp(const DdpResult& d, const std::function<void(const Figure&)>& emit
   p.push_back({"gradwire_plain_ms", d.ours[kGradwirePlain] * 1e3});
   p.push_back({"torch_no_sync_ms", d.ours[kTorchNoSync] * 1e3});
   p.push_back({"torch_static_graph_ms", d.ours[kTorchStatic] * 1e3});
+  p.push_back({"torch_host_memory",
+               "gradwire::torch::use_gradwire_host_memory() in each rank process (LibTorch's CPU "
+               "tensors of 64 KiB and more from gradwire's host block cache, memory.h), as "
+               "docs/libtorch.md tells LibTorch programs to run"});
+  p.push_back({"torch_ddp_torch_memory_ms", d.ours[kTorchDdpTorchMemory] * 1e3});
+  p.push_back({"torch_ddp_torch_memory",
+               "diagnostic, same blocks: the LibTorch DDP step with LibTorch's default CPU "
+               "allocator (use_torch_host_memory() around the step)"});
+  p.push_back({"ratio_to_gradwire_torch_memory", d.ours[kTorchDdpTorchMemory] * 1e3 / gradwire_ms});
   p.push_back({"variants",
                "diagnostic, same blocks: the LibTorch DDP step under no_sync() (hooks, no "
                "all-reduce; torch_no_sync_ms) and with static_graph (torch_static_graph_ms)"});
@@ -328,9 +352,9 @@ void emit_ddp(const DdpResult& d, const std::function<void(const Figure&)>& emit
                "diagnostic: each library's one-process step (no DDP, no communication) of the "
                "same MLP, both ranks at once, in the same blocks"});
   // In the order of Variant.
-  const char* const variant_names[kVariants] = {"torch_ddp",     "gradwire_ddp",
-                                                "torch_plain",   "gradwire_plain",
-                                                "torch_no_sync", "torch_static_graph"};
+  const char* const variant_names[kVariants] = {
+      "torch_ddp",     "gradwire_ddp",       "torch_plain",           "gradwire_plain",
+      "torch_no_sync", "torch_static_graph", "torch_ddp_torch_memory"};
   for (size_t v = 0; v < kVariants; ++v)
     p.push_back({std::string(variant_names[v]) + "_faults_per_step", d.faults[v]});
   p.push_back({"minor_faults",
@@ -345,11 +369,15 @@ const std::vector<std::pair<int64_t, int>> kRpcSizes = {{4 << 10, 200}, {4 << 20
 constexpr int kRpcBlocks = 8;  // blocks of each side, alternating
 
 // Rank 0's medians, kRpcFigures per kRpcSizes entry (seconds): the torch echo, the gradwire
-// echo, the torch echo of a torch tensor viewing gradwire-allocated memory (to_torch), and the
-// gradwire echo of a gradwire tensor viewing the torch tensor's memory (from_torch).
-constexpr size_t kRpcFigures = 4;
+// echo, the torch echo of a torch tensor viewing gradwire-allocated memory (to_torch), the
+// gradwire echo of a gradwire tensor viewing memory from LibTorch's default allocator
+// (from_torch), and the torch echo of a tensor in that memory.
+constexpr size_t kRpcFigures = 5;
 std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   use_threads();
+  // LibTorch's CPU tensors in gradwire's host memory, as a LibTorch program using gradwire
+  // should run (memory.h); the *_torch_memory diagnostics switch back around their steps.
+  torch::use_gradwire_host_memory();
   rpc::Registry reg;
   reg.def("echo", [](const Tensor& t) { return t; });
   reg.def("echo_torch", [](const at::Tensor& t) { return t; });
@@ -365,13 +393,16 @@ std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
       const at::Tensor tt = at::ones({numel}, at::kFloat);
       const Tensor gt = ones({numel});
       const at::Tensor tview = torch::to_torch(ones({numel}));
+      torch::use_torch_host_memory();
+      const at::Tensor tdefault = at::ones({numel}, at::kFloat);
+      torch::use_gradwire_host_memory();
       auto echo_of = [&](const at::Tensor& sent) {
         return [&, sent] {
           if (agent->rpc_sync<at::Tensor>("w1", "echo_torch", sent).numel() != numel)
             throw std::runtime_error("libtorch rpc bench: echo_torch returned another size");
         };
       };
-      const Tensor gview = torch::from_torch(tt);
+      const Tensor gview = torch::from_torch(tdefault);
       auto gradwire_echo_of = [&](const Tensor& sent) {
         return [&, sent] {
           if (agent->rpc_sync<Tensor>("w1", "echo", sent).numel() != numel)
@@ -379,7 +410,8 @@ std::vector<double> rpc_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
         };
       };
       const std::function<void()> echoes[kRpcFigures] = {echo_of(tt), gradwire_echo_of(gt),
-                                                         echo_of(tview), gradwire_echo_of(gview)};
+                                                         echo_of(tview), gradwire_echo_of(gview),
+                                                         echo_of(tdefault)};
       std::vector<double> times[kRpcFigures];
       for (int block = 0; block < kRpcBlocks; ++block)
         for (size_t k = 0; k < kRpcFigures; ++k)
@@ -400,6 +432,7 @@ void emit_rpc(const std::vector<double>& best, const std::function<void(const Fi
     const double gradwire_us = best[kRpcFigures * i + 1] * 1e6;
     const double view_us = best[kRpcFigures * i + 2] * 1e6;
     const double gradwire_torch_memory_us = best[kRpcFigures * i + 3] * 1e6;
+    const double torch_memory_us = best[kRpcFigures * i + 4] * 1e6;
     emit(Figure{"libtorch.rpc_tensor_us",
                 torch_us,
                 "us",
@@ -419,13 +452,20 @@ void emit_rpc(const std::vector<double>& best, const std::function<void(const Fi
                  {"torch_view",
                   "diagnostic: the same torch echo of an at::Tensor viewing gradwire-allocated "
                   "memory (to_torch), in the same blocks"},
+                 {"torch_host_memory",
+                  "gradwire::torch::use_gradwire_host_memory() in both processes (the sent "
+                  "torch tensor's memory from gradwire's host block cache, memory.h)"},
+                 {"torch_memory_us", torch_memory_us},
+                 {"torch_memory",
+                  "diagnostic: the torch echo of a tensor from LibTorch's default CPU "
+                  "allocator, in the same blocks"},
                  {"gradwire_torch_memory_us", gradwire_torch_memory_us},
                  {"gradwire_torch_memory",
-                  "diagnostic: the gradwire echo of a Tensor viewing the torch tensor's own "
+                  "diagnostic: the gradwire echo of a Tensor viewing that default-allocated "
                   "memory (from_torch), in the same blocks"},
-                 {"ratio_same_memory", torch_us / gradwire_torch_memory_us},
+                 {"ratio_same_memory", torch_memory_us / gradwire_torch_memory_us},
                  {"same_memory",
-                  "torch echo over gradwire echo of the same torch-allocated memory: the "
+                  "torch echo over gradwire echo of the same default-allocated memory: the "
                   "bridge's own cost, without the allocators' difference"}}});
   }
 }

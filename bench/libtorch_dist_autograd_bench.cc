@@ -17,8 +17,9 @@
 //                          parameter_rref) and a DistributedOptimizer(SGD lr 0.01) step in
 //                          the context; baselines as above (gradwire: W as an RRef<Tensor>
 //                          made by rref::remote; PyTorch's DistributedOptimizer).
-// Within a round the kinds alternate in blocks; the rank processes and the PyTorch peer run
-// one after the other, kRounds times, and each keeps its best round's median.
+// Every rank process first calls gradwire::torch::use_gradwire_host_memory() (memory.h), as
+// libtorch_bench.cc's do. Within a round the kinds alternate in blocks; the rank processes and the
+// PyTorch peer run one after the other, kRounds times, and each keeps its best round's median.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -45,6 +46,7 @@
 #include "gradwire/tensor/parallel.h"
 #include "gradwire/torch/convert.h"
 #include "gradwire/torch/dist_autograd.h"
+#include "gradwire/torch/memory.h"
 #include "gradwire/torch/value_convert.h"
 #include "ranks.h"
 
@@ -92,6 +94,8 @@ enum Kind : size_t { kGwAutograd, kTorchAutograd, kGwOptim, kTorchOptim, kCount 
 std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   set_num_threads(kThreads);
   at::set_num_threads(kThreads);
+  // As libtorch_bench.cc's ranks: LibTorch's CPU tensors in gradwire's host memory.
+  gradwire::torch::use_gradwire_host_memory();
   Tensor weight;
   at::Tensor torch_weight;
   if (rank == 1) {
