@@ -30,6 +30,7 @@
 #include <gradwire/c10d/rendezvous.h>
 #include <gradwire/torch/collectives.h>
 #include <gradwire/torch/ddp.h>
+#include <gradwire/torch/memory.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -223,6 +224,9 @@ int run(const Options& opt) {
 
 int main(int argc, char** argv) {
   try {
+    // LibTorch's CPU tensors in gradwire's host memory, before any tensor is made: the
+    // gradients of every backward reuse kept blocks instead of refaulting trimmed heap pages.
+    gradwire::torch::use_gradwire_host_memory();
     return run(parse_args(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_train_torch: %s\n", e.what());

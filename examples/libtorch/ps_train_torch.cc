@@ -37,6 +37,7 @@
 #include <gradwire/optim/optim.h>
 #include <gradwire/rpc/rpc.h>
 #include <gradwire/torch/dist_autograd.h>
+#include <gradwire/torch/memory.h>
 #include <gradwire/torch/value_convert.h>
 #include <torch/torch.h>
 
@@ -250,6 +251,9 @@ int env_int(const char* name) {
 
 int main(int argc, char** argv) {
   try {
+    // LibTorch's CPU tensors in gradwire's host memory, before any tensor is made: batches
+    // and gradients of 64 KiB and more reuse kept blocks (memory.h).
+    gradwire::torch::use_gradwire_host_memory();
     const Options o = parse_args(argc, argv);
     torch::set_num_threads(1);  // the processes share this host's cores
     const int rank = env_int("RANK");
