@@ -8,7 +8,8 @@
 //
 //   libtorch.ddp_step_ms    one data-parallel step of a LibTorch 784-1024-1024-1024-10 ReLU
 //                           MLP (torch::nn::Sequential of Linear/ReLU, float32, batch 64 per
-//                           rank): zero_grad, gradwire::torch::DistributedDataParallel
+//                           rank): gradients reset to none (grads_to_none, as gradwire's
+//                           zero_grad() does), gradwire::torch::DistributedDataParallel
 //                           forward, cross-entropy, LibTorch backward (gradwire's Reducer
 //                           all-reducing the buckets while it goes on), torch::optim::SGD
 //                           (lr 0.01) step; 2 ranks over the shared-memory group
@@ -128,6 +129,15 @@ std::shared_ptr<nn::MLP> gradwire_mlp() {
   return std::make_shared<nn::MLP>(nn::MLPOptions{.sizes = kSizes, .generator = &gen});
 }
 
+// A LibTorch optimizer's gradients reset to none (undefined), so that the backward's
+// gradients become grad() without an accumulation into zeros: what gradwire's zero_grad()
+// does by default (and PyTorch's since 2.0); LibTorch 1.13's zero_grad() zeroes in place.
+void grads_to_none(::torch::optim::Optimizer& opt) {
+  for (auto& group : opt.param_groups())
+    for (at::Tensor& p : group.params())
+      p.mutable_grad().reset();
+}
+
 // This process's minor page faults so far (every thread's).
 double minor_faults() {
   struct rusage usage {};
@@ -195,7 +205,7 @@ std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
 
   std::vector<std::function<void()>> steps(kVariants);
   steps[kTorchDdp] = [&] {
-    topt.zero_grad();
+    grads_to_none(topt);
     tnn::functional::cross_entropy(tddp.forward(tx), ty).backward();
     topt.step();
   };
@@ -205,7 +215,7 @@ std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
     gopt.step();
   };
   steps[kTorchPlain] = [&] {
-    tplain_opt.zero_grad();
+    grads_to_none(tplain_opt);
     tnn::functional::cross_entropy(tplain->forward(tx), ty).backward();
     tplain_opt.step();
   };
@@ -215,13 +225,13 @@ std::vector<double> ddp_rank_body(std::shared_ptr<c10d::Store> store, int rank) 
     gplain_opt.step();
   };
   steps[kTorchNoSync] = [&] {
-    topt.zero_grad();
+    grads_to_none(topt);
     const torch::TorchNoSyncGuard guard = tddp.no_sync();
     tnn::functional::cross_entropy(tddp.forward(tx), ty).backward();
     topt.step();
   };
   steps[kTorchStatic] = [&] {
-    tstatic_opt.zero_grad();
+    grads_to_none(tstatic_opt);
     tnn::functional::cross_entropy(tstatic.forward(tx), ty).backward();
     tstatic_opt.step();
   };
@@ -302,7 +312,8 @@ void emit_ddp(const DdpResult& d, const std::function<void(const Figure&)>& emit
   p.push_back({"ranks", double(kWorld)});
   p.push_back({"backend", "shm (ProcessGroupShm, processes on one host)"});
   p.push_back({"step",
-               "zero_grad + gradwire::torch::DistributedDataParallel forward + cross_entropy + "
+               "gradients reset to none (as gradwire's zero_grad) + "
+               "gradwire::torch::DistributedDataParallel forward + cross_entropy + "
                "LibTorch backward (overlapped bucket all-reduce) + torch::optim::SGD(lr=0.01)"});
   p.push_back({"bucket_cap_mb", kBucketMb});
   p.push_back({"buckets", d.buckets});
