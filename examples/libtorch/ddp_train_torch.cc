@@ -135,7 +135,11 @@ std::pair<double, double> train_epoch(gradwire::torch::DistributedDataParallel& 
   double loss_sum = 0, batches = 0;
   for (int64_t begin = 0; begin < indices.size(0); begin += batch_size) {
     const torch::Tensor batch = indices.slice(0, begin, begin + batch_size);
-    opt.zero_grad();
+    // The gradients reset to none rather than zeroed (LibTorch 1.13's zero_grad()): the
+    // backward then makes each grad() without accumulating into zeros.
+    for (auto& group : opt.param_groups())
+      for (torch::Tensor& p : group.params())
+        p.mutable_grad().reset();
     const torch::Tensor loss = torch::nn::functional::cross_entropy(
         model.forward(x.index_select(0, batch)), y.index_select(0, batch));
     loss.backward();  // every parameter's grad() is now the ranks' average
