@@ -58,8 +58,8 @@
 // InvalidArgument for no roots, an undefined root or one that does not require grad (naming
 // its position), for autograd_leaf / parameter_rref(s) of an undefined tensor or a non-leaf
 // (naming its grad_fn), and for a LibTorch node whose gradient has a dtype gradwire lacks
-// (complex), naming the node. A LibTorch node failing in the pass fails it with Error naming the node
-// and LibTorch's message. LibTorch's own backward() through a received tensor throws
+// (complex), naming the node. A LibTorch node failing in the pass fails it with Error naming the
+// node and LibTorch's message. LibTorch's own backward() through a received tensor throws
 // InvalidArgument: that gradient flows only in this pass.
 #pragma once
 
