@@ -142,10 +142,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int6
   reg.def("make_weight", [n] { return make_weight(n); });
   reg.def("mm_rref",
           [](const rref::RRef<Tensor>& w, const Tensor& x) { return matmul(x, *w.local_value()); });
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   options.num_worker_threads = kPoolThreads;
   auto agent = rpc::make_tensorpipe_agent("w" + std::to_string(rank), rank, kWorld, store, options);
   std::vector<double> out(kCount);

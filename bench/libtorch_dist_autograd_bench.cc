@@ -115,10 +115,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
     return tda::parameter_rref(*call.agent(), torch_param);
   });
   reg.def("mm_torch_param", [&torch_param](const at::Tensor& x) { return at::mm(x, torch_param); });
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   options.num_worker_threads = kPoolThreads;
   auto agent = rpc::make_tensorpipe_agent("w" + std::to_string(rank), rank, kWorld, store, options);
   std::vector<double> out(kCount);

@@ -175,10 +175,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
       .method("parameter_rrefs", &ParameterServer::parameter_rrefs);
   reg.def("parameter_server", [server_ref] { return server_ref; });
   reg.def("ping", [] { return int64_t{0}; });
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   options.num_worker_threads = kPoolThreads;
   const std::string name = rank == 0 ? "ps" : "trainer" + std::to_string(rank);
   auto agent = rpc::make_tensorpipe_agent(name, rank, world, store, options);
@@ -394,10 +391,7 @@ std::vector<double> traced_body(std::shared_ptr<c10d::Store> store, int rank) {
     trace::clear();
     return spans;
   });
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   options.num_worker_threads = kPoolThreads;
   auto agent = rpc::make_tensorpipe_agent(rank == 0 ? "ps" : "trainer1", rank, 2, store, options);
   std::vector<double> out;

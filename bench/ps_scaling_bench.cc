@@ -205,10 +205,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, int 
   // The calls floor's two plain calls: what the step's crossings carry, nothing computed.
   reg.def("plain_forward", [](const Tensor& x) { return zeros({x.size(0), kOut}); });
   reg.def("plain_backward", [](const Tensor& g) { return g.size(0); });
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   options.num_worker_threads = kPoolThreads;
   if (const int64_t spin = spin_override(); spin >= 0) {
     options.transport_spin = std::chrono::microseconds(spin);

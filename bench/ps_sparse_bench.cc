@@ -279,10 +279,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank, cons
     return (*slots)[static_cast<size_t>(i)];
   });
   reg.def("ping", [] { return int64_t{0}; });
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   options.num_worker_threads = kPoolThreads;
   const std::string name = rank == 0 ? "ps" : "trainer" + std::to_string(rank);
   auto agent = rpc::make_tensorpipe_agent(name, rank, 1 + kTrainers, store, options);

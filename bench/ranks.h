@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "gradwire/rpc/agent.h"
+
 namespace gradwire::c10d {
 class Store;
 }  // namespace gradwire::c10d
@@ -26,5 +28,16 @@ inline constexpr std::chrono::seconds kRanksDeadline{600};
 // killed at kRanksDeadline.
 std::vector<double> run_rank_processes(uint16_t store_port, const std::string& prefix, int world,
                                        const RankBody& body, const std::string& what);
+
+// The agent options of a rank process's agent: `reg`'s functions, on 127.0.0.1 (the ranks are
+// processes of this machine), calls allowed 120 s (a benchmark's calls are its own, and a
+// slow shared machine must not turn a figure into a timeout).
+inline rpc::AgentOptions rank_agent_options(rpc::Registry& reg) {
+  rpc::AgentOptions options;
+  options.registry = &reg;
+  options.host = "127.0.0.1";
+  options.rpc_timeout = std::chrono::seconds(120);
+  return options;
+}
 
 }  // namespace gradwire::bench

@@ -93,10 +93,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   if (rank == 0) handoff_pings = ping_pong(*store, kPingPongs, 200, "echo_handoff_port");
   if (rank == 1) handoff_echo.join();
 
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   auto agent = rpc::make_tensorpipe_agent("w" + std::to_string(rank), rank, 2, store, options);
   std::vector<double> out;
   if (rank == 0) {

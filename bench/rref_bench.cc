@@ -74,10 +74,7 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
       .ctor<int64_t>()
       .method("add", &Counter::add)
       .method("get", &Counter::get);
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   auto agent = rpc::make_tensorpipe_agent("w" + std::to_string(rank), rank, 2, store, options);
   std::vector<double> out;
   if (rank == 0) {

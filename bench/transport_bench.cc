@@ -104,10 +104,7 @@ double process_cpu_seconds() {
 }
 
 rpc::AgentOptions options_for(rpc::Registry& reg, const Variant& v) {
-  rpc::AgentOptions options;
-  options.registry = &reg;
-  options.host = "127.0.0.1";
-  options.rpc_timeout = 120s;
+  rpc::AgentOptions options = rank_agent_options(reg);
   options.transports = v.transports;
   options.secret = v.secret;
   options.num_worker_threads = 2;

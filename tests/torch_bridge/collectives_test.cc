@@ -12,14 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "gradwire/c10d/file_store.h"
-#include "gradwire/c10d/process_group_gloo.h"
-#include "gradwire/c10d/process_group_shm.h"
 #include "gradwire/core/error.h"
 #include "gradwire/torch/collectives.h"
 #include "support/error_text.h"
-#include "support/harness.h"
-#include "support/temp_dir.h"
+#include "torch_bridge/torch_groups.h"
 #include "torch_bridge/torch_test_util.h"
 
 namespace gradwire::torch {
@@ -46,30 +42,9 @@ using Body = std::function<void(c10d::ProcessGroup& group, int rank)>;
 class TorchCollectives : public ::testing::TestWithParam<std::string> {
  protected:
   void run(const Body& body) {
-    const std::string backend = GetParam();
-    test::TempDir dir("torch-collectives");
-    const std::string path = (dir.path() / "store").string();
-    const test::RankResults results = test::run_ranks_as_processes(
-        kWorld,
-        [&](int rank) {
-          auto store = std::make_shared<c10d::FileStore>(
-              c10d::FileStoreOptions{.path = path, .num_workers = kWorld, .timeout = 20s});
-          c10d::ProcessGroupOptions options;
-          options.timeout = 20s;
-          options.debug_level = c10d::DebugLevel::kOff;
-          std::shared_ptr<c10d::ProcessGroup> group;
-          if (backend == "shm") {
-            c10d::ShmOptions shm;
-            shm.gloo.host = "127.0.0.1";
-            group = c10d::ProcessGroupShm::create(store, rank, kWorld, options, shm);
-          } else {
-            group =
-                c10d::ProcessGroupGloo::create(store, rank, kWorld, options, {.host = "127.0.0.1"});
-          }
-          body(*group, rank);
-        },
-        60s);
-    EXPECT_ALL_RANKS_OK(results);
+    test_util::run_group_ranks(
+        "torch-collectives", GetParam(), kWorld,
+        [&](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) { body(*group, rank); });
   }
 };
 

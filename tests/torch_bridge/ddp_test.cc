@@ -24,15 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "gradwire/c10d/file_store.h"
-#include "gradwire/c10d/process_group_gloo.h"
-#include "gradwire/c10d/process_group_shm.h"
 #include "gradwire/core/error.h"
 #include "gradwire/ddp/comm_hooks.h"
 #include "gradwire/torch/bridge.h"
 #include "support/error_text.h"
-#include "support/harness.h"
-#include "support/temp_dir.h"
+#include "torch_bridge/torch_groups.h"
 
 namespace gradwire::torch {
 namespace {
@@ -49,30 +45,7 @@ using Body = std::function<void(const std::shared_ptr<c10d::ProcessGroup>& group
 
 // Runs `body` on kWorld ranks as processes, each with a group of `backend`.
 void run_ranks(const std::string& backend, const Body& body) {
-  test::TempDir dir("torch-ddp");
-  const std::string path = (dir.path() / "store").string();
-  const test::RankResults results = test::run_ranks_as_processes(
-      kWorld,
-      [&](int rank) {
-        at::set_num_threads(1);
-        auto store = std::make_shared<c10d::FileStore>(
-            c10d::FileStoreOptions{.path = path, .num_workers = kWorld, .timeout = 20s});
-        c10d::ProcessGroupOptions options;
-        options.timeout = 20s;
-        options.debug_level = c10d::DebugLevel::kOff;
-        std::shared_ptr<c10d::ProcessGroup> group;
-        if (backend == "shm") {
-          c10d::ShmOptions shm;
-          shm.gloo.host = "127.0.0.1";
-          group = c10d::ProcessGroupShm::create(store, rank, kWorld, options, shm);
-        } else {
-          group =
-              c10d::ProcessGroupGloo::create(store, rank, kWorld, options, {.host = "127.0.0.1"});
-        }
-        body(group, rank);
-      },
-      60s);
-  EXPECT_ALL_RANKS_OK(results);
+  test_util::run_group_ranks("torch-ddp", backend, kWorld, body);
 }
 
 // A float64 MLP initialised from `seed`.
@@ -229,6 +202,19 @@ void expect_branch_averages(const Branches& net, int step, const std::function<b
   }
 }
 
+// One step of the branch model on `rank` (b used where use_b holds), its gradients checked
+// against the ranks' averages.
+void branch_step(DistributedDataParallel& model, Branches& net, int rank, int step,
+                 const std::function<bool(int)>& use_b) {
+  net.zero_grad();
+  auto [x, y] = batch(step);
+  auto outs = model.forward_with([&](tnn::Module&) {
+    return std::vector<at::Tensor>{net.run(rows_of(x, rank), use_b(rank))};
+  });
+  ::torch::mse_loss(outs[0], rows_of(y, rank)).backward();
+  expect_branch_averages(net, step, use_b);
+}
+
 TEST_P(TorchDdp, FindUnusedParametersAveragesWithZerosWhereUnused) {
   run_ranks(GetParam(), [](const std::shared_ptr<c10d::ProcessGroup>& group, int rank) {
     auto net = std::make_shared<Branches>();
@@ -236,16 +222,8 @@ TEST_P(TorchDdp, FindUnusedParametersAveragesWithZerosWhereUnused) {
         net, group,
         {.bucket_cap_mb = 1e-4, .first_bucket_mb = 5e-5, .find_unused_parameters = true});
     // Each step b is used on one rank, in turn (the buckets are rebuilt after the first).
-    for (int step = 0; step < 3; ++step) {
-      auto use_b = [step](int r) { return (r + step) % 2 == 0; };
-      net->zero_grad();
-      auto [x, y] = batch(step);
-      auto outs = model.forward_with([&](tnn::Module&) {
-        return std::vector<at::Tensor>{net->run(rows_of(x, rank), use_b(rank))};
-      });
-      ::torch::mse_loss(outs[0], rows_of(y, rank)).backward();
-      expect_branch_averages(*net, step, use_b);
-    }
+    for (int step = 0; step < 3; ++step)
+      branch_step(model, *net, rank, step, [step](int r) { return (r + step) % 2 == 0; });
     EXPECT_TRUE(model.reducer().buckets_rebuilt());
     EXPECT_EQ(model.reducer().used_flag_reductions(), 3);
   });
@@ -256,16 +234,8 @@ TEST_P(TorchDdp, StaticGraphLearnsTheUnusedParametersFromTheFirstPass) {
     auto net = std::make_shared<Branches>();
     DistributedDataParallel model(net, group, {.static_graph = true});
     // b is used on rank 0 only, at every step.
-    auto use_b = [](int r) { return r == 0; };
-    for (int step = 0; step < 3; ++step) {
-      net->zero_grad();
-      auto [x, y] = batch(step);
-      auto outs = model.forward_with([&](tnn::Module&) {
-        return std::vector<at::Tensor>{net->run(rows_of(x, rank), use_b(rank))};
-      });
-      ::torch::mse_loss(outs[0], rows_of(y, rank)).backward();
-      expect_branch_averages(*net, step, use_b);
-    }
+    for (int step = 0; step < 3; ++step)
+      branch_step(model, *net, rank, step, [](int r) { return r == 0; });
     EXPECT_EQ(model.reducer().used_flag_reductions(), 1);
     EXPECT_EQ(model.reducer().iterations(), 3);
   });

@@ -290,12 +290,4 @@ at::Tensor leaf_of_twin(const Tensor& twin) {
   return at::Tensor(std::move(impl));
 }
 
-size_t num_mirrors() {
-  MutexLock lock(g_mutex);
-  size_t n = 0;
-  for (const auto& kv : g_mirrors)
-    n += kv.second.expired() ? 0 : 1;
-  return n;
-}
-
 }  // namespace gradwire::torch::graph

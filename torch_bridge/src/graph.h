@@ -40,7 +40,4 @@ Tensor twin_of(const at::Tensor& leaf);
 // gone).
 at::Tensor leaf_of_twin(const Tensor& twin);
 
-// How many torch nodes have a live mirror (for tests).
-size_t num_mirrors();
-
 }  // namespace gradwire::torch::graph
