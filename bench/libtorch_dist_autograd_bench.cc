@@ -91,93 +91,112 @@ at::Tensor torch_copy(const Tensor& t) {
 // Rank 0's figures: the medians of the four kinds of step.
 enum Kind : size_t { kGwAutograd, kTorchAutograd, kGwOptim, kTorchOptim, kCount };
 
+// What w1 holds and serves: W as a gradwire tensor and as a torch tensor (the same values),
+// and a torch parameter of its own for the optimizer steps.
+struct Served {
+  Tensor weight;
+  at::Tensor torch_weight;
+  at::Tensor torch_param;
+};
+
+void define(rpc::Registry& reg, Served& served) {
+  reg.def("mm", [&served](const Tensor& x) { return matmul(x, served.weight); });
+  reg.def("mm_torch", [&served](const at::Tensor& x) { return at::mm(x, served.torch_weight); });
+  reg.def("make_weight", [] { return make_weight(); });
+  reg.def("mm_rref",
+          [](const rref::RRef<Tensor>& w, const Tensor& x) { return matmul(x, *w.local_value()); });
+  // The torch parameter's twin's RRef, for a DistributedOptimizer.
+  reg.def("torch_param_rref", [&served](const rpc::CallContext& call) {
+    served.torch_param = torch_copy(make_weight());
+    return tda::parameter_rref(*call.agent(), served.torch_param);
+  });
+  reg.def("mm_torch_param",
+          [&served](const at::Tensor& x) { return at::mm(x, served.torch_param); });
+}
+
+// Rank 0: the four kinds of step, warmed up, checked (both x gradients agree), then timed
+// in alternating blocks; their medians in Kind order.
+std::vector<double> time_steps(rpc::RpcAgent& agent) {
+  std::vector<double> out(kCount);
+  const Tensor x = make_x();
+  const at::Tensor tx = torch_copy(x);
+  {
+    rref::RRef<Tensor> w = rref::remote<Tensor>(agent, "w1", "make_weight");
+    dist_optim::DistributedOptimizer opt(agent, optim::SGDOptions{.lr = kLr}, {w});
+    rref::RRef<Tensor> tw = agent.rpc_sync<rref::RRef<Tensor>>("w1", "torch_param_rref");
+    dist_optim::DistributedOptimizer topt(agent, optim::SGDOptions{.lr = kLr}, {tw});
+    Tensor g;
+    at::Tensor tg;
+    auto gw_autograd = [&] {
+      da::Context ctx(agent);
+      Tensor y = agent.rpc_sync<Tensor>("w1", "mm", x);
+      da::backward(agent, ctx.id(), {sum(y)});
+      g = da::get_gradients(agent, ctx.id()).at(x);
+    };
+    auto torch_autograd = [&] {
+      da::Context ctx(agent);
+      at::Tensor y = agent.rpc_sync<at::Tensor>("w1", "mm_torch", tx);
+      tda::backward(agent, ctx.id(), {y.sum()});
+      tg = tda::get_gradients(agent, ctx.id()).at(tx);
+    };
+    auto gw_optim = [&] {
+      da::Context ctx(agent);
+      Tensor y = agent.rpc_sync<Tensor>("w1", "mm_rref", w, x);
+      da::backward(agent, ctx.id(), {sum(y)});
+      g = da::get_gradients(agent, ctx.id()).at(x);
+      opt.step(ctx.id());
+    };
+    auto torch_optim = [&] {
+      da::Context ctx(agent);
+      at::Tensor y = agent.rpc_sync<at::Tensor>("w1", "mm_torch_param", tx);
+      tda::backward(agent, ctx.id(), {y.sum()});
+      tg = tda::get_gradients(agent, ctx.id()).at(tx);
+      topt.step(ctx.id());
+    };
+    for (int i = 0; i < kWarmup; ++i) {
+      gw_autograd();
+      torch_autograd();
+    }
+    // Both sides computed x's gradient, 1 W^T, from the same values.
+    expect(allclose(gradwire::torch::from_torch(tg), g, 1e-4, 1e-3),
+           "the torch step's gradient of x differs from the gradwire step's");
+    for (int i = 0; i < kWarmup; ++i) {
+      gw_optim();
+      torch_optim();
+    }
+    std::vector<double> times[kCount];
+    const std::function<void()> steps[kCount] = {gw_autograd, torch_autograd, gw_optim,
+                                                 torch_optim};
+    for (int b = 0; b < kBlocks; ++b) {
+      for (size_t k = 0; k < kCount; ++k) {
+        for (int i = 0; i < kSteps / kBlocks; ++i)
+          times[k].push_back(time_once(steps[k]));
+      }
+    }
+    for (size_t k = 0; k < kCount; ++k)
+      out[k] = median(times[k]);
+  }
+  return out;
+}
+
 std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   set_num_threads(kThreads);
   at::set_num_threads(kThreads);
   // As libtorch_bench.cc's ranks: LibTorch's CPU tensors in gradwire's host memory.
   gradwire::torch::use_gradwire_host_memory();
-  Tensor weight;
-  at::Tensor torch_weight;
+  Served served;
   if (rank == 1) {
-    weight = make_weight();
-    torch_weight = torch_copy(weight);
+    served.weight = make_weight();
+    served.torch_weight = torch_copy(served.weight);
   }
   rpc::Registry reg;
-  reg.def("mm", [&weight](const Tensor& x) { return matmul(x, weight); });
-  reg.def("mm_torch", [&torch_weight](const at::Tensor& x) { return at::mm(x, torch_weight); });
-  reg.def("make_weight", [] { return make_weight(); });
-  reg.def("mm_rref",
-          [](const rref::RRef<Tensor>& w, const Tensor& x) { return matmul(x, *w.local_value()); });
-  // A torch parameter of its own for the optimizer steps, and its twin's RRef.
-  at::Tensor torch_param;
-  reg.def("torch_param_rref", [&torch_param](const rpc::CallContext& call) {
-    torch_param = torch_copy(make_weight());
-    return tda::parameter_rref(*call.agent(), torch_param);
-  });
-  reg.def("mm_torch_param", [&torch_param](const at::Tensor& x) { return at::mm(x, torch_param); });
+  define(reg, served);
   rpc::AgentOptions options = rank_agent_options(reg);
   options.num_worker_threads = kPoolThreads;
   auto agent = rpc::make_tensorpipe_agent("w" + std::to_string(rank), rank, kWorld, store, options);
   std::vector<double> out(kCount);
   if (rank == 0) {
-    const Tensor x = make_x();
-    const at::Tensor tx = torch_copy(x);
-    {
-      rref::RRef<Tensor> w = rref::remote<Tensor>(*agent, "w1", "make_weight");
-      dist_optim::DistributedOptimizer opt(*agent, optim::SGDOptions{.lr = kLr}, {w});
-      rref::RRef<Tensor> tw = agent->rpc_sync<rref::RRef<Tensor>>("w1", "torch_param_rref");
-      dist_optim::DistributedOptimizer topt(*agent, optim::SGDOptions{.lr = kLr}, {tw});
-      Tensor g;
-      at::Tensor tg;
-      auto gw_autograd = [&] {
-        da::Context ctx(*agent);
-        Tensor y = agent->rpc_sync<Tensor>("w1", "mm", x);
-        da::backward(*agent, ctx.id(), {sum(y)});
-        g = da::get_gradients(*agent, ctx.id()).at(x);
-      };
-      auto torch_autograd = [&] {
-        da::Context ctx(*agent);
-        at::Tensor y = agent->rpc_sync<at::Tensor>("w1", "mm_torch", tx);
-        tda::backward(*agent, ctx.id(), {y.sum()});
-        tg = tda::get_gradients(*agent, ctx.id()).at(tx);
-      };
-      auto gw_optim = [&] {
-        da::Context ctx(*agent);
-        Tensor y = agent->rpc_sync<Tensor>("w1", "mm_rref", w, x);
-        da::backward(*agent, ctx.id(), {sum(y)});
-        g = da::get_gradients(*agent, ctx.id()).at(x);
-        opt.step(ctx.id());
-      };
-      auto torch_optim = [&] {
-        da::Context ctx(*agent);
-        at::Tensor y = agent->rpc_sync<at::Tensor>("w1", "mm_torch_param", tx);
-        tda::backward(*agent, ctx.id(), {y.sum()});
-        tg = tda::get_gradients(*agent, ctx.id()).at(tx);
-        topt.step(ctx.id());
-      };
-      for (int i = 0; i < kWarmup; ++i) {
-        gw_autograd();
-        torch_autograd();
-      }
-      // Both sides computed x's gradient, 1 W^T, from the same values.
-      expect(allclose(gradwire::torch::from_torch(tg), g, 1e-4, 1e-3),
-             "the torch step's gradient of x differs from the gradwire step's");
-      for (int i = 0; i < kWarmup; ++i) {
-        gw_optim();
-        torch_optim();
-      }
-      std::vector<double> times[kCount];
-      const std::function<void()> steps[kCount] = {gw_autograd, torch_autograd, gw_optim,
-                                                   torch_optim};
-      for (int b = 0; b < kBlocks; ++b) {
-        for (size_t k = 0; k < kCount; ++k) {
-          for (int i = 0; i < kSteps / kBlocks; ++i)
-            times[k].push_back(time_once(steps[k]));
-        }
-      }
-      for (size_t k = 0; k < kCount; ++k)
-        out[k] = median(times[k]);
-    }
+    out = time_steps(*agent);
     rref::wait_idle(*agent, 60s);
     store->set("rank0_idle", "1");
   } else {
@@ -187,88 +206,100 @@ std::vector<double> rank_body(std::shared_ptr<c10d::Store> store, int rank) {
   return out;
 }
 
-void measure(const std::function<void(const Figure&)>& emit) {
-  const double inf = std::numeric_limits<double>::infinity();
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
-  std::vector<double> ours(kCount, inf);
-  // What dist_autograd_peer.py prints: the autograd step, the optimizer step, a plain call.
-  double theirs_autograd = inf, theirs_optim = inf;
-  std::string why, version;
+// Every round's best: our four kinds (seconds, Kind order) and PyTorch's two steps.
+struct Rounds {
+  std::vector<double> ours = std::vector<double>(kCount, std::numeric_limits<double>::infinity());
+  double theirs_autograd = std::numeric_limits<double>::infinity();
+  double theirs_optim = std::numeric_limits<double>::infinity();
   bool have_theirs = true;
+  std::string why, version;
+};
+
+Rounds run_rounds() {
+  c10d::TCPStoreServer server(c10d::TCPStoreServerOptions{.bind_host = "127.0.0.1"});
+  Rounds r;
   const std::string threads = std::to_string(kThreads);
-  for (int r = 0; r < kRounds; ++r) {
+  for (int round = 0; round < kRounds; ++round) {
     const std::vector<double> mine = run_rank_processes(
-        server.port(), "libtorch_dist_autograd" + std::to_string(r), kWorld,
+        server.port(), "libtorch_dist_autograd" + std::to_string(round), kWorld,
         [](std::shared_ptr<c10d::Store> store, int rank) {
           return rank_body(std::move(store), rank);
         },
         "libtorch dist_autograd");
     expect(mine.size() == kCount, "the ranks returned " + std::to_string(mine.size()) + " figures");
     for (size_t k = 0; k < kCount; ++k)
-      ours[k] = std::min(ours[k], mine[k]);
-    if (have_theirs) {
-      auto peer =
-          run_pytorch_peer("dist_autograd_peer.py",
-                           threads + " " + std::to_string(kWarmup) + " " + std::to_string(kSteps) +
-                               " " + std::to_string(kBlocks) + " " + std::to_string(kN),
-                           "OMP_NUM_THREADS=" + threads + " OPENBLAS_NUM_THREADS=" + threads, why);
-      if (peer && peer->seconds.size() < 2) {
-        why = "the peer printed " + std::to_string(peer->seconds.size()) + " figures";
-        peer.reset();
-      }
-      if (!peer) {
-        have_theirs = false;
-      } else {
-        version = peer->torch_version;
-        theirs_autograd = std::min(theirs_autograd, peer->seconds[0]);
-        theirs_optim = std::min(theirs_optim, peer->seconds[1]);
-      }
+      r.ours[k] = std::min(r.ours[k], mine[k]);
+    if (!r.have_theirs) continue;
+    // What dist_autograd_peer.py prints: the autograd step, the optimizer step, a plain call.
+    auto peer =
+        run_pytorch_peer("dist_autograd_peer.py",
+                         threads + " " + std::to_string(kWarmup) + " " + std::to_string(kSteps) +
+                             " " + std::to_string(kBlocks) + " " + std::to_string(kN),
+                         "OMP_NUM_THREADS=" + threads + " OPENBLAS_NUM_THREADS=" + threads, r.why);
+    if (peer && peer->seconds.size() < 2) {
+      r.why = "the peer printed " + std::to_string(peer->seconds.size()) + " figures";
+      peer.reset();
     }
+    if (!peer) {
+      r.have_theirs = false;
+      continue;
+    }
+    r.version = peer->torch_version;
+    r.theirs_autograd = std::min(r.theirs_autograd, peer->seconds[0]);
+    r.theirs_optim = std::min(r.theirs_optim, peer->seconds[1]);
   }
-  const std::string statistic =
-      "median of " + std::to_string(kSteps) + " steps (in " + std::to_string(kBlocks) +
-      " blocks alternating with the other kinds) after " + std::to_string(kWarmup) +
-      " warm-up, best of " + std::to_string(kRounds) + " rounds";
-  auto emit_figure = [&](const std::string& metric, size_t torch_k, size_t gw_k, double theirs,
-                         const std::string& step, const std::string& pytorch_what) {
-    const double ms = ours[torch_k] * 1e3;
-    Figure f{metric, ms, "ms", {}};
-    f.params.push_back({"step", step});
-    f.params.push_back({"shape",
-                        "x 256x256 float32 (requires grad) on the trainer w0, W 256x256 float32 "
-                        "(requires grad) on w1, y = x W"});
-    f.params.push_back({"workers", "2 processes on 127.0.0.1 (TensorPipe agent, 8 pool threads)"});
-    f.params.push_back({"threads_per_process", double(kThreads)});
-    f.params.push_back({"statistic", statistic});
-    f.params.push_back({"gradwire_ms", ours[gw_k] * 1e3});
-    f.params.push_back({"gradwire",
-                        "the same step with gradwire tensors (dist_autograd.step_ms's or "
-                        "dist_optim.step_ms's), same processes, same run"});
-    f.params.push_back({"ratio_to_gradwire", ours[torch_k] / ours[gw_k]});
-    f.params.push_back({"target_ratio_to_gradwire_max", 1.1});
-    if (have_theirs) {
-      f.params.push_back({"pytorch", "torch " + version + " " + pytorch_what});
-      f.params.push_back({"pytorch_ms", theirs * 1e3});
-      f.params.push_back({"ratio_to_pytorch", ours[torch_k] / theirs});
-    } else {
-      f.params.push_back({"pytorch", "unavailable"});
-      f.params.push_back({"pytorch_reason", why});
-      f.params.push_back({"pytorch_ms", nan});
-      f.params.push_back({"ratio_to_pytorch", nan});
-    }
-    emit(f);
-  };
-  emit_figure("libtorch.dist_autograd_step_ms", kTorchAutograd, kGwAutograd, theirs_autograd,
-              "dist_autograd::Context; y = rpc_sync<at::Tensor>(\"w1\", \"mm_torch\", x) = "
-              "at::mm(x, W) on w1; gradwire::torch::dist_autograd::backward(sum(y)); "
-              "get_gradients(x); context released",
-              "dist_autograd.context + rpc_sync(mm) + backward + get_gradients, TensorPipe agent");
-  emit_figure("libtorch.dist_optim_step_ms", kTorchOptim, kGwOptim, theirs_optim,
-              "as libtorch.dist_autograd_step_ms with W a torch parameter on w1, plus "
-              "DistributedOptimizer(SGD lr 0.01).step(ctx) over parameter_rref(W)",
-              "dist_autograd + DistributedOptimizer(optim.SGD, [W_rref], lr=0.01), TensorPipe "
-              "agent");
+  return r;
+}
+
+// One figure: kind `torch_k` against kind `gw_k` and PyTorch's `theirs` seconds.
+Figure make_figure(const Rounds& r, const std::string& metric, size_t torch_k, size_t gw_k,
+                   double theirs, const std::string& step, const std::string& pytorch_what) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Figure f{metric, r.ours[torch_k] * 1e3, "ms", {}};
+  f.params.push_back({"step", step});
+  f.params.push_back({"shape",
+                      "x 256x256 float32 (requires grad) on the trainer w0, W 256x256 float32 "
+                      "(requires grad) on w1, y = x W"});
+  f.params.push_back({"workers", "2 processes on 127.0.0.1 (TensorPipe agent, 8 pool threads)"});
+  f.params.push_back({"threads_per_process", double(kThreads)});
+  f.params.push_back({"statistic", "median of " + std::to_string(kSteps) + " steps (in " +
+                                       std::to_string(kBlocks) +
+                                       " blocks alternating with the other kinds) after " +
+                                       std::to_string(kWarmup) + " warm-up, best of " +
+                                       std::to_string(kRounds) + " rounds"});
+  f.params.push_back({"gradwire_ms", r.ours[gw_k] * 1e3});
+  f.params.push_back({"gradwire",
+                      "the same step with gradwire tensors (dist_autograd.step_ms's or "
+                      "dist_optim.step_ms's), same processes, same run"});
+  f.params.push_back({"ratio_to_gradwire", r.ours[torch_k] / r.ours[gw_k]});
+  f.params.push_back({"target_ratio_to_gradwire_max", 1.1});
+  if (r.have_theirs) {
+    f.params.push_back({"pytorch", "torch " + r.version + " " + pytorch_what});
+    f.params.push_back({"pytorch_ms", theirs * 1e3});
+    f.params.push_back({"ratio_to_pytorch", r.ours[torch_k] / theirs});
+  } else {
+    f.params.push_back({"pytorch", "unavailable"});
+    f.params.push_back({"pytorch_reason", r.why});
+    f.params.push_back({"pytorch_ms", nan});
+    f.params.push_back({"ratio_to_pytorch", nan});
+  }
+  return f;
+}
+
+void measure(const std::function<void(const Figure&)>& emit) {
+  const Rounds r = run_rounds();
+  emit(make_figure(r, "libtorch.dist_autograd_step_ms", kTorchAutograd, kGwAutograd,
+                   r.theirs_autograd,
+                   "dist_autograd::Context; y = rpc_sync<at::Tensor>(\"w1\", \"mm_torch\", x) = "
+                   "at::mm(x, W) on w1; gradwire::torch::dist_autograd::backward(sum(y)); "
+                   "get_gradients(x); context released",
+                   "dist_autograd.context + rpc_sync(mm) + backward + get_gradients, TensorPipe "
+                   "agent"));
+  emit(make_figure(r, "libtorch.dist_optim_step_ms", kTorchOptim, kGwOptim, r.theirs_optim,
+                   "as libtorch.dist_autograd_step_ms with W a torch parameter on w1, plus "
+                   "DistributedOptimizer(SGD lr 0.01).step(ctx) over parameter_rref(W)",
+                   "dist_autograd + DistributedOptimizer(optim.SGD, [W_rref], lr=0.01), "
+                   "TensorPipe agent"));
 }
 
 const Register libtorch_dist_autograd_bench({"libtorch.dist_autograd_step_ms",
