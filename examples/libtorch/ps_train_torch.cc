@@ -26,8 +26,10 @@
 // its own training images from --seed and its rank, and every trainer the same held-out set.
 // Each trainer prints its mean loss per epoch; when every trainer has finished (the server's
 // "trained" answers each trainer once all have called it), each prints the held-out accuracy
-// of the server's model (asked for outside any context: nothing is recorded). The program exits 1
-// when a trainer's accuracy is below --min-accuracy, and on any error (named on stderr).
+// of the server's model (asked for outside any context: nothing is recorded). A trainer lost
+// before its "trained" call leaves the others' calls to fail at the agent's rpc timeout,
+// naming the server. The program exits 1 when a trainer's accuracy is below --min-accuracy,
+// and on any error (named on stderr).
 //
 //   gradwire-run --nproc-per-node 3 gradwire-ps-train-torch [--epochs N] [--batch-size B]
 //       [--samples N] [--lr LR] [--optimizer sgd|adam] [--seed S] [--min-accuracy A]
